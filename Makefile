@@ -1,0 +1,50 @@
+# The two commands of README.md: `make run` (a working master on embedded SQLite) and
+# `make test` (install everything, lint, type-check, run the whole suite).
+PYTHON ?= python3
+VENV ?= .venv
+DET_VENV ?= .venv-det
+BIN := $(VENV)/bin
+PORT ?= 8080
+DATA_DIR ?= data
+
+.PHONY: install run migrate test lint pytest official-client postgres clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -U pip
+	$(BIN)/pip install -q -e . --group dev
+	touch $@
+
+install: $(BIN)/.installed
+
+# Determined's official client lives in its own virtualenv: it pins requests<2.32.
+$(DET_VENV)/bin/det:
+	$(PYTHON) -m venv $(DET_VENV)
+	$(DET_VENV)/bin/pip install -q -U pip
+	$(DET_VENV)/bin/pip install -q --no-deps determined==0.38.1
+	$(DET_VENV)/bin/pip install -q requests==2.31.0 termcolor tabulate argcomplete ruamel.yaml \
+		filelock pyOpenSSL packaging python-dateutil pathspec appdirs psutil numpy
+
+official-client: $(DET_VENV)/bin/det
+
+run: install
+	$(BIN)/det-master --port $(PORT) --data-dir $(DATA_DIR)
+
+migrate: install
+	$(BIN)/det-master migrate --data-dir $(DATA_DIR)
+
+postgres:
+	bash scripts/ensure-postgres.sh
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+pytest: install official-client postgres
+	DET_OFFICIAL_CLIENT=$(abspath $(DET_VENV))/bin/det $(BIN)/pytest
+
+test: lint pytest
+
+clean:
+	rm -rf $(VENV) $(DET_VENV) .pytest_cache .mypy_cache .ruff_cache

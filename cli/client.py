@@ -1,0 +1,104 @@
+"""A small HTTP client for the master: finds it, logs in, turns error replies into CliError."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from master.core.credentials import client_side_hash
+
+DEFAULT_MASTER = "localhost:8080"
+
+
+class CliError(Exception):
+    """One line for stderr; the command exits 1."""
+
+
+def canonical_master_url(master: str | None) -> str:
+    """Like Determined's client: -m, else DET_MASTER, else DET_MASTER_ADDR, else localhost:8080."""
+    raw = (
+        master
+        or os.environ.get("DET_MASTER")
+        or os.environ.get("DET_MASTER_ADDR")
+        or DEFAULT_MASTER
+    )
+    if "://" not in raw:
+        raw = "http://" + raw
+    parts = urlsplit(raw)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise CliError(f"invalid master address {raw!r}; use HOST[:PORT] or http://HOST:PORT")
+    try:
+        port = parts.port or 8080
+    except ValueError:
+        raise CliError(f"invalid port in master address {raw!r}") from None
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{parts.scheme}://{host}:{port}"
+
+
+class MasterClient:
+    def __init__(self, master: str | None, user: str | None, timeout: float = 60.0) -> None:
+        self.base_url = canonical_master_url(master)
+        self.user = user or os.environ.get("DET_USER") or "determined"
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
+        self._token: str | None = None
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _login(self) -> str:
+        env_token = os.environ.get("DET_USER_TOKEN")
+        if env_token and self.user == (os.environ.get("DET_USER") or self.user):
+            return env_token
+        password = os.environ.get("DET_PASS", "")
+        reply = self._send(
+            "POST",
+            "/api/v1/auth/login",
+            json={"username": self.user, "password": client_side_hash(password), "isHashed": True},
+            auth=False,
+        )
+        token: str = reply["token"]
+        return token
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self._send(method, path, **kwargs)
+
+    def get(self, path: str, **kwargs: Any) -> Any:
+        return self._send("GET", path, **kwargs)
+
+    def post(self, path: str, **kwargs: Any) -> Any:
+        return self._send("POST", path, **kwargs)
+
+    def _send(self, method: str, path: str, *, auth: bool = True, **kwargs: Any) -> Any:
+        headers = dict(kwargs.pop("headers", {}) or {})
+        if auth:
+            if self._token is None:
+                self._token = self._login()
+            headers["Authorization"] = f"Bearer {self._token}"
+        try:
+            reply = self._http.request(method, path, headers=headers, **kwargs)
+        except httpx.ConnectError:
+            raise CliError(
+                f"cannot reach the master at {self.base_url}; is it running? (set -m or DET_MASTER)"
+            ) from None
+        except httpx.HTTPError as exc:
+            raise CliError(f"request to {self.base_url}{path} failed: {exc}") from None
+        if reply.status_code != 200:
+            raise CliError(_error_message(reply))
+        try:
+            return reply.json()
+        except ValueError:
+            raise CliError(f"the master sent a reply that is not JSON for {path}") from None
+
+
+def _error_message(reply: httpx.Response) -> str:
+    try:
+        body = reply.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        message: str = body["message"]
+        return message
+    return f"HTTP {reply.status_code} from the master: {reply.text[:200]}"

@@ -1,0 +1,172 @@
+"""`det experiment` (`det e`): create, inspect and control experiments."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from cli.client import CliError
+from cli.context import read_model_dir
+from cli.output import cli_errors, print_json, print_table, print_yaml, stdout, warn
+from cli.state import client
+
+app = typer.Typer(help="Create and manage experiments.", no_args_is_help=True)
+
+
+def _state(value: str) -> str:
+    return value.removeprefix("STATE_")
+
+
+def _time(value: str | None) -> str:
+    return (value or "").replace("T", " ")[:19]
+
+
+def _hparams(value: dict[str, Any]) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+@app.command("create")
+def create(
+    ctx: typer.Context,
+    config_file: Path = typer.Argument(..., help="Experiment config (YAML)."),
+    model_dir: Path | None = typer.Argument(None, help="Directory with the model code."),
+    template: str | None = typer.Option(None, "--template", help="Config template to merge in."),
+    paused: bool = typer.Option(False, "--paused", help="Create the experiment paused."),
+    test: bool = typer.Option(
+        False, "-t", "--test", help="Validate and print the effective config; store nothing."
+    ),
+) -> None:
+    """Create an experiment: prints `Created experiment N`."""
+    with cli_errors():
+        try:
+            config_text = config_file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise CliError(f"cannot read {config_file}: {exc.strerror}") from None
+        files = read_model_dir(model_dir) if model_dir is not None else []
+        body = {
+            "activate": not paused,
+            "config": config_text,  # the master parses and merges, as Determined's does
+            "modelDefinition": files,
+            "parentId": None,
+            "projectId": None,
+            "template": template,
+            "validateOnly": test,
+        }
+        reply = client(ctx).post("/api/v1/experiments", json=body)
+        for message in reply.get("warningMessages") or []:
+            warn(message)
+        if test:
+            print_yaml(reply["config"])
+            return
+        stdout.print(f"Created experiment {reply['experiment']['id']}", markup=False)
+
+
+@app.command("list")
+def list_experiments(
+    ctx: typer.Context,
+    show_all: bool = typer.Option(False, "--all", "-a", help="Everyone's, archived included."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON only."),
+) -> None:
+    """List experiments (yours, not archived, unless --all)."""
+    with cli_errors():
+        api = client(ctx)
+        params: dict[str, Any] = {"limit": 200, "offset": 0}
+        if not show_all:
+            params.update(archived="false", users=api.get("/api/v1/me")["user"]["username"])
+        experiments: list[dict[str, Any]] = []
+        while True:
+            page = api.get("/api/v1/experiments", params=params)
+            experiments.extend(page["experiments"])
+            pagination = page["pagination"]
+            if pagination["endIndex"] >= pagination["total"] or not page["experiments"]:
+                break
+            params["offset"] = pagination["endIndex"]
+        if as_json:
+            print_json(experiments)
+            return
+        rows = [
+            [
+                e["id"],
+                e["username"],
+                e["name"],
+                _state(e["state"]),
+                e["numTrials"],
+                e.get("templateName") or "",
+                _time(e["startTime"]),
+                _time(e.get("endTime")),
+                e.get("resourcePool") or "",
+            ]
+            for e in experiments
+        ]
+        headers = ["ID", "Owner", "Name", "State", "Trials", "Template", "Start Time", "End Time"]
+        print_table([*headers, "Resource Pool"], rows)
+
+
+@app.command("describe")
+def describe(
+    ctx: typer.Context,
+    experiment_id: int = typer.Argument(..., help="Experiment ID."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON only."),
+    show_config: bool = typer.Option(False, "--config", help="Also print the effective config."),
+) -> None:
+    """Show an experiment, its seeds and its trials."""
+    with cli_errors():
+        api = client(ctx)
+        experiment = api.get(f"/api/v1/experiments/{experiment_id}")["experiment"]
+        trials = api.get(f"/api/v1/experiments/{experiment_id}/trials")["trials"]
+        if as_json:
+            print_json({"experiment": experiment, "trials": trials})
+            return
+        print_table(
+            ["Field", "Value"],
+            [
+                ["ID", experiment["id"]],
+                ["Name", experiment["name"]],
+                ["State", _state(experiment["state"])],
+                ["Owner", experiment["username"]],
+                ["Searcher", experiment["searcherType"]],
+                ["Template", experiment.get("templateName") or "-"],
+                ["Experiment seed", experiment["experimentSeed"]],
+                ["Slots per trial", experiment["config"]["resources"]["slots_per_trial"]],
+                ["Start Time", _time(experiment["startTime"])],
+                ["End Time", _time(experiment.get("endTime"))],
+            ],
+        )
+        stdout.print()
+        print_table(
+            ["Trial ID", "State", "Trial seed", "Restarts", "Batches", "Hyperparameters"],
+            [
+                [
+                    t["id"],
+                    _state(t["state"]),
+                    t["seed"],
+                    t["restarts"],
+                    t["totalBatchesProcessed"],
+                    _hparams(t["hparams"]),
+                ]
+                for t in trials
+            ],
+        )
+        if show_config:
+            stdout.print()
+            print_yaml(experiment["config"])
+
+
+def _action(verb: str, past: str) -> Any:
+    def command(
+        ctx: typer.Context, experiment_id: int = typer.Argument(..., help="Experiment ID.")
+    ) -> None:
+        with cli_errors():
+            client(ctx).post(f"/api/v1/experiments/{experiment_id}/{verb}")
+            stdout.print(f"{past} experiment {experiment_id}", markup=False)
+
+    command.__doc__ = f"{verb.capitalize()} an experiment."
+    return command
+
+
+app.command("kill")(_action("kill", "Killed"))
+app.command("pause")(_action("pause", "Paused"))
+app.command("activate")(_action("activate", "Activated"))

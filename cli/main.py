@@ -1,0 +1,46 @@
+"""`det`: resolute's command-line client, one sub-command per noun."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from cli import experiments, templates
+from cli.state import Globals
+from master.version import DETERMINED_COMPAT_VERSION, __version__
+
+app = typer.Typer(
+    name="det",
+    help="Command-line client for the resolute master.",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    add_completion=False,
+)
+app.add_typer(templates.app, name="template")
+app.add_typer(templates.app, name="tpl", hidden=True)
+app.add_typer(experiments.app, name="experiment")
+app.add_typer(experiments.app, name="e", hidden=True)
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    master: str | None = typer.Option(
+        None, "-m", "--master", help="Master address (else DET_MASTER, else localhost:8080)."
+    ),
+    user: str | None = typer.Option(
+        None, "-u", "--user", help="User name (else DET_USER, else determined)."
+    ),
+) -> None:
+    ctx.obj = Globals(master=master, user=user)
+
+
+@app.command("version")
+def version() -> None:
+    """Print the client version."""
+    typer.echo(f"resolute {__version__} (Determined API {DETERMINED_COMPAT_VERSION})")
+
+
+def main() -> None:
+    sys.exit(app())

@@ -1,0 +1,1 @@
+"""resolute master: REST API, storage and (later) the scheduler."""

@@ -1,0 +1,50 @@
+"""Request-scoped dependencies: settings, one DB session per request, the signed-in user."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from master.db.models import UserModel
+from master.errors import Unauthenticated
+from master.services import auth
+from master.settings import MasterSettings
+
+
+def get_settings(request: Request) -> MasterSettings:
+    settings: MasterSettings = request.app.state.settings
+    return settings
+
+
+async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
+    """Commit after the handler returns; roll back if it raises."""
+    factory: async_sessionmaker[AsyncSession] = request.app.state.session_factory
+    async with factory() as session:
+        try:
+            yield session
+            await session.commit()
+        except BaseException:
+            await session.rollback()
+            raise
+
+
+SettingsDep = Annotated[MasterSettings, Depends(get_settings)]
+SessionDep = Annotated[AsyncSession, Depends(get_session)]
+
+
+def bearer_token(request: Request) -> str:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthenticated("missing bearer token; log in with POST /api/v1/auth/login")
+    return token.strip()
+
+
+async def current_user(request: Request, session: SessionDep) -> UserModel:
+    return await auth.user_for_token(session, bearer_token(request))
+
+
+CurrentUser = Annotated[UserModel, Depends(current_user)]

@@ -1,0 +1,80 @@
+"""Renders every error, FastAPI's own included, as grpc-gateway does: {code, message, details}."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from starlette.exceptions import HTTPException
+
+from master.errors import MasterError
+
+log = logging.getLogger(__name__)
+
+_HTTP_TO_GRPC = {400: 3, 401: 16, 403: 7, 404: 5, 405: 12, 409: 6, 413: 8, 429: 8, 503: 14}
+
+
+def error_response(http_status: int, code: int, message: str, details: list[Any]) -> JSONResponse:
+    return JSONResponse(
+        status_code=http_status, content={"code": code, "message": message, "details": details}
+    )
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        where, rest = parts[0], parts[1:]
+        return f"{where} {'.'.join(rest)}" if rest else where
+    return ".".join(parts)
+
+
+async def _master_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, MasterError)
+    return error_response(exc.http_status, exc.grpc_code, exc.message, exc.details)
+
+
+async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    details = [
+        {"path": _location(tuple(e.get("loc", ()))), "message": str(e.get("msg", ""))}
+        for e in exc.errors()
+    ]
+    message = "; ".join(f"{d['path']}: {d['message']}" for d in details) or "invalid request"
+    return error_response(400, 3, message, details)
+
+
+async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    code = _HTTP_TO_GRPC.get(exc.status_code, 2)
+    return error_response(exc.status_code, code, str(exc.detail), [])
+
+
+async def _integrity_error(_request: Request, exc: Exception) -> JSONResponse:
+    log.warning("integrity error: %s", exc)
+    return error_response(409, 6, "the change conflicts with data stored meanwhile; retry", [])
+
+
+async def _db_error(request: Request, exc: Exception) -> JSONResponse:
+    # Lost connections and lock timeouts are worth a retry; anything else is our bug.
+    if isinstance(exc, OperationalError) or getattr(exc, "connection_invalidated", False):
+        log.warning("database unavailable: %s", exc)
+        return error_response(503, 14, "the database is unavailable or busy; retry shortly", [])
+    return await _unexpected(request, exc)
+
+
+async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unexpected error", exc_info=exc)
+    return error_response(500, 13, "internal error; see the master log", [])
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(MasterError, _master_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(IntegrityError, _integrity_error)
+    app.add_exception_handler(DBAPIError, _db_error)
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,162 @@
+"""Experiments and their trials, wire-compatible with Determined's official client."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from master.api.deps import CurrentUser, SessionDep, SettingsDep
+from master.db.models import ExperimentState
+from master.errors import InvalidArgument
+from master.schemas.common import Pagination
+from master.schemas.experiments import (
+    CreateExperimentResponse,
+    Empty,
+    Experiment,
+    ExperimentCreate,
+    ExperimentList,
+    ExperimentResponse,
+    Trial,
+    TrialList,
+    TrialResponse,
+    WorkloadList,
+)
+from master.services import experiments
+
+router = APIRouter(prefix="/api/v1", tags=["Experiments"])
+
+ORDER_BY = ("ORDER_BY_UNSPECIFIED", "ORDER_BY_ASC", "ORDER_BY_DESC")
+
+
+def _parse_states(values: list[str]) -> list[ExperimentState]:
+    parsed = []
+    for value in values:
+        try:
+            parsed.append(ExperimentState(value.removeprefix("STATE_")))
+        except ValueError:
+            known = ", ".join(f"STATE_{s}" for s in ExperimentState)
+            raise InvalidArgument(f"states: {value!r} is not one of {known}") from None
+    return parsed
+
+
+def _check_order(order_by: str) -> bool:
+    if order_by not in ORDER_BY:
+        raise InvalidArgument(f"orderBy: {order_by!r} is not one of {', '.join(ORDER_BY)}")
+    return order_by == "ORDER_BY_DESC"
+
+
+@router.post("/experiments")
+async def create_experiment(
+    body: ExperimentCreate, session: SessionDep, settings: SettingsDep, user: CurrentUser
+) -> CreateExperimentResponse:
+    if body.unmanaged:
+        raise InvalidArgument("unmanaged: unmanaged experiments are not supported")
+    if body.parent_id is not None:
+        raise InvalidArgument("parentId: forking experiments is not supported yet")
+    request = experiments.ExperimentRequest(
+        config=body.config,
+        template=body.template or None,
+        model_definition=body.model_definition,
+        activate=body.activate is not False,
+        validate_only=bool(body.validate_only),
+        project_id=body.project_id,
+    )
+    view, prepared = await experiments.create_experiment(session, request, user, settings)
+    return CreateExperimentResponse(
+        experiment=Experiment.of(view) if view is not None else None,
+        config=view.experiment.config if view is not None else prepared.effective_config,
+        warning_messages=prepared.warnings,
+    )
+
+
+@router.get("/experiments")
+async def list_experiments(
+    session: SessionDep,
+    _user: CurrentUser,
+    offset: int = Query(0, ge=0),
+    limit: int = Query(0, ge=0, description="0 returns every experiment"),
+    archived: bool | None = None,
+    users: Annotated[list[str], Query()] = [],  # noqa: B006 - FastAPI copies defaults
+    states: Annotated[list[str], Query()] = [],  # noqa: B006
+    name: str | None = None,
+    sort_by: Annotated[str, Query(alias="sortBy")] = "SORT_BY_ID",
+    order_by: Annotated[str, Query(alias="orderBy")] = "ORDER_BY_ASC",
+) -> ExperimentList:
+    if sort_by == "SORT_BY_UNSPECIFIED":
+        sort_by = "SORT_BY_ID"
+    views, total = await experiments.list_experiments(
+        session,
+        offset=offset,
+        limit=limit,
+        archived=archived,
+        usernames=users,
+        states_filter=_parse_states(states),
+        name=name,
+        sort_by=sort_by,
+        descending=_check_order(order_by),
+    )
+    return ExperimentList(
+        experiments=[Experiment.of(v) for v in views],
+        pagination=Pagination.of(offset, limit, len(views), total),
+    )
+
+
+@router.get("/experiments/{experiment_id}")
+async def get_experiment(
+    experiment_id: int, session: SessionDep, _user: CurrentUser
+) -> ExperimentResponse:
+    view = await experiments.get_experiment(session, experiment_id)
+    return ExperimentResponse(experiment=Experiment.of(view))
+
+
+@router.post("/experiments/{experiment_id}/kill")
+async def kill_experiment(experiment_id: int, session: SessionDep, user: CurrentUser) -> Empty:
+    await experiments.kill_experiment(session, experiment_id, user.username)
+    return Empty()
+
+
+@router.post("/experiments/{experiment_id}/pause")
+async def pause_experiment(experiment_id: int, session: SessionDep, user: CurrentUser) -> Empty:
+    await experiments.pause_experiment(session, experiment_id, user.username)
+    return Empty()
+
+
+@router.post("/experiments/{experiment_id}/activate")
+async def activate_experiment(experiment_id: int, session: SessionDep, user: CurrentUser) -> Empty:
+    await experiments.activate_experiment(session, experiment_id, user.username)
+    return Empty()
+
+
+@router.get("/experiments/{experiment_id}/trials")
+async def list_trials(
+    experiment_id: int,
+    session: SessionDep,
+    _user: CurrentUser,
+    offset: int = Query(0, ge=0),
+    limit: int = Query(0, ge=0, description="0 returns every trial"),
+) -> TrialList:
+    rows, total = await experiments.list_trials(session, experiment_id, offset=offset, limit=limit)
+    return TrialList(
+        trials=[Trial.of(r) for r in rows],
+        pagination=Pagination.of(offset, limit, len(rows), total),
+    )
+
+
+@router.get("/trials/{trial_id}")
+async def get_trial(trial_id: int, session: SessionDep, _user: CurrentUser) -> TrialResponse:
+    return TrialResponse(trial=Trial.of(await experiments.get_trial(session, trial_id)))
+
+
+@router.get("/trials/{trial_id}/workloads")
+async def list_workloads(
+    trial_id: int,
+    session: SessionDep,
+    _user: CurrentUser,
+    offset: int = Query(0, ge=0),
+    limit: int = Query(0, ge=0),
+) -> WorkloadList:
+    await experiments.get_trial(session, trial_id)
+    # Workloads are built from reported metrics and checkpoints; until trials run
+    # (the trial runtime), no trial has reported any, so the list is truthfully empty.
+    return WorkloadList(workloads=[], pagination=Pagination.of(offset, limit, 0, 0))

@@ -1,0 +1,88 @@
+"""Config templates, as Determined's REST API serves them (`det tpl ...`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Body, Query
+
+from master.api.deps import CurrentUser, SessionDep
+from master.errors import InvalidArgument
+from master.schemas.common import Pagination
+from master.schemas.experiments import Empty
+from master.schemas.templates import (
+    Template,
+    TemplateCreate,
+    TemplateList,
+    TemplateRename,
+    TemplateResponse,
+)
+from master.services import templates
+
+router = APIRouter(prefix="/api/v1", tags=["Templates"])
+
+
+@router.get("/templates")
+async def list_templates(
+    session: SessionDep,
+    _user: CurrentUser,
+    offset: int = Query(0, ge=0),
+    limit: int = Query(0, ge=0, description="0 returns every template"),
+    name: str | None = None,
+) -> TemplateList:
+    rows, total = await templates.list_templates(session, offset=offset, limit=limit, name=name)
+    return TemplateList(
+        templates=[Template.of(r) for r in rows],
+        pagination=Pagination.of(offset, limit, len(rows), total),
+    )
+
+
+@router.get("/templates/{name}")
+async def get_template(name: str, session: SessionDep, _user: CurrentUser) -> TemplateResponse:
+    return TemplateResponse(template=Template.of(await templates.get_template(session, name)))
+
+
+def _body_name(path_name: str, body: TemplateCreate) -> None:
+    if body.name not in (None, "", path_name):
+        raise InvalidArgument(f"name: the body says {body.name!r} but the path says {path_name!r}")
+
+
+@router.post("/templates/{name}")
+async def create_template(
+    name: str, body: TemplateCreate, session: SessionDep, _user: CurrentUser
+) -> TemplateResponse:
+    _body_name(name, body)
+    row = await templates.create_template(session, name, body.config, body.workspace_id)
+    return TemplateResponse(template=Template.of(row))
+
+
+@router.put("/templates/{name}")
+async def put_template(
+    name: str, body: TemplateCreate, session: SessionDep, _user: CurrentUser
+) -> TemplateResponse:
+    _body_name(name, body)
+    row = await templates.put_template(session, name, body.config, body.workspace_id)
+    return TemplateResponse(template=Template.of(row))
+
+
+@router.patch("/templates/{name}")
+async def patch_template_config(
+    name: str, session: SessionDep, _user: CurrentUser, config: Any = Body(None)
+) -> TemplateResponse:
+    """Determined's PATCH takes the bare config as the body and replaces the stored one."""
+    row = await templates.replace_template_config(session, name, config)
+    return TemplateResponse(template=Template.of(row))
+
+
+@router.patch("/template/rename")
+async def rename_template(
+    body: TemplateRename, session: SessionDep, _user: CurrentUser
+) -> TemplateResponse:
+    row = await templates.rename_template(session, body.old_name, body.new_name)
+    return TemplateResponse(template=Template.of(row))
+
+
+@router.delete("/templates/{name}")
+async def delete_template(name: str, session: SessionDep, _user: CurrentUser) -> Empty:
+    await templates.delete_template(session, name)
+    return Empty()

@@ -1,0 +1,129 @@
+"""The FastAPI application: start-up (migrate, seed), routes, error rendering."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from master.api.errors import error_response, install_error_handlers
+from master.api.routes import auth, experiments, info, templates, workspaces
+from master.db.migrate import upgrade_to_head
+from master.db.session import create_engine, create_session_factory, session_scope
+from master.services import auth as auth_service
+from master.services import workspaces as workspace_service
+from master.settings import MasterSettings
+from master.version import __version__
+
+log = logging.getLogger(__name__)
+
+
+class BodyLimitMiddleware:
+    """Refuses request bodies over the limit before they are buffered in full."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(scope, receive, send)
+            return
+        seen = 0
+
+        async def counting_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, counting_receive, send)
+        except _BodyTooLarge:
+            await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        limit_mib = self.max_bytes / 2**20
+        response = error_response(
+            413,
+            8,
+            f"request body is over {limit_mib:.0f} MiB; the model definition is too large",
+            [],
+        )
+        await response(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def request_body_limit(settings: MasterSettings) -> int:
+    # base64 makes the model definition 4/3 larger; leave room for the config and JSON framing.
+    return int(settings.max_model_definition_bytes * 4 / 3) + 4 * 2**20
+
+
+def create_app(settings: MasterSettings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(settings.database_url, echo=settings.db.echo)
+        app.state.engine = engine
+        app.state.session_factory = create_session_factory(engine)
+        if settings.migrate_on_start:
+            await upgrade_to_head(engine)
+        async with session_scope(app.state.session_factory) as session:
+            await auth_service.ensure_default_users(
+                session, settings.security.initial_user_password
+            )
+            await workspace_service.ensure_defaults(session)
+        log.info(
+            "master %s ready on %s (database %s)",
+            app.state.master_id,
+            settings.port,
+            engine.url.render_as_string(hide_password=True),
+        )
+        try:
+            yield
+        finally:
+            await engine.dispose()
+
+    app = FastAPI(
+        title="resolute master",
+        version=__version__,
+        lifespan=lifespan,
+        # Determined's client posts JSON without a Content-Type header.
+        strict_content_type=False,
+        # A redirect would hide a bad path (an empty template name) behind a 307.
+        redirect_slashes=False,
+    )
+    app.state.settings = settings
+    app.state.master_id = str(uuid.uuid4())
+    app.state.cluster_id = _cluster_id(settings)
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=request_body_limit(settings))
+    for module in (info, auth, workspaces, templates, experiments):
+        app.include_router(module.router)
+    return app
+
+
+def _cluster_id(settings: MasterSettings) -> str:
+    """Stable across restarts: kept in the data dir."""
+    path = settings.data_dir / "cluster_id"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        cluster_id = str(uuid.uuid4())
+        path.write_text(cluster_id + "\n")
+        return cluster_id

@@ -1,0 +1,72 @@
+"""Runs the Alembic history in migrations/ against the master's database."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+log = logging.getLogger(__name__)
+
+# Any fixed 64-bit number; all resolute masters sharing a Postgres database use it.
+MIGRATION_LOCK_ID = 0x7265736F6C757465
+
+
+def migrations_dir() -> Path:
+    """The migrations folder: beside the packages in a checkout, inside `master` in a wheel."""
+    here = Path(__file__).resolve().parent.parent  # master/
+    for candidate in (here.parent / "migrations", here / "_migrations"):
+        if (candidate / "env.py").is_file():
+            return candidate
+    raise RuntimeError("cannot find the migrations folder; is the installation complete?")
+
+
+def alembic_config(connection: object | None = None) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    # Version files named YYYY_MM_DD_HHMM_<rev>_<slug>.py.
+    cfg.set_main_option(
+        "file_template",
+        "%%(year)d_%%(month).2d_%%(day).2d_%%(hour).2d%%(minute).2d_%%(rev)s_%%(slug)s",
+    )
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+async def upgrade_to_head(engine: AsyncEngine) -> None:
+    """Upgrade under an advisory lock on Postgres, so concurrent masters migrate once."""
+    async with engine.connect() as conn:
+        postgres = conn.dialect.name == "postgresql"
+        if postgres:
+            await conn.exec_driver_sql(f"SELECT pg_advisory_lock({MIGRATION_LOCK_ID})")
+            await conn.commit()
+        try:
+            await conn.run_sync(_upgrade)
+            await conn.commit()
+        finally:
+            if postgres:
+                await conn.exec_driver_sql(f"SELECT pg_advisory_unlock({MIGRATION_LOCK_ID})")
+                await conn.commit()
+    log.info("database schema is at head")
+
+
+def _upgrade(sync_conn: object) -> None:
+    command.upgrade(alembic_config(sync_conn), "head")
+
+
+async def run_alembic(engine: AsyncEngine, fn: str, *args: str) -> None:
+    """Run one alembic command (`upgrade`, `downgrade`, `check`, ...) on the engine's database."""
+    async with engine.connect() as conn:
+        await conn.run_sync(_run_command, fn, args)
+        await conn.commit()
+
+
+def _run_command(sync_conn: object, fn: str, args: tuple[str, ...]) -> None:
+    getattr(command, fn)(alembic_config(sync_conn), *args)
+
+
+__all__ = ["AsyncConnection", "alembic_config", "migrations_dir", "run_alembic", "upgrade_to_head"]

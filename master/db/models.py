@@ -1,0 +1,264 @@
+"""ORM classes: the master's whole schema. Migrations in migrations/ must match this module."""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+# One naming convention so constraint names are identical on SQLite and Postgres and
+# Alembic can compare and drop them by name.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+JsonType = JSON().with_variant(JSONB(), "postgresql")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Stores UTC and always reads back tz-aware datetimes (SQLite keeps no zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class ExperimentState(enum.StrEnum):
+    """Determined's experiment states (wire names without the STATE_ prefix)."""
+
+    ACTIVE = "ACTIVE"
+    PAUSED = "PAUSED"
+    STOPPING_COMPLETED = "STOPPING_COMPLETED"
+    STOPPING_CANCELED = "STOPPING_CANCELED"
+    STOPPING_KILLED = "STOPPING_KILLED"
+    STOPPING_ERROR = "STOPPING_ERROR"
+    COMPLETED = "COMPLETED"
+    CANCELED = "CANCELED"
+    ERROR = "ERROR"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL_EXPERIMENT_STATES
+
+
+_TERMINAL_EXPERIMENT_STATES = frozenset(
+    {ExperimentState.COMPLETED, ExperimentState.CANCELED, ExperimentState.ERROR}
+)
+
+
+class TrialState(enum.StrEnum):
+    """Determined's trial states (wire names without the STATE_ prefix)."""
+
+    QUEUED = "QUEUED"
+    PAUSED = "PAUSED"
+    PULLING = "PULLING"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    STOPPING_CANCELED = "STOPPING_CANCELED"
+    STOPPING_KILLED = "STOPPING_KILLED"
+    STOPPING_COMPLETED = "STOPPING_COMPLETED"
+    STOPPING_ERROR = "STOPPING_ERROR"
+    COMPLETED = "COMPLETED"
+    CANCELED = "CANCELED"
+    ERROR = "ERROR"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL_TRIAL_STATES
+
+    @property
+    def holds_resources(self) -> bool:
+        """True while processes of the trial may run somewhere."""
+        return self in _RUNNING_TRIAL_STATES
+
+
+_TERMINAL_TRIAL_STATES = frozenset({TrialState.COMPLETED, TrialState.CANCELED, TrialState.ERROR})
+_RUNNING_TRIAL_STATES = frozenset(
+    {
+        TrialState.PULLING,
+        TrialState.STARTING,
+        TrialState.RUNNING,
+        TrialState.STOPPING_CANCELED,
+        TrialState.STOPPING_KILLED,
+        TrialState.STOPPING_COMPLETED,
+        TrialState.STOPPING_ERROR,
+    }
+)
+
+
+class UserModel(Base):
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    username: Mapped[str] = mapped_column(String(128), unique=True)
+    display_name: Mapped[str] = mapped_column(String(256), default="")
+    # "pbkdf2_sha256$<iterations>$<salt hex>$<hash hex>" of the client-side hash (services.auth).
+    password_hash: Mapped[str] = mapped_column(String(256))
+    admin: Mapped[bool] = mapped_column(default=False)
+    active: Mapped[bool] = mapped_column(default=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class UserSessionModel(Base):
+    """A bearer token; only its SHA-256 is stored so a database leak exposes no token."""
+
+    __tablename__ = "user_sessions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+    user: Mapped[UserModel] = relationship(lazy="raise")
+
+
+class WorkspaceModel(Base):
+    __tablename__ = "workspaces"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(256), unique=True)
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    immutable: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ProjectModel(Base):
+    __tablename__ = "projects"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(256))
+    workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id"), index=True)
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    immutable: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class TemplateModel(Base):
+    __tablename__ = "templates"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(256), unique=True)
+    workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id"), index=True)
+    config: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ExperimentModel(Base):
+    __tablename__ = "experiments"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(512))
+    description: Mapped[str] = mapped_column(Text, default="")
+    # Changed only by master.services.states.set_experiment_state.
+    state: Mapped[str] = mapped_column(String(32), index=True)
+    # The effective config: template merged, defaults filled, seed written in.
+    config: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    # The user's YAML exactly as submitted, before the template merge.
+    original_config: Mapped[str] = mapped_column(Text)
+    template_name: Mapped[str | None] = mapped_column(String(256))
+    # The template's config as it was at submit time; later edits never touch this row.
+    template_config: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
+    experiment_seed: Mapped[int] = mapped_column(Integer)
+    searcher_type: Mapped[str] = mapped_column(String(32))
+    resource_pool: Mapped[str] = mapped_column(String(256), default="")
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"), index=True)
+    job_id: Mapped[str] = mapped_column(String(64), unique=True)
+    archived: Mapped[bool] = mapped_column(default=False)
+    progress: Mapped[float | None] = mapped_column()
+    start_time: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    end_time: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+    owner: Mapped[UserModel] = relationship(lazy="raise")
+    project: Mapped[ProjectModel] = relationship(lazy="raise")
+
+
+class ModelDefinitionModel(Base):
+    """The experiment's files as a tar.gz, kept apart so listing experiments never loads it."""
+
+    __tablename__ = "model_definitions"
+
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True
+    )
+    archive: Mapped[bytes] = mapped_column(LargeBinary)
+    size_bytes: Mapped[int] = mapped_column(Integer)
+    file_count: Mapped[int] = mapped_column(Integer)
+
+
+class TrialModel(Base):
+    __tablename__ = "trials"
+    __table_args__ = (
+        Index("ix_trials_experiment_id_id", "experiment_id", "id"),
+        # Request ids derive from the experiment seed, so two experiments may share them.
+        UniqueConstraint("experiment_id", "request_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"))
+    request_id: Mapped[str] = mapped_column(String(36))
+    # Changed only by master.services.states.set_trial_state.
+    state: Mapped[str] = mapped_column(String(32), index=True)
+    hparams: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    seed: Mapped[int] = mapped_column(Integer)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    total_batches_processed: Mapped[int] = mapped_column(Integer, default=0)
+    start_time: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    end_time: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class StateChangeModel(Base):
+    """Audit trail of every experiment and trial state change."""
+
+    __tablename__ = "state_changes"
+    __table_args__ = (Index("ix_state_changes_entity", "entity", "entity_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    entity: Mapped[str] = mapped_column(String(32))
+    entity_id: Mapped[int] = mapped_column(Integer)
+    from_state: Mapped[str | None] = mapped_column(String(32))
+    to_state: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

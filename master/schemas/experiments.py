@@ -1,0 +1,146 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import Field
+
+from master.db.models import TrialModel
+from master.schemas.common import Pagination, WireInput, WireModel
+from master.services.experiments import ExperimentView
+
+
+class ExperimentCreate(WireInput):
+    config: Any = None
+    template: str | None = None
+    model_definition: list[Any] | None = None
+    activate: bool | None = True
+    validate_only: bool | None = False
+    project_id: int | None = None
+    parent_id: int | None = None
+    unmanaged: bool | None = None
+
+
+class Experiment(WireModel):
+    """Determined's v1Experiment; the first block is what the official client requires."""
+
+    id: int
+    name: str
+    archived: bool
+    config: dict[str, Any]
+    original_config: str
+    job_id: str
+    num_trials: int
+    project_id: int
+    project_owner_id: int
+    searcher_type: str
+    start_time: datetime
+    state: str
+    username: str
+    # Optional in Determined, sent for completeness.
+    description: str
+    end_time: datetime | None
+    progress: float | None
+    resource_pool: str
+    user_id: int
+    display_name: str
+    notes: str = ""
+    forked_from: int | None = None
+    labels: list[str]
+    # resolute additions (ignored by the official client).
+    template_name: str | None
+    experiment_seed: int
+
+    @classmethod
+    def of(cls, view: ExperimentView) -> Experiment:
+        row = view.experiment
+        return cls(
+            id=row.id,
+            name=row.name,
+            archived=row.archived,
+            config=row.config,
+            original_config=row.original_config,
+            job_id=row.job_id,
+            num_trials=view.num_trials,
+            project_id=row.project_id,
+            project_owner_id=row.owner_id,
+            searcher_type=row.searcher_type,
+            start_time=row.start_time,
+            state=f"STATE_{row.state}",
+            username=view.username,
+            description=row.description,
+            end_time=row.end_time,
+            progress=row.progress,
+            resource_pool=row.resource_pool,
+            user_id=row.owner_id,
+            display_name=view.username,
+            labels=list(row.config.get("labels") or []),
+            template_name=row.template_name,
+            experiment_seed=row.experiment_seed,
+        )
+
+
+class CreateExperimentResponse(WireModel):
+    experiment: Experiment | None
+    config: dict[str, Any]
+    # Determined's enum list (LAUNCH_WARNING_*); our own sentences go in warning_messages.
+    warnings: list[str] = Field(default_factory=list)
+    warning_messages: list[str] = Field(default_factory=list)
+
+
+class ExperimentResponse(WireModel):
+    experiment: Experiment
+    job_summary: dict[str, Any] | None = None
+
+
+class ExperimentList(WireModel):
+    experiments: list[Experiment]
+    pagination: Pagination
+
+
+class Trial(WireModel):
+    """Determined's trialv1Trial; the first block is what the official client requires."""
+
+    id: int
+    experiment_id: int
+    hparams: dict[str, Any]
+    restarts: int
+    start_time: datetime
+    state: str
+    total_batches_processed: int
+    end_time: datetime | None
+    request_id: str
+    seed: int
+
+    @classmethod
+    def of(cls, row: TrialModel) -> Trial:
+        return cls(
+            id=row.id,
+            experiment_id=row.experiment_id,
+            hparams=row.hparams,
+            restarts=row.restarts,
+            start_time=row.start_time,
+            state=f"STATE_{row.state}",
+            total_batches_processed=row.total_batches_processed,
+            end_time=row.end_time,
+            request_id=row.request_id,
+            seed=row.seed,
+        )
+
+
+class TrialList(WireModel):
+    trials: list[Trial]
+    pagination: Pagination
+
+
+class TrialResponse(WireModel):
+    trial: Trial
+
+
+class WorkloadList(WireModel):
+    workloads: list[dict[str, Any]]
+    pagination: Pagination
+
+
+class Empty(WireModel):
+    pass

@@ -1,0 +1,339 @@
+"""Experiments: config merge and validation, seeds, trial creation and lifecycle actions."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from sqlalchemy import Select, func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from master.core.errors import ConfigError
+from master.core.expconf import config_warnings, effective_dict, parse_yaml, validate_config
+from master.core.merge import merge_template
+from master.core.searcher import count_trials, plan_trials
+from master.core.seeds import MAX_EXPERIMENT_SEED
+from master.db.models import (
+    ExperimentModel,
+    ExperimentState,
+    ModelDefinitionModel,
+    TrialModel,
+    TrialState,
+    UserModel,
+)
+from master.errors import Conflict, InvalidArgument, NotFound
+from master.services import states
+from master.services.configs import config_errors_as_invalid_argument
+from master.services.model_definitions import PackedModelDefinition, pack_model_definition
+from master.services.templates import get_template
+from master.services.workspaces import resolve_project
+from master.settings import MasterSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ExperimentRequest:
+    config: Any  # YAML text (what Determined's client sends) or an already-parsed mapping
+    template: str | None = None
+    model_definition: Any = None
+    activate: bool = True
+    validate_only: bool = False
+    project_id: int | None = None
+
+
+@dataclass
+class PreparedExperiment:
+    """Everything derived from a request before anything is written."""
+
+    original_config: str
+    effective_config: dict[str, Any]
+    template_config: dict[str, Any] | None
+    seed: int
+    warnings: list[str]
+    model_definition: PackedModelDefinition
+    trial_count: int
+
+
+@dataclass
+class ExperimentView:
+    experiment: ExperimentModel
+    username: str
+    num_trials: int
+    warnings: list[str] = field(default_factory=list)
+
+
+async def prepare_experiment(
+    session: AsyncSession, request: ExperimentRequest, settings: MasterSettings
+) -> PreparedExperiment:
+    """Parse, merge, validate, seed and pack; raises a 4xx error naming the path on bad input."""
+    if isinstance(request.config, str):
+        original = request.config
+        with config_errors_as_invalid_argument("config"):
+            user_raw = parse_yaml(original)
+    elif isinstance(request.config, dict):
+        user_raw = request.config
+        original = yaml.safe_dump(user_raw, sort_keys=False)
+    else:
+        raise InvalidArgument("config: must be the YAML text of an experiment config")
+
+    with config_errors_as_invalid_argument("config"):
+        # Checked alone first so an unknown key is reported at the user's own path.
+        validate_config(user_raw, complete=False)
+
+    template_config: dict[str, Any] | None = None
+    merged = user_raw
+    if request.template:
+        template_config = (await get_template(session, request.template)).config
+        merged = merge_template(template_config, user_raw)
+
+    with config_errors_as_invalid_argument(
+        "experiment config" + (" after the template merge" if template_config is not None else "")
+    ):
+        cfg = validate_config(merged, complete=True)
+        effective = effective_dict(cfg)
+        warnings = config_warnings(cfg)
+        reproducibility = effective.setdefault("reproducibility", {})
+        if reproducibility.get("experiment_seed") is None:
+            # Determined uses the Unix time; a random draw cannot collide for two submits
+            # in the same second.
+            reproducibility["experiment_seed"] = secrets.randbelow(MAX_EXPERIMENT_SEED + 1)
+        seed = int(reproducibility["experiment_seed"])
+        trial_count = count_trials(effective["searcher"], effective.get("hyperparameters") or {})
+    if trial_count > settings.max_trials_per_experiment:
+        raise InvalidArgument(
+            f"searcher: this search would create {trial_count} trials; the master allows at most "
+            f"{settings.max_trials_per_experiment} (DET_MASTER_MAX_TRIALS_PER_EXPERIMENT)"
+        )
+    packed = pack_model_definition(request.model_definition, settings.max_model_definition_bytes)
+    return PreparedExperiment(
+        original_config=original,
+        effective_config=effective,
+        template_config=template_config,
+        seed=seed,
+        warnings=warnings,
+        model_definition=packed,
+        trial_count=trial_count,
+    )
+
+
+async def create_experiment(
+    session: AsyncSession,
+    request: ExperimentRequest,
+    owner: UserModel,
+    settings: MasterSettings,
+) -> tuple[ExperimentView | None, PreparedExperiment]:
+    """Store the experiment and its planned trials; nothing is stored with validate_only."""
+    prepared = await prepare_experiment(session, request, settings)
+    if request.validate_only:
+        return None, prepared
+    project = await resolve_project(session, request.project_id)
+    effective = prepared.effective_config
+    try:
+        plans = plan_trials(
+            effective["searcher"], effective.get("hyperparameters") or {}, prepared.seed
+        )
+    except ConfigError as exc:  # count_trials accepted it, so this is a core bug
+        raise InvalidArgument(f"invalid experiment config: {exc}") from exc
+
+    state = ExperimentState.ACTIVE if request.activate else ExperimentState.PAUSED
+    experiment = ExperimentModel(
+        name=effective.get("name") or "",
+        description=effective.get("description") or "",
+        state=state,
+        config=effective,
+        original_config=prepared.original_config,
+        template_name=request.template,
+        template_config=prepared.template_config,
+        experiment_seed=prepared.seed,
+        searcher_type=effective["searcher"]["name"],
+        resource_pool=(effective.get("resources") or {}).get("resource_pool") or "",
+        owner_id=owner.id,
+        project_id=project.id,
+        job_id=str(uuid.uuid4()),
+    )
+    session.add(experiment)
+    await session.flush()
+    if not experiment.name:
+        experiment.name = f"Experiment {experiment.id}"
+        experiment.config = {**effective, "name": experiment.name}
+    states.record_initial_state(session, "experiment", experiment.id, state)
+    session.add(
+        ModelDefinitionModel(
+            experiment_id=experiment.id,
+            archive=prepared.model_definition.archive,
+            size_bytes=prepared.model_definition.size_bytes,
+            file_count=prepared.model_definition.file_count,
+        )
+    )
+    trial_state = TrialState.QUEUED if request.activate else TrialState.PAUSED
+    trials = [
+        TrialModel(
+            experiment_id=experiment.id,
+            request_id=str(plan.request_id),
+            state=trial_state,
+            hparams=plan.hparams,
+            seed=plan.seed,
+        )
+        for plan in plans
+    ]
+    session.add_all(trials)
+    await session.flush()
+    for trial in trials:
+        states.record_initial_state(session, "trial", trial.id, trial_state)
+    log.info(
+        "created experiment %s (%s trials, seed %s, template %s) for %s",
+        experiment.id,
+        len(trials),
+        prepared.seed,
+        request.template or "-",
+        owner.username,
+    )
+    view = ExperimentView(experiment, owner.username, len(trials), prepared.warnings)
+    return view, prepared
+
+
+def _views_query() -> Select[ExperimentModel, str, int]:
+    trial_counts = (
+        select(TrialModel.experiment_id, func.count().label("n"))
+        .group_by(TrialModel.experiment_id)
+        .subquery()
+    )
+    return (
+        select(ExperimentModel, UserModel.username, func.coalesce(trial_counts.c.n, 0))
+        .join(UserModel, ExperimentModel.owner_id == UserModel.id)
+        .outerjoin(trial_counts, trial_counts.c.experiment_id == ExperimentModel.id)
+    )
+
+
+async def get_experiment(session: AsyncSession, experiment_id: int) -> ExperimentView:
+    row = (await session.execute(_views_query().where(ExperimentModel.id == experiment_id))).first()
+    if row is None:
+        raise NotFound(f"experiment {experiment_id} not found")
+    return ExperimentView(row[0], row[1], row[2])
+
+
+_SORT_COLUMNS = {
+    "SORT_BY_ID": ExperimentModel.id,
+    "SORT_BY_START_TIME": ExperimentModel.start_time,
+    "SORT_BY_NAME": ExperimentModel.name,
+    "SORT_BY_STATE": ExperimentModel.state,
+}
+
+
+async def list_experiments(
+    session: AsyncSession,
+    *,
+    offset: int,
+    limit: int,
+    archived: bool | None = None,
+    usernames: Sequence[str] = (),
+    states_filter: Sequence[ExperimentState] = (),
+    name: str | None = None,
+    sort_by: str = "SORT_BY_ID",
+    descending: bool = False,
+) -> tuple[list[ExperimentView], int]:
+    query = _views_query()
+    if archived is not None:
+        query = query.where(ExperimentModel.archived == archived)
+    if usernames:
+        query = query.where(UserModel.username.in_(list(usernames)))
+    if states_filter:
+        query = query.where(ExperimentModel.state.in_([str(s) for s in states_filter]))
+    if name:
+        query = query.where(ExperimentModel.name.contains(name, autoescape=True))
+    total = await session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    column = _SORT_COLUMNS.get(sort_by)
+    if column is None:
+        raise InvalidArgument(f"sortBy: {sort_by!r} is not one of {', '.join(_SORT_COLUMNS)}")
+    order = column.desc() if descending else column.asc()
+    query = query.order_by(order, ExperimentModel.id.desc() if descending else ExperimentModel.id)
+    query = query.offset(offset)
+    if limit > 0:
+        query = query.limit(limit)
+    rows = (await session.execute(query)).all()
+    return [ExperimentView(r[0], r[1], r[2]) for r in rows], total
+
+
+async def list_trials(
+    session: AsyncSession, experiment_id: int, *, offset: int, limit: int
+) -> tuple[list[TrialModel], int]:
+    await get_experiment(session, experiment_id)  # 404 for an unknown experiment
+    where = TrialModel.experiment_id == experiment_id
+    total = await session.scalar(select(func.count()).select_from(TrialModel).where(where)) or 0
+    query = select(TrialModel).where(where).order_by(TrialModel.id).offset(offset)
+    if limit > 0:
+        query = query.limit(limit)
+    return list((await session.scalars(query)).all()), total
+
+
+async def get_trial(session: AsyncSession, trial_id: int) -> TrialModel:
+    trial = await session.get(TrialModel, trial_id)
+    if trial is None:
+        raise NotFound(f"trial {trial_id} not found")
+    return trial
+
+
+async def _trials_of(session: AsyncSession, experiment_id: int) -> list[TrialModel]:
+    query = select(TrialModel).where(TrialModel.experiment_id == experiment_id)
+    return list((await session.scalars(query.order_by(TrialModel.id))).all())
+
+
+async def kill_experiment(session: AsyncSession, experiment_id: int, actor: str) -> None:
+    """Stop every trial now. Killing a finished experiment changes nothing, as in Determined."""
+    view = await get_experiment(session, experiment_id)
+    experiment = view.experiment
+    if ExperimentState(experiment.state).is_terminal:
+        return
+    reason = f"killed by {actor}"
+    stopping = False
+    for trial in await _trials_of(session, experiment_id):
+        trial_state = TrialState(trial.state)
+        if trial_state.holds_resources:
+            # Its processes must exit first; the allocation's end moves it to CANCELED.
+            states.set_trial_state(session, trial, TrialState.STOPPING_KILLED, reason)
+            stopping = True
+        elif not trial_state.is_terminal:
+            states.set_trial_state(session, trial, TrialState.CANCELED, reason)
+    target = ExperimentState.STOPPING_KILLED if stopping else ExperimentState.CANCELED
+    states.set_experiment_state(session, experiment, target, reason)
+    await session.flush()
+
+
+async def pause_experiment(session: AsyncSession, experiment_id: int, actor: str) -> None:
+    experiment = (await get_experiment(session, experiment_id)).experiment
+    current = ExperimentState(experiment.state)
+    if current == ExperimentState.PAUSED:
+        return
+    if current != ExperimentState.ACTIVE:
+        raise Conflict(
+            f"experiment {experiment_id} is {current}; only an active experiment can be paused"
+        )
+    reason = f"paused by {actor}"
+    for trial in await _trials_of(session, experiment_id):
+        if TrialState(trial.state) == TrialState.QUEUED:
+            states.set_trial_state(session, trial, TrialState.PAUSED, reason)
+    states.set_experiment_state(session, experiment, ExperimentState.PAUSED, reason)
+    await session.flush()
+
+
+async def activate_experiment(session: AsyncSession, experiment_id: int, actor: str) -> None:
+    experiment = (await get_experiment(session, experiment_id)).experiment
+    current = ExperimentState(experiment.state)
+    if current == ExperimentState.ACTIVE:
+        return
+    if current != ExperimentState.PAUSED:
+        raise Conflict(
+            f"experiment {experiment_id} is {current}; only a paused experiment can be activated"
+        )
+    reason = f"activated by {actor}"
+    for trial in await _trials_of(session, experiment_id):
+        if TrialState(trial.state) == TrialState.PAUSED:
+            states.set_trial_state(session, trial, TrialState.QUEUED, reason)
+    states.set_experiment_state(session, experiment, ExperimentState.ACTIVE, reason)
+    await session.flush()

@@ -1,0 +1,127 @@
+"""Model definitions: the v1File list Determined's client sends, checked and packed as tar.gz.
+
+Every entry is checked here even though our CLI checks too: the API is public, and an
+unsafe path in the archive would later be unpacked on an agent.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import posixpath
+import tarfile
+from dataclasses import dataclass
+from typing import Any
+
+from master.errors import InvalidArgument, PayloadTooLarge
+
+FILE_TYPE = 48  # ord("0"), a regular file in tar terms
+DIR_TYPE = 53  # ord("5")
+SYMLINK_TYPE = 50  # ord("2"); content is the link target
+
+
+@dataclass(frozen=True)
+class PackedModelDefinition:
+    archive: bytes
+    size_bytes: int  # decoded file contents, what the limit applies to
+    file_count: int
+
+
+def safe_relative_path(path: str, where: str) -> str:
+    """A normalised relative path, or an error naming `where`."""
+    if not isinstance(path, str) or path.strip() == "":
+        raise InvalidArgument(f"{where}: path must be a non-empty string")
+    if "\x00" in path or "\\" in path:
+        raise InvalidArgument(f"{where}: path {path!r} contains a NUL or a backslash")
+    if path.startswith("/"):
+        raise InvalidArgument(f"{where}: path {path!r} is absolute; paths must be relative")
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise InvalidArgument(f"{where}: path {path!r} has a '..' component")
+    if not parts:
+        raise InvalidArgument(f"{where}: path {path!r} names the model directory itself")
+    return "/".join(parts)
+
+
+def pack_model_definition(files: Any, limit_bytes: int) -> PackedModelDefinition:
+    if files is None:
+        files = []
+    if not isinstance(files, list):
+        raise InvalidArgument("modelDefinition: must be a list of files")
+    seen: set[str] = set()
+    total = 0
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for index, entry in enumerate(files):
+            where = f"modelDefinition[{index}]"
+            if not isinstance(entry, dict):
+                raise InvalidArgument(f"{where}: must be an object")
+            path = safe_relative_path(entry.get("path"), where)  # type: ignore[arg-type]
+            if path in seen:
+                raise InvalidArgument(f"{where}: path {path!r} appears twice")
+            seen.add(path)
+            kind = entry.get("type", FILE_TYPE)
+            content = _decode(entry.get("content") or "", where)
+            info = tarfile.TarInfo(path)
+            info.mtime = _mtime(entry.get("mtime"), where)
+            info.mode = _mode(entry.get("mode"), kind)
+            if kind == DIR_TYPE:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif kind == FILE_TYPE:
+                total += len(content)
+                if total > limit_bytes:
+                    raise PayloadTooLarge(
+                        f"modelDefinition: the files add up to more than the "
+                        f"{limit_bytes / 2**20:g} MiB limit (DET_MASTER_MAX_MODEL_DEFINITION_MB)"
+                    )
+                info.size = len(content)
+                tar.addfile(info, io.BytesIO(content))
+            elif kind == SYMLINK_TYPE:
+                info.type = tarfile.SYMTYPE
+                info.linkname = _link_target(path, content, where)
+                tar.addfile(info)
+            else:
+                raise InvalidArgument(
+                    f"{where}: type {kind!r} is not supported; use 48 (file), 53 (directory) "
+                    "or 50 (symbolic link)"
+                )
+    return PackedModelDefinition(buffer.getvalue(), total, len(seen))
+
+
+def _decode(content: Any, where: str) -> bytes:
+    if not isinstance(content, str):
+        raise InvalidArgument(f"{where}: content must be a base64 string")
+    try:
+        return base64.b64decode(content, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidArgument(f"{where}: content is not valid base64") from exc
+
+
+def _mtime(value: Any, where: str) -> int:
+    if value in (None, ""):
+        return 0
+    try:
+        mtime = int(float(value))
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"{where}: mtime {value!r} is not a number of seconds") from exc
+    return max(mtime, 0)
+
+
+def _mode(value: Any, kind: Any) -> int:
+    default = 0o755 if kind == DIR_TYPE else 0o644
+    if not isinstance(value, int) or isinstance(value, bool):
+        return default
+    # Permission bits only: the archive must never carry setuid or device bits to an agent.
+    return (value & 0o777) or default
+
+
+def _link_target(path: str, content: bytes, where: str) -> str:
+    target = content.decode("utf-8", errors="replace")
+    if target.startswith("/"):
+        raise InvalidArgument(f"{where}: link {path!r} points to an absolute path")
+    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
+    if resolved == ".." or resolved.startswith("../"):
+        raise InvalidArgument(f"{where}: link {path!r} points outside the model directory")
+    return target

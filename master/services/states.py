@@ -1,0 +1,109 @@
+"""The only place experiment and trial states change: checks, timestamps, audit row, log line."""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from master.db.models import (
+    ExperimentModel,
+    ExperimentState,
+    StateChangeModel,
+    TrialModel,
+    TrialState,
+    utcnow,
+)
+from master.errors import Conflict
+
+log = logging.getLogger(__name__)
+
+E = ExperimentState
+T = TrialState
+
+_EXPERIMENT_TRANSITIONS: dict[ExperimentState, frozenset[ExperimentState]] = {
+    E.ACTIVE: frozenset(
+        {
+            E.PAUSED,
+            E.STOPPING_COMPLETED,
+            E.STOPPING_CANCELED,
+            E.STOPPING_KILLED,
+            E.STOPPING_ERROR,
+            E.COMPLETED,
+            E.CANCELED,
+            E.ERROR,
+        }
+    ),
+    E.PAUSED: frozenset(
+        {E.ACTIVE, E.STOPPING_CANCELED, E.STOPPING_KILLED, E.STOPPING_ERROR, E.CANCELED, E.ERROR}
+    ),
+    E.STOPPING_COMPLETED: frozenset({E.COMPLETED, E.STOPPING_KILLED, E.ERROR}),
+    E.STOPPING_CANCELED: frozenset({E.CANCELED, E.STOPPING_KILLED, E.ERROR}),
+    E.STOPPING_KILLED: frozenset({E.CANCELED, E.ERROR}),
+    E.STOPPING_ERROR: frozenset({E.ERROR}),
+    E.COMPLETED: frozenset(),
+    E.CANCELED: frozenset(),
+    E.ERROR: frozenset(),
+}
+
+_STOPPING_TRIAL = frozenset({T.STOPPING_CANCELED, T.STOPPING_KILLED, T.STOPPING_COMPLETED})
+_TRIAL_TRANSITIONS: dict[TrialState, frozenset[TrialState]] = {
+    T.QUEUED: frozenset({T.PAUSED, T.PULLING, T.STARTING, T.RUNNING, T.CANCELED, T.ERROR}),
+    T.PAUSED: frozenset({T.QUEUED, T.CANCELED, T.ERROR}),
+    T.PULLING: frozenset({T.STARTING, T.RUNNING, T.QUEUED, T.ERROR} | _STOPPING_TRIAL),
+    T.STARTING: frozenset({T.RUNNING, T.QUEUED, T.ERROR, T.STOPPING_ERROR} | _STOPPING_TRIAL),
+    T.RUNNING: frozenset(
+        {T.QUEUED, T.PAUSED, T.COMPLETED, T.ERROR, T.STOPPING_ERROR} | _STOPPING_TRIAL
+    ),
+    T.STOPPING_CANCELED: frozenset({T.CANCELED, T.PAUSED, T.STOPPING_KILLED, T.ERROR}),
+    T.STOPPING_KILLED: frozenset({T.CANCELED, T.ERROR}),
+    T.STOPPING_COMPLETED: frozenset({T.COMPLETED, T.STOPPING_KILLED, T.ERROR}),
+    T.STOPPING_ERROR: frozenset({T.ERROR}),
+    T.COMPLETED: frozenset(),
+    T.CANCELED: frozenset(),
+    T.ERROR: frozenset(),
+}
+
+
+def _record(
+    session: AsyncSession, entity: str, entity_id: int, old: str | None, new: str, reason: str
+) -> None:
+    session.add(
+        StateChangeModel(
+            entity=entity, entity_id=entity_id, from_state=old, to_state=new, reason=reason
+        )
+    )
+
+
+def record_initial_state(session: AsyncSession, entity: str, entity_id: int, state: str) -> None:
+    _record(session, entity, entity_id, None, state, "created")
+
+
+def set_experiment_state(
+    session: AsyncSession, experiment: ExperimentModel, new: ExperimentState, reason: str
+) -> None:
+    """Leaves the commit to the caller's transaction."""
+    old = ExperimentState(experiment.state)
+    if old == new:
+        return
+    if new not in _EXPERIMENT_TRANSITIONS[old]:
+        raise Conflict(f"experiment {experiment.id} is {old}; it cannot become {new}")
+    experiment.state = new
+    if new.is_terminal:
+        experiment.end_time = utcnow()
+    _record(session, "experiment", experiment.id, old, new, reason)
+    log.info("experiment %s: %s -> %s (%s)", experiment.id, old, new, reason)
+
+
+def set_trial_state(session: AsyncSession, trial: TrialModel, new: TrialState, reason: str) -> None:
+    """Leaves the commit to the caller's transaction."""
+    old = TrialState(trial.state)
+    if old == new:
+        return
+    if new not in _TRIAL_TRANSITIONS[old]:
+        raise Conflict(f"trial {trial.id} is {old}; it cannot become {new}")
+    trial.state = new
+    if new.is_terminal:
+        trial.end_time = utcnow()
+    _record(session, "trial", trial.id, old, new, reason)
+    log.info("trial %s: %s -> %s (%s)", trial.id, old, new, reason)

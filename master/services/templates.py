@@ -1,0 +1,120 @@
+"""Config templates: stored partial experiment configs, merged into configs at submit time."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from master.core.expconf import validate_config
+from master.db.models import TemplateModel, utcnow
+from master.errors import AlreadyExists, InvalidArgument, NotFound
+from master.services.configs import config_errors_as_invalid_argument
+from master.services.workspaces import resolve_workspace
+
+log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+ -]{0,254}$")
+
+
+def check_template_name(name: str) -> None:
+    if not _NAME.match(name) or name != name.strip():
+        raise InvalidArgument(
+            f"template name {name!r}: use 1-255 letters, digits, spaces or ._@+- "
+            "starting with a letter or digit"
+        )
+
+
+def check_template_config(config: Any) -> dict[str, Any]:
+    """Same checks as an experiment config, except that nothing is required."""
+    if not isinstance(config, dict):
+        raise InvalidArgument("template config: must be a mapping of config keys")
+    with config_errors_as_invalid_argument("template config"):
+        validate_config(config, complete=False)
+    return config
+
+
+async def get_template(session: AsyncSession, name: str) -> TemplateModel:
+    row = await session.scalar(select(TemplateModel).where(TemplateModel.name == name))
+    if row is None:
+        raise NotFound(f"template {name} not found")
+    return row
+
+
+async def list_templates(
+    session: AsyncSession, *, offset: int, limit: int, name: str | None = None
+) -> tuple[list[TemplateModel], int]:
+    query = select(TemplateModel)
+    if name:
+        query = query.where(TemplateModel.name.contains(name, autoescape=True))
+    total = await session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    query = query.order_by(TemplateModel.name).offset(offset)
+    if limit > 0:
+        query = query.limit(limit)
+    return list((await session.scalars(query)).all()), total
+
+
+async def create_template(
+    session: AsyncSession, name: str, config: Any, workspace_id: int | None
+) -> TemplateModel:
+    check_template_name(name)
+    config = check_template_config(config)
+    workspace = await resolve_workspace(session, workspace_id)
+    existing = await session.scalar(select(TemplateModel.id).where(TemplateModel.name == name))
+    if existing is not None:
+        raise AlreadyExists(f"template {name} already exists")
+    row = TemplateModel(name=name, config=config, workspace_id=workspace.id)
+    session.add(row)
+    await session.flush()
+    log.info("created template %s", name)
+    return row
+
+
+async def replace_template_config(session: AsyncSession, name: str, config: Any) -> TemplateModel:
+    config = check_template_config(config)
+    row = await get_template(session, name)
+    row.config = config
+    row.updated_at = utcnow()
+    await session.flush()
+    log.info("replaced the config of template %s", name)
+    return row
+
+
+async def put_template(
+    session: AsyncSession, name: str, config: Any, workspace_id: int | None
+) -> TemplateModel:
+    """Create or replace (Determined's PUT)."""
+    check_template_name(name)
+    config = check_template_config(config)
+    row = await session.scalar(select(TemplateModel).where(TemplateModel.name == name))
+    if row is None:
+        return await create_template(session, name, config, workspace_id)
+    row.config = config
+    row.updated_at = utcnow()
+    if workspace_id:
+        row.workspace_id = (await resolve_workspace(session, workspace_id)).id
+    await session.flush()
+    return row
+
+
+async def rename_template(session: AsyncSession, old_name: str, new_name: str) -> TemplateModel:
+    check_template_name(new_name)
+    row = await get_template(session, old_name)
+    if old_name != new_name:
+        taken = await session.scalar(select(TemplateModel.id).where(TemplateModel.name == new_name))
+        if taken is not None:
+            raise AlreadyExists(f"template {new_name} already exists")
+        row.name = new_name
+        row.updated_at = utcnow()
+        await session.flush()
+    return row
+
+
+async def delete_template(session: AsyncSession, name: str) -> None:
+    row = await get_template(session, name)
+    await session.delete(row)
+    await session.flush()
+    log.info("deleted template %s", name)

@@ -1,0 +1,129 @@
+"""Master settings: an optional YAML file first, then `DET_MASTER_*` environment variables."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, Field, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE_ENV = "DET_MASTER_CONFIG_FILE"
+
+
+class DatabaseSettings(BaseModel):
+    url: str = Field(
+        default="",
+        description=(
+            "SQLAlchemy URL. Empty means embedded SQLite at <data_dir>/resolute.db. "
+            "Postgres: postgresql://user@host:5432/db (the asyncpg driver is chosen for you)."
+        ),
+    )
+    echo: bool = Field(default=False, description="Log every SQL statement (debugging only).")
+
+
+class SecuritySettings(BaseModel):
+    initial_user_password: str = Field(
+        default="",
+        description=(
+            "Password given to the default users `admin` and `determined` when they are first "
+            "created. Empty, as Determined ships; set it for any shared cluster."
+        ),
+    )
+    token_ttl_hours: int = Field(default=24 * 7, ge=1, description="Lifetime of a login token.")
+
+
+class MasterSettings(BaseSettings):
+    """Every master setting. Env vars: DET_MASTER_<FIELD>, nested with `__` (DET_MASTER_DB__URL)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="DET_MASTER_",
+        env_nested_delimiter="__",
+        extra="forbid",
+    )
+
+    host: str = Field(default="127.0.0.1", description="Address the HTTP API listens on.")
+    port: int = Field(default=8080, ge=0, le=65535, description="HTTP API port.")
+    data_dir: Path = Field(
+        default=Path("data"), description="Directory for the embedded database and task files."
+    )
+    db: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    security: SecuritySettings = Field(default_factory=SecuritySettings)
+    max_model_definition_mb: float = Field(
+        default=96.0, gt=0, description="Largest model definition (decoded) accepted, in MiB."
+    )
+    max_trials_per_experiment: int = Field(
+        default=10_000, ge=1, description="Upper bound on the trials one searcher may create."
+    )
+    cluster_name: str = Field(default="resolute", description="Shown by `det master info`.")
+    log_level: str = Field(default="INFO", description="Python logging level for the master.")
+    log_format: Literal["text", "json"] = Field(default="text", description="Log line format.")
+    migrate_on_start: bool = Field(
+        default=True, description="Upgrade the database schema to head when the master starts."
+    )
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        level = value.upper()
+        if level not in logging.getLevelNamesMapping():
+            raise ValueError(f"unknown log level {value!r}")
+        return level
+
+    @property
+    def database_url(self) -> str:
+        """The async SQLAlchemy URL actually used."""
+        return async_database_url(self.db.url, self.data_dir)
+
+    @property
+    def max_model_definition_bytes(self) -> int:
+        return int(self.max_model_definition_mb * 1024 * 1024)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Priority: explicit arguments (CLI flags) > environment > YAML file.
+        return (init_settings, env_settings, _YamlFileSource(settings_cls))
+
+
+class _YamlFileSource(PydanticBaseSettingsSource):
+    """Reads the file named by DET_MASTER_CONFIG_FILE, if any."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ returns the whole mapping
+
+    def __call__(self) -> dict[str, Any]:
+        path = os.environ.get(CONFIG_FILE_ENV)
+        if not path:
+            return {}
+        text = Path(path).read_text(encoding="utf-8")
+        data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: the master config must be a YAML mapping")
+        return data
+
+
+def async_database_url(url: str, data_dir: Path) -> str:
+    """Pick the async driver for a user-facing URL; empty means SQLite in the data dir."""
+    if not url:
+        return f"sqlite+aiosqlite:///{(data_dir / 'resolute.db').resolve()}"
+    if url.startswith(("postgres://", "postgresql://")):
+        return "postgresql+asyncpg://" + url.split("://", 1)[1]
+    if url.startswith("sqlite://"):
+        return "sqlite+aiosqlite://" + url.split("://", 1)[1]
+    return url

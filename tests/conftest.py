@@ -1,0 +1,157 @@
+"""Shared fixtures: both databases, an in-process API client, real master processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import pytest_asyncio
+from fastapi import FastAPI
+
+from master.app import create_app
+from master.db.models import Base
+from master.db.session import session_scope
+from master.services import auth as auth_service
+from master.services import workspaces as workspace_service
+from master.settings import DatabaseSettings, MasterSettings
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+POSTGRES_ADMIN_DSN = os.environ.get(
+    "RESOLUTE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+
+
+def require(condition: bool, reason: str) -> None:
+    """Skip outside CI; in CI a missing prerequisite is a failure, never a silent skip."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"required in CI: {reason}")
+    pytest.skip(reason)
+
+
+def _admin_execute(sql: str) -> None:
+    """Run one statement on the admin database, from sync or async code alike."""
+    import asyncpg
+
+    async def run() -> None:
+        conn = await asyncpg.connect(POSTGRES_ADMIN_DSN, timeout=5)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    # A thread of its own, because fixtures may call this while an event loop runs.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, run()).result()
+
+
+class PostgresServer:
+    """Creates throwaway databases on the shared server and drops them at the end of the run."""
+
+    def __init__(self) -> None:
+        self.created: list[str] = []
+        self.error: str | None = None
+        try:
+            _admin_execute("SELECT 1")
+        except Exception as exc:  # any failure means "no usable server"
+            self.error = f"PostgreSQL at {POSTGRES_ADMIN_DSN} is not reachable: {exc}"
+
+    def new_database(self) -> str:
+        require(self.error is None, self.error or "")
+        name = f"resolute_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+        _admin_execute(f'CREATE DATABASE "{name}"')
+        self.created.append(name)
+        base = POSTGRES_ADMIN_DSN.rsplit("/", 1)[0]
+        return f"{base}/{name}"
+
+    def drop_all(self) -> None:
+        for name in self.created:
+            _admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    server = PostgresServer()
+    yield server
+    server.drop_all()
+
+
+@pytest.fixture(scope="session")
+def database_url_factory(
+    postgres: PostgresServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[object]:
+    def make(backend: str) -> str:
+        if backend == "postgres":
+            return postgres.new_database()
+        path = tmp_path_factory.mktemp("sqlite") / "resolute.db"
+        return f"sqlite:///{path}"
+
+    yield make
+
+
+BACKENDS = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+]
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    value: str = request.param
+    return value
+
+
+@pytest_asyncio.fixture(scope="session")
+async def app(
+    backend: str, database_url_factory: object, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[FastAPI]:
+    """One migrated master app per backend for the whole run; rows are cleared per test."""
+    url = database_url_factory(backend)  # type: ignore[operator]
+    settings = MasterSettings(
+        data_dir=tmp_path_factory.mktemp(f"data-{backend}"),
+        db=DatabaseSettings(url=url),
+        max_model_definition_mb=1.0,
+    )
+    application = create_app(settings)
+    async with application.router.lifespan_context(application):
+        yield application
+
+
+async def reset_database(application: FastAPI) -> None:
+    engine = application.state.engine
+    async with engine.begin() as conn:
+        for table in reversed(Base.metadata.sorted_tables):
+            await conn.execute(table.delete())
+    async with session_scope(application.state.session_factory) as session:
+        await auth_service.ensure_default_users(session, "")
+        await workspace_service.ensure_defaults(session)
+
+
+@pytest_asyncio.fixture
+async def anon(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    """A client with a clean database and no token."""
+    await reset_database(app)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://master") as client:
+        yield client
+
+
+@pytest_asyncio.fixture
+async def api(anon: httpx.AsyncClient) -> httpx.AsyncClient:
+    """A client signed in as the default user `determined`."""
+    reply = await anon.post("/api/v1/auth/login", json={"username": "determined", "password": ""})
+    assert reply.status_code == 200, reply.text
+    anon.headers["Authorization"] = f"Bearer {reply.json()['token']}"
+    return anon
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
