@@ -20,7 +20,11 @@ def get_settings(request: Request) -> MasterSettings:
 
 
 async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
-    """Commit after the handler returns; roll back if it raises."""
+    """Commit after the handler returns and before the reply is sent; roll back if it raises.
+
+    Used with scope="function": the default scope would commit after the reply, so a client
+    could be told "done" about a write that then fails, or race its own next request.
+    """
     factory: async_sessionmaker[AsyncSession] = request.app.state.session_factory
     async with factory() as session:
         try:
@@ -32,7 +36,7 @@ async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
 
 
 SettingsDep = Annotated[MasterSettings, Depends(get_settings)]
-SessionDep = Annotated[AsyncSession, Depends(get_session)]
+SessionDep = Annotated[AsyncSession, Depends(get_session, scope="function")]
 
 
 def bearer_token(request: Request) -> str:
