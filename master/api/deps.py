@@ -9,6 +9,7 @@ from fastapi import Depends, Request
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from master.db.models import UserModel
+from master.db.session import session_scope
 from master.errors import Unauthenticated
 from master.services import auth
 from master.settings import MasterSettings
@@ -26,13 +27,8 @@ async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
     could be told "done" about a write that then fails, or race its own next request.
     """
     factory: async_sessionmaker[AsyncSession] = request.app.state.session_factory
-    async with factory() as session:
-        try:
-            yield session
-            await session.commit()
-        except BaseException:
-            await session.rollback()
-            raise
+    async with session_scope(factory) as session:
+        yield session
 
 
 SettingsDep = Annotated[MasterSettings, Depends(get_settings)]

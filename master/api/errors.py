@@ -18,10 +18,31 @@ log = logging.getLogger(__name__)
 _HTTP_TO_GRPC = {400: 3, 401: 16, 403: 7, 404: 5, 405: 12, 409: 6, 413: 8, 429: 8, 503: 14}
 
 
+_GRPC_NAMES = {
+    2: "Unknown",
+    3: "InvalidArgument",
+    5: "NotFound",
+    6: "AlreadyExists",
+    7: "PermissionDenied",
+    8: "ResourceExhausted",
+    9: "FailedPrecondition",
+    12: "Unimplemented",
+    13: "Internal",
+    14: "Unavailable",
+    16: "Unauthenticated",
+}
+
+
 def error_response(http_status: int, code: int, message: str, details: list[Any]) -> JSONResponse:
-    return JSONResponse(
-        status_code=http_status, content={"code": code, "message": message, "details": details}
-    )
+    content = {
+        "code": code,
+        "message": message,
+        "details": details,
+        # Determined's client prints error.error for non-404 failures and the raw body
+        # otherwise, so this copy turns a JSON dump into one readable line.
+        "error": {"code": code, "reason": _GRPC_NAMES.get(code, "Unknown"), "error": message},
+    }
+    return JSONResponse(status_code=http_status, content=content)
 
 
 def _location(loc: tuple[Any, ...]) -> str:

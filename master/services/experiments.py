@@ -305,35 +305,53 @@ async def kill_experiment(session: AsyncSession, experiment_id: int, actor: str)
     await session.flush()
 
 
-async def pause_experiment(session: AsyncSession, experiment_id: int, actor: str) -> None:
+async def _pause_or_activate(
+    session: AsyncSession,
+    experiment_id: int,
+    actor: str,
+    *,
+    target: ExperimentState,
+    trials_from: TrialState,
+    trials_to: TrialState,
+) -> None:
+    """Pause and activate mirror each other: the other one's state is the only valid start."""
     experiment = (await get_experiment(session, experiment_id)).experiment
     current = ExperimentState(experiment.state)
-    if current == ExperimentState.PAUSED:
+    if current == target:
         return
-    if current != ExperimentState.ACTIVE:
+    source = ExperimentState.ACTIVE if target == ExperimentState.PAUSED else ExperimentState.PAUSED
+    verb = "paused" if target == ExperimentState.PAUSED else "activated"
+    if current != source:
         raise Conflict(
-            f"experiment {experiment_id} is {current}; only an active experiment can be paused"
+            f"experiment {experiment_id} is {current}; only "
+            f"{'an active' if source == ExperimentState.ACTIVE else 'a paused'} experiment "
+            f"can be {verb}"
         )
-    reason = f"paused by {actor}"
+    reason = f"{verb} by {actor}"
     for trial in await _trials_of(session, experiment_id):
-        if TrialState(trial.state) == TrialState.QUEUED:
-            states.set_trial_state(session, trial, TrialState.PAUSED, reason)
-    states.set_experiment_state(session, experiment, ExperimentState.PAUSED, reason)
+        if TrialState(trial.state) == trials_from:
+            states.set_trial_state(session, trial, trials_to, reason)
+    states.set_experiment_state(session, experiment, target, reason)
     await session.flush()
+
+
+async def pause_experiment(session: AsyncSession, experiment_id: int, actor: str) -> None:
+    await _pause_or_activate(
+        session,
+        experiment_id,
+        actor,
+        target=ExperimentState.PAUSED,
+        trials_from=TrialState.QUEUED,
+        trials_to=TrialState.PAUSED,
+    )
 
 
 async def activate_experiment(session: AsyncSession, experiment_id: int, actor: str) -> None:
-    experiment = (await get_experiment(session, experiment_id)).experiment
-    current = ExperimentState(experiment.state)
-    if current == ExperimentState.ACTIVE:
-        return
-    if current != ExperimentState.PAUSED:
-        raise Conflict(
-            f"experiment {experiment_id} is {current}; only a paused experiment can be activated"
-        )
-    reason = f"activated by {actor}"
-    for trial in await _trials_of(session, experiment_id):
-        if TrialState(trial.state) == TrialState.PAUSED:
-            states.set_trial_state(session, trial, TrialState.QUEUED, reason)
-    states.set_experiment_state(session, experiment, ExperimentState.ACTIVE, reason)
-    await session.flush()
+    await _pause_or_activate(
+        session,
+        experiment_id,
+        actor,
+        target=ExperimentState.ACTIVE,
+        trials_from=TrialState.PAUSED,
+        trials_to=TrialState.QUEUED,
+    )

@@ -43,7 +43,10 @@ async def test_wrong_password_is_refused(anon: httpx.AsyncClient) -> None:
         "/api/v1/auth/login", json={"username": "determined", "password": hashed, "isHashed": True}
     )
     assert reply.status_code == 401
-    assert reply.json() == {"code": 16, "message": "invalid credentials", "details": []}
+    body = reply.json()
+    assert (body["code"], body["message"], body["details"]) == (16, "invalid credentials", [])
+    # The copy Determined's client prints for errors other than 404.
+    assert body["error"]["error"] == "invalid credentials"
 
 
 async def test_unknown_user_gets_the_same_answer(anon: httpx.AsyncClient) -> None:
@@ -105,3 +108,10 @@ async def test_login_body_without_content_type(anon: httpx.AsyncClient) -> None:
     assert "content-type" not in create.headers
     created = await anon.send(create)
     assert created.status_code == 200, created.text
+
+
+async def test_openapi_docs_are_served(anon: httpx.AsyncClient) -> None:
+    spec = await anon.get("/openapi.json")
+    assert spec.status_code == 200
+    assert "/api/v1/experiments" in spec.json()["paths"]
+    assert (await anon.get("/docs")).status_code == 200

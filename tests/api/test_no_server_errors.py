@@ -1,0 +1,79 @@
+"""Random bodies and configs never get a 5xx: every bad input is the client's 4xx."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.factories import row_counts
+
+keys = st.sampled_from(
+    [
+        "name",
+        "entrypoint",
+        "resources",
+        "slots_per_trial",
+        "hyperparameters",
+        "searcher",
+        "type",
+        "minval",
+        "maxval",
+        "vals",
+        "count",
+        "reproducibility",
+        "experiment_seed",
+        "bind_mounts",
+        "container_path",
+        "max_trials",
+        "global_batch_size",
+        "x",
+    ]
+)
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**40), 2**40),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=8),
+)
+documents = st.recursive(
+    scalars,
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(keys, children, max_size=4),
+    max_leaves=12,
+)
+fuzz = settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+
+
+@fuzz
+@given(config=documents)
+async def test_random_experiment_configs(api: httpx.AsyncClient, config: Any) -> None:
+    before = await row_counts(api)
+    text = yaml.safe_dump(config)
+    reply = await api.post("/api/v1/experiments", json={"config": text, "validateOnly": True})
+    assert reply.status_code in (200, 400, 404, 409, 413), reply.text
+    assert reply.json()["message" if reply.status_code != 200 else "config"] is not None
+    assert await row_counts(api) == before
+
+
+@fuzz
+@given(config=documents)
+async def test_random_template_bodies(api: httpx.AsyncClient, config: Any) -> None:
+    reply = await api.put("/api/v1/templates/fuzz", json={"config": config})
+    assert reply.status_code in (200, 400), reply.text
+    if reply.status_code == 400:
+        assert reply.json()["code"] == 3
+
+
+@fuzz
+@given(body=documents)
+async def test_random_create_bodies(api: httpx.AsyncClient, body: Any) -> None:
+    reply = await api.post("/api/v1/experiments", json=body)
+    assert reply.status_code < 500, reply.text

@@ -1,0 +1,322 @@
+"""Our `det` against a real `det-master` process, on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.conftest import MasterProcess, describe_run, lines, ok, run_our_det, unique
+from tests.factories import EXPERIMENT_YAML, TEMPLATE_CONFIG
+
+pytestmark = pytest.mark.e2e
+
+SEED_LINE = "experiment_seed: 1234"
+
+
+def experiment_yaml(seed: int | None = None, extra: str = "") -> str:
+    """The factory config with its own experiment seed (so tests never share trials)."""
+    assert SEED_LINE in EXPERIMENT_YAML
+    if seed is None:
+        seed = random.randrange(1, 2**31 - 1)
+    return EXPERIMENT_YAML.replace(SEED_LINE, f"experiment_seed: {seed}") + extra
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def parse_json(result: subprocess.CompletedProcess[str]) -> Any:
+    """`--json` output: exit 0 and stdout is one JSON document, nothing else."""
+    ok(result)
+    try:
+        return json.loads(result.stdout)
+    except json.JSONDecodeError as exc:
+        raise AssertionError(f"stdout is not pure JSON ({exc})\n{describe_run(result)}") from None
+
+
+def created_id(result: subprocess.CompletedProcess[str]) -> int:
+    ok(result)
+    out = lines(result.stdout)
+    assert len(out) == 1 and out[0].startswith("Created experiment "), describe_run(result)
+    number = out[0].removeprefix("Created experiment ")
+    assert number.isdigit(), describe_run(result)
+    return int(number)
+
+
+def describe(master: MasterProcess, experiment_id: int) -> dict[str, Any]:
+    """`det e describe N --json`: the experiment and its trials."""
+    data = parse_json(master.det("e", "describe", str(experiment_id), "--json"))
+    assert set(data) >= {"experiment", "trials"}, data
+    assert data["experiment"]["id"] == experiment_id
+    return data  # type: ignore[no-any-return]
+
+
+def stored(master: MasterProcess, experiment_id: int) -> dict[str, Any]:
+    """What the master holds for an experiment, read over HTTP (fast, not under test)."""
+    experiment: dict[str, Any] = master.api("GET", f"/api/v1/experiments/{experiment_id}")[
+        "experiment"
+    ]
+    experiment["trials"] = master.api("GET", f"/api/v1/experiments/{experiment_id}/trials")[
+        "trials"
+    ]
+    return experiment
+
+
+def experiment_ids(master: MasterProcess) -> set[int]:
+    """Every stored experiment's ID, read over HTTP."""
+    return {e["id"] for e in master.api("GET", "/api/v1/experiments")["experiments"]}
+
+
+def listed_states(master: MasterProcess) -> dict[int, str]:
+    """`det e list --all --json`: ID -> state."""
+    listed = parse_json(master.det("e", "list", "--all", "--json"))
+    assert isinstance(listed, list), listed
+    return {e["id"]: e["state"] for e in listed}
+
+
+def set_template(master: MasterProcess, name: str, path: Path) -> None:
+    result = ok(master.det("tpl", "set", name, str(path)))
+    assert result.stdout == f"Set template {name}\n", describe_run(result)
+
+
+# --- the walkthrough ---------------------------------------------------------------------
+
+
+def test_template_to_experiment_walkthrough(
+    master: MasterProcess, files: dict[str, Path], tmp_path: Path
+) -> None:
+    name = unique("walk")
+    set_template(master, name, files["template"])
+
+    listed = parse_json(master.det("tpl", "list", "--json"))
+    mine = [t for t in listed if t["name"] == name]
+    assert len(mine) == 1, listed
+    assert mine[0]["config"] == TEMPLATE_CONFIG
+
+    described = ok(master.det("tpl", "describe", name))
+    assert yaml.safe_load(described.stdout) == TEMPLATE_CONFIG, describe_run(described)
+
+    # The config adds a bind mount of its own: both lists survive the merge.
+    own_mount = "bind_mounts:\n- host_path: /scratch\n  container_path: /scratch\n"
+    config = write(tmp_path / "walk.yaml", experiment_yaml(seed=4321, extra=own_mount))
+    experiment_id = created_id(
+        master.det("e", "create", "--template", name, str(config), str(files["model_dir"]))
+    )
+
+    data = describe(master, experiment_id)
+    experiment, trials = data["experiment"], data["trials"]
+    merged = experiment["config"]
+    assert experiment["name"] == "mnist-random"
+    assert experiment["state"] == "STATE_ACTIVE"
+    assert experiment["templateName"] == name
+    # Template keys the config does not have arrive merged...
+    assert merged["checkpoint_storage"]["type"] == "shared_fs"
+    assert merged["checkpoint_storage"]["host_path"] == "/mnt/ckpt"
+    assert merged["checkpoint_storage"]["storage_path"] == "runs"
+    assert merged["resources"]["slots_per_trial"] == 2
+    assert merged["resources"]["priority"] == 10
+    assert merged["environment"]["environment_variables"] == ["FROM_TEMPLATE=1"]
+    mounts = {m["container_path"]: m for m in merged["bind_mounts"]}
+    assert set(mounts) == {"/data", "/scratch"}, merged["bind_mounts"]
+    assert mounts["/data"]["host_path"] == "/data" and mounts["/data"]["read_only"] is True
+    # ...while the config's own keys win, and the text sent is kept verbatim.
+    assert merged["name"] == "mnist-random"
+    assert merged["searcher"]["name"] == "random"
+    assert experiment["originalConfig"] == config.read_text(encoding="utf-8")
+    # Seeds: the experiment seed from the config, one seed and one sample per trial.
+    assert experiment["experimentSeed"] == 4321
+    assert merged["reproducibility"]["experiment_seed"] == 4321
+    assert experiment["numTrials"] == 3 and len(trials) == 3
+    for trial in trials:
+        assert trial["experimentId"] == experiment_id
+        assert trial["state"] == "STATE_QUEUED"
+        assert isinstance(trial["seed"], int) and trial["seed"] >= 0
+        hp = trial["hparams"]
+        assert set(hp) == {"global_batch_size", "lr", "layers"}, hp
+        assert hp["global_batch_size"] == 64
+        assert 0.001 <= hp["lr"] <= 0.1
+        assert hp["layers"] in (1, 2, 3, 4)
+    assert len({t["seed"] for t in trials}) == 3, trials
+
+    # The human-readable describe shows the seeds, and --config the merged config.
+    table = ok(master.det("e", "describe", str(experiment_id), "--config"))
+    assert "4321" in table.stdout and str(trials[0]["seed"]) in table.stdout
+    assert "host_path: /mnt/ckpt" in table.stdout, describe_run(table)
+
+
+def test_same_experiment_seed_gives_same_trials(master: MasterProcess, tmp_path: Path) -> None:
+    seed = random.randrange(1, 2**31 - 2)
+    config = write(tmp_path / "seeded.yaml", experiment_yaml(seed=seed))
+    first = created_id(master.det("e", "create", str(config)))
+    second = created_id(master.det("e", "create", str(config)))
+    assert first != second
+
+    def plan(experiment_id: int, expected_seed: int) -> list[tuple[int, dict[str, Any]]]:
+        experiment = stored(master, experiment_id)
+        assert experiment["experimentSeed"] == expected_seed
+        return [(t["seed"], t["hparams"]) for t in experiment["trials"]]
+
+    first_plan = plan(first, seed)
+    assert len(first_plan) == 3
+    assert plan(second, seed) == first_plan
+
+    other = write(tmp_path / "other.yaml", experiment_yaml(seed=seed + 1))
+    third = created_id(master.det("e", "create", str(other)))
+    assert [s for s, _ in plan(third, seed + 1)] != [s for s, _ in first_plan]
+
+
+def test_create_test_mode_prints_config_and_stores_nothing(
+    master: MasterProcess, files: dict[str, Path], tmp_path: Path
+) -> None:
+    name = unique("dry")
+    set_template(master, name, files["template"])
+    config = write(tmp_path / "dry.yaml", experiment_yaml(seed=777))
+    before = experiment_ids(master)
+
+    result = ok(master.det("e", "create", "--test", "--template", name, str(config)))
+    effective = yaml.safe_load(result.stdout)
+    assert isinstance(effective, dict), describe_run(result)
+    assert effective["name"] == "mnist-random"
+    assert effective["checkpoint_storage"]["host_path"] == "/mnt/ckpt"
+    assert effective["resources"]["slots_per_trial"] == 2
+    assert effective["reproducibility"]["experiment_seed"] == 777
+    assert "Created experiment" not in result.stdout
+
+    assert experiment_ids(master) == before
+
+
+def test_pause_activate_kill(master: MasterProcess, tmp_path: Path) -> None:
+    config = write(tmp_path / "life.yaml", experiment_yaml())
+    experiment_id = created_id(master.det("e", "create", str(config)))
+    paused_id = created_id(master.det("e", "create", "--paused", str(config)))
+
+    states = listed_states(master)
+    assert states[experiment_id] == "STATE_ACTIVE"
+    assert states[paused_id] == "STATE_PAUSED"
+    for verb, past, expected in (
+        ("pause", "Paused", "STATE_PAUSED"),
+        ("activate", "Activated", "STATE_ACTIVE"),
+        ("kill", "Killed", "STATE_CANCELED"),  # no agent ran a trial: nothing to wait for
+    ):
+        result = ok(master.det("e", verb, str(experiment_id)))
+        assert result.stdout == f"{past} experiment {experiment_id}\n", describe_run(result)
+        assert listed_states(master)[experiment_id] == expected, verb
+    trials = stored(master, experiment_id)["trials"]
+    assert {t["state"] for t in trials} == {"STATE_CANCELED"}, trials
+    assert stored(master, paused_id)["state"] == "STATE_PAUSED"
+
+
+def test_editing_template_later_leaves_experiment_alone(
+    master: MasterProcess, files: dict[str, Path], tmp_path: Path
+) -> None:
+    name = unique("edit")
+    set_template(master, name, files["template"])
+    config = write(tmp_path / "edit.yaml", experiment_yaml())
+    experiment_id = created_id(master.det("e", "create", "--template", name, str(config)))
+    original = stored(master, experiment_id)["config"]
+    assert original["resources"]["slots_per_trial"] == 2
+
+    edited = dict(TEMPLATE_CONFIG)
+    edited["checkpoint_storage"] = {"type": "shared_fs", "host_path": "/elsewhere"}
+    edited["resources"] = {"slots_per_trial": 8}
+    set_template(master, name, write(tmp_path / "edited.yaml", yaml.safe_dump(edited)))
+    assert master.api("GET", f"/api/v1/templates/{name}")["template"]["config"] == edited
+
+    after = describe(master, experiment_id)["experiment"]["config"]
+    assert after == original
+    assert after["checkpoint_storage"]["host_path"] == "/mnt/ckpt"
+
+    # A new experiment picks the edit up; removing the template keeps both intact.
+    newer = created_id(master.det("e", "create", "--template", name, str(config)))
+    assert stored(master, newer)["config"]["resources"]["slots_per_trial"] == 8
+    removed = ok(master.det("tpl", "remove", name))
+    assert removed.stdout == f"Removed template {name}\n"
+    assert stored(master, experiment_id)["config"] == original
+    assert stored(master, newer)["config"]["checkpoint_storage"]["host_path"] == "/elsewhere"
+
+
+# --- errors: exit 1, one line on stderr naming the problem, nothing on stdout -----------
+
+BAD_YAML = "name: bad\nentrypoint: python3 train.py\nsearcher: name: single\n"
+UNKNOWN_KEY = EXPERIMENT_YAML + "resources:\n  slots_per_trail: 2\n"
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *expected: str) -> None:
+    assert result.returncode != 0, describe_run(result)
+    assert result.stdout == "", describe_run(result)
+    assert "Traceback" not in result.stderr, describe_run(result)
+    err = result.stderr.strip().splitlines()
+    assert len(err) == 1, describe_run(result)
+    for text in expected:
+        assert text in err[0], describe_run(result)
+
+
+@pytest.mark.parametrize("case", ["unknown-template", "malformed-yaml", "unknown-key"])
+def test_master_side_errors(
+    master: MasterProcess, files: dict[str, Path], tmp_path: Path, case: str
+) -> None:
+    """Rejected by the master: the message names the problem and nothing is stored."""
+    if case == "unknown-template":
+        missing = unique("no-such-tpl")
+        args, expected = ["--template", missing, str(files["config"])], [missing, "not found"]
+    elif case == "malformed-yaml":
+        args, expected = [str(write(tmp_path / "bad.yaml", BAD_YAML))], ["line 3"]
+    else:
+        args = [str(write(tmp_path / "unknown.yaml", UNKNOWN_KEY))]
+        expected = ["resources.slots_per_trail"]
+    before = experiment_ids(master)
+    assert_one_line_error(master.det("e", "create", *args), *expected)
+    assert experiment_ids(master) == before
+
+
+@pytest.mark.parametrize(
+    "case", ["model-dir-is-file", "symlink-outside", "missing-config", "unreachable-master"]
+)
+def test_client_side_errors(files: dict[str, Path], tmp_path: Path, case: str) -> None:
+    """Caught before any request: nothing listens at the master address given."""
+    nowhere = "http://127.0.0.1:1"
+    config = str(files["config"])
+    if case == "model-dir-is-file":
+        args, expected = ["e", "create", config, config], ["must be a directory"]
+    elif case == "symlink-outside":
+        model = files["model_dir"]
+        (model / "secret.txt").symlink_to(write(tmp_path / "outside.txt", "secret\n"))
+        args, expected = ["e", "create", config, str(model)], ["secret.txt", "outside"]
+    elif case == "missing-config":
+        args, expected = ["e", "create", str(tmp_path / "nope.yaml")], ["nope.yaml"]
+    else:
+        args, expected = ["e", "list", "--json"], ["127.0.0.1:1"]
+    assert_one_line_error(run_our_det(nowhere, *args, cwd=tmp_path), *expected)
+    # The -m option wins over DET_MASTER, as in Determined's client.
+    if case == "unreachable-master":
+        result = run_our_det("http://127.0.0.1:9", "-m", nowhere, "tpl", "list", cwd=tmp_path)
+        assert_one_line_error(result, "127.0.0.1:1")
+
+
+# --- det-master migrate ------------------------------------------------------------------
+
+
+def test_migrate_is_idempotent(tmp_path: Path) -> None:
+    data_dir = tmp_path / "fresh"
+    db_url = f"sqlite:///{data_dir / 'migrated.db'}"
+    command = [
+        str(Path(sys.executable).parent / "det-master"),
+        "migrate",
+        "--db-url",
+        db_url,
+        "--data-dir",
+        str(data_dir),
+    ]
+    for attempt in (1, 2):
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+        assert result.returncode == 0, f"attempt {attempt}\n{describe_run(result)}"
+        assert "database is at the newest schema" in result.stdout, describe_run(result)
+    assert (data_dir / "migrated.db").is_file()

@@ -1,0 +1,151 @@
+"""Determined's official `det` 0.38.1, unchanged, against our master on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import require
+from tests.e2e.conftest import MasterProcess, describe_run, lines, official_client_path, ok, unique
+from tests.factories import EXPERIMENT_YAML, TEMPLATE_CONFIG
+
+pytestmark = [pytest.mark.e2e, pytest.mark.official_client]
+
+UPGRADE_HINTS = ("Consider upgrading", "Master not found")
+
+
+@pytest.fixture(autouse=True)
+def _official_client_installed() -> None:
+    require(
+        official_client_path() is not None,
+        "official det client not installed: run `make official-client`",
+    )
+
+
+def no_version_warning(result: subprocess.CompletedProcess[str]) -> None:
+    for hint in UPGRADE_HINTS:
+        assert hint not in result.stderr, describe_run(result)
+
+
+def test_version_matches_without_upgrade_hint(master: MasterProcess) -> None:
+    for args in (("-m", master.url, "version"), ("version",)):  # -m, then DET_MASTER
+        result = ok(master.official(*args))
+        no_version_warning(result)
+        info = yaml.safe_load(result.stdout)
+        assert info["client"]["version"] == "0.38.1"
+        assert info["master"]["version"] == "0.38.1", describe_run(result)
+        assert info["master"]["cluster_id"] and info["master"]["master_id"]
+        assert info["master_address"] == master.url
+
+
+def test_template_set_list_describe_remove(master: MasterProcess, tmp_path: Path) -> None:
+    name = unique("official-tpl")
+    first = tmp_path / "first.yaml"
+    first.write_text(yaml.safe_dump(TEMPLATE_CONFIG), encoding="utf-8")
+    second_config = {**TEMPLATE_CONFIG, "resources": {"slots_per_trial": 4}}
+    second = tmp_path / "second.yaml"
+    second.write_text(yaml.safe_dump(second_config), encoding="utf-8")
+
+    # First time: GET 404 -> POST. Second time: GET 200 -> PATCH with the bare config.
+    for path in (first, second):
+        result = ok(master.official("tpl", "set", name, str(path)))
+        assert lines(result.stdout) == [f"Set template {name}"], describe_run(result)
+        no_version_warning(result)
+
+    listed = ok(master.official("tpl", "list"))
+    rows = [line.split("|") for line in lines(listed.stdout)]
+    assert [c.strip() for c in rows[0]] == ["Name", "Workspace"], describe_run(listed)
+    assert [name, "Uncategorized"] in [[c.strip() for c in row] for row in rows], listed.stdout
+
+    detailed = ok(master.official("tpl", "list", "-d"))
+    assert "Config" in detailed.stdout and name in detailed.stdout, describe_run(detailed)
+    assert "slots_per_trial: 4" in detailed.stdout, describe_run(detailed)
+    assert "host_path: /mnt/ckpt" in detailed.stdout
+
+    described = ok(master.official("tpl", "describe", name))
+    assert yaml.safe_load(described.stdout) == second_config, describe_run(described)
+
+    removed = ok(master.official("tpl", "remove", name))
+    assert lines(removed.stdout) == [f"Removed template {name}"], describe_run(removed)
+    gone = master.http("GET", f"/api/v1/templates/{name}")
+    assert gone.status_code == 404, gone.text
+
+
+def test_template_describe_missing(master: MasterProcess) -> None:
+    result = master.official("tpl", "describe", "missing")
+    assert result.returncode == 1, describe_run(result)
+    assert "Traceback" not in result.stderr, describe_run(result)
+    assert lines(result.stderr)[-1] == (
+        "Failed to describe config template: template missing not found"
+    ), describe_run(result)
+
+
+def test_experiment_create_list_describe(
+    master: MasterProcess, files: dict[str, Path], tmp_path: Path
+) -> None:
+    name = unique("official-exp")
+    ok(master.official("tpl", "set", name, str(files["template"])))
+    seed = random.randrange(1, 2**31 - 1)
+    config_text = EXPERIMENT_YAML.replace("experiment_seed: 1234", f"experiment_seed: {seed}")
+    config = tmp_path / "official.yaml"
+    config.write_text(config_text, encoding="utf-8")
+
+    created = ok(
+        master.official(
+            "experiment", "create", "--template", name, str(config), str(files["model_dir"])
+        )
+    )
+    no_version_warning(created)
+    # stdout also carries the \r-overwritten "Preparing files to send to master..." progress.
+    found = [line for line in lines(created.stdout) if line.startswith("Created experiment ")]
+    assert len(found) == 1, describe_run(created)
+    assert lines(created.stdout)[-1] == found[0]
+    experiment_id = int(found[0].removeprefix("Created experiment "))
+
+    listed = ok(master.official("experiment", "list"))
+    rows = [[c.strip() for c in line.split("|")] for line in lines(listed.stdout)]
+    assert rows[0][:5] == ["ID", "Owner", "Name", "Parent ID", "State"], describe_run(listed)
+    mine = [row for row in rows if row[0] == str(experiment_id)]
+    assert len(mine) == 1, describe_run(listed)
+    assert mine[0][1:3] == ["determined", "mnist-random"]
+    assert mine[0][4] == "ACTIVE"
+
+    described = ok(master.official("experiment", "describe", str(experiment_id), "--json"))
+    data: list[dict[str, Any]] = json.loads(described.stdout)
+    assert len(data) == 1, describe_run(described)
+    experiment = data[0]["experiment"]
+    assert experiment["id"] == experiment_id
+    assert experiment["state"] == "STATE_ACTIVE"
+    assert experiment["name"] == "mnist-random"
+    assert experiment["username"] == "determined"
+    assert experiment["numTrials"] == 3
+    assert experiment["originalConfig"] == config_text
+    merged = experiment["config"]
+    assert merged["checkpoint_storage"]["host_path"] == "/mnt/ckpt"
+    assert merged["resources"]["slots_per_trial"] == 2
+    assert [m["container_path"] for m in merged["bind_mounts"]] == ["/data"]
+    assert merged["reproducibility"]["experiment_seed"] == seed
+
+    # The table view walks trials and their workloads too.
+    table = ok(master.official("experiment", "describe", str(experiment_id)))
+    assert str(experiment_id) in table.stdout and "ACTIVE" in table.stdout, describe_run(table)
+    assert "Traceback" not in table.stderr
+
+
+def test_bad_config_error_is_one_readable_line(master: MasterProcess, tmp_path: Path) -> None:
+    """A 400 reaches the official client's users as our message, not a JSON dump."""
+    config = tmp_path / "bad.yaml"
+    config.write_text(EXPERIMENT_YAML + "resources: {slots_per_trial: -1}\n", encoding="utf-8")
+    before = master.api("GET", "/api/v1/experiments")["pagination"]["total"]
+    result = master.official("experiment", "create", str(config))
+    assert result.returncode == 1, describe_run(result)
+    last = lines(result.stderr)[-1]
+    assert last.startswith("Failed to create experiment: invalid config: "), describe_run(result)
+    assert "resources.slots_per_trial" in last and '{"code"' not in last
+    assert master.api("GET", "/api/v1/experiments")["pagination"]["total"] == before
