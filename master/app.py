@@ -11,11 +11,13 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from master.api.errors import error_response, install_error_handlers
-from master.api.routes import auth, experiments, info, templates, workspaces
+from master.api.routes import auth, cluster, experiments, info, templates, workspaces
 from master.db.migrate import upgrade_to_head
 from master.db.session import create_engine, create_session_factory, session_scope
+from master.services import allocations as allocation_service
 from master.services import auth as auth_service
 from master.services import workspaces as workspace_service
+from master.services.scheduler import SchedulerLoop
 from master.settings import MasterSettings
 from master.version import __version__
 
@@ -87,6 +89,11 @@ def create_app(settings: MasterSettings) -> FastAPI:
                 session, settings.security.initial_user_password
             )
             await workspace_service.ensure_defaults(session)
+            await allocation_service.enqueue_orphaned_trials(session)
+        scheduler = SchedulerLoop(app.state.session_factory, settings)
+        app.state.scheduler = scheduler
+        if settings.run_loops:
+            scheduler.start()
         log.info(
             "master %s ready on %s (database %s)",
             app.state.master_id,
@@ -96,6 +103,7 @@ def create_app(settings: MasterSettings) -> FastAPI:
         try:
             yield
         finally:
+            await scheduler.stop()
             await engine.dispose()
 
     app = FastAPI(
@@ -112,7 +120,7 @@ def create_app(settings: MasterSettings) -> FastAPI:
     app.state.cluster_id = _cluster_id(settings)
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=request_body_limit(settings))
-    for module in (info, auth, workspaces, templates, experiments):
+    for module in (info, auth, workspaces, templates, experiments, cluster):
         app.include_router(module.router)
     return app
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -42,6 +42,28 @@ class SecuritySettings(BaseModel):
     token_ttl_hours: int = Field(default=24 * 7, ge=1, description="Lifetime of a login token.")
 
 
+class SchedulerSettings(BaseModel):
+    type: Literal["priority"] = Field(
+        default="priority", description="Only Determined's default scheduler is offered."
+    )
+    fitting_policy: Literal["best", "worst"] = Field(
+        default="best", description="best packs agents; worst spreads trials out."
+    )
+    preemption: bool = Field(
+        default=False, description="Stop lower-priority trials for a waiting head of the queue."
+    )
+    default_priority: int = Field(default=42, ge=1, le=99, description="For jobs that set none.")
+
+
+class ResourcePoolSettings(BaseModel):
+    pool_name: str = Field(min_length=1, description="Name experiments and agents refer to.")
+    description: str = Field(default="", description="Shown in `det resource-pool list`.")
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    max_aux_containers_per_agent: int = Field(
+        default=100, ge=0, description="Zero-slot tasks one agent may run at once."
+    )
+
+
 class MasterSettings(BaseSettings):
     """Every master setting. Env vars: DET_MASTER_<FIELD>, nested with `__` (DET_MASTER_DB__URL)."""
 
@@ -67,6 +89,19 @@ class MasterSettings(BaseSettings):
     cluster_name: str = Field(default="resolute", description="Shown by `det master info`.")
     log_level: str = Field(default="INFO", description="Python logging level for the master.")
     log_format: Literal["text", "json"] = Field(default="text", description="Log line format.")
+    resource_pools: list[ResourcePoolSettings] = Field(
+        default_factory=lambda: [ResourcePoolSettings(pool_name="default")],
+        description="Resource pools; each has its own scheduler settings.",
+    )
+    default_compute_pool: str = Field(
+        default="default", description="Pool of experiments that name none."
+    )
+    scheduler_interval_s: float = Field(
+        default=0.5, gt=0, le=0.5, description="Longest time between scheduling passes."
+    )
+    run_loops: bool = Field(
+        default=True, description="Run the background loops (off for API-only tests)."
+    )
     migrate_on_start: bool = Field(
         default=True, description="Upgrade the database schema to head when the master starts."
     )
@@ -78,6 +113,22 @@ class MasterSettings(BaseSettings):
         if level not in logging.getLevelNamesMapping():
             raise ValueError(f"unknown log level {value!r}")
         return level
+
+    @model_validator(mode="after")
+    def _pools_are_consistent(self) -> MasterSettings:
+        names = [p.pool_name for p in self.resource_pools]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"resource_pools: pool names must be unique: {duplicates}")
+        if self.default_compute_pool not in names:
+            raise ValueError(
+                f"default_compute_pool {self.default_compute_pool!r} is not one of the "
+                f"resource_pools ({', '.join(names) or 'none'})"
+            )
+        return self
+
+    def pool(self, name: str) -> ResourcePoolSettings | None:
+        return next((p for p in self.resource_pools if p.pool_name == name), None)
 
     @property
     def database_url(self) -> str:

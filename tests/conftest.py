@@ -118,6 +118,8 @@ async def app(
         data_dir=tmp_path_factory.mktemp(f"data-{backend}"),
         db=DatabaseSettings(url=url),
         max_model_definition_mb=1.0,
+        # Tests drive scheduling passes themselves, so rows never change under them.
+        run_loops=False,
     )
     application = create_app(settings)
     async with application.router.lifespan_context(application):

@@ -12,6 +12,7 @@ from master.db.models import UserModel
 from master.db.session import session_scope
 from master.errors import Unauthenticated
 from master.services import auth
+from master.services.allocations import WAKE_SCHEDULER
 from master.settings import MasterSettings
 
 
@@ -29,6 +30,9 @@ async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
     factory: async_sessionmaker[AsyncSession] = request.app.state.session_factory
     async with session_scope(factory) as session:
         yield session
+    if session.info.get(WAKE_SCHEDULER):
+        # Only now is the new work visible to the scheduler's own transaction.
+        request.app.state.scheduler.wake()
 
 
 SettingsDep = Annotated[MasterSettings, Depends(get_settings)]

@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     DateTime,
     ForeignKey,
     Index,
@@ -203,6 +204,8 @@ class ExperimentModel(Base):
     experiment_seed: Mapped[int] = mapped_column(Integer)
     searcher_type: Mapped[str] = mapped_column(String(32))
     resource_pool: Mapped[str] = mapped_column(String(256), default="")
+    # The job's scheduling priority (1..99, lower first); `det job update` changes it.
+    priority: Mapped[int] = mapped_column(Integer, default=42)
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
     project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"), index=True)
     job_id: Mapped[str] = mapped_column(String(64), unique=True)
@@ -244,6 +247,8 @@ class TrialModel(Base):
     hparams: Mapped[dict[str, Any]] = mapped_column(JsonType)
     seed: Mapped[int] = mapped_column(Integer)
     restarts: Mapped[int] = mapped_column(Integer, default=0)
+    # Number of allocations made so far; allocation ids are "<trial id>.<run_id>".
+    run_id: Mapped[int] = mapped_column(Integer, default=0)
     total_batches_processed: Mapped[int] = mapped_column(Integer, default=0)
     start_time: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     end_time: Mapped[datetime | None] = mapped_column(UTCDateTime())
@@ -262,3 +267,96 @@ class StateChangeModel(Base):
     to_state: Mapped[str] = mapped_column(String(32))
     reason: Mapped[str] = mapped_column(Text, default="")
     at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class AllocationState(enum.StrEnum):
+    """Determined's allocation states; PENDING waits in the queue, TERMINATED is final."""
+
+    PENDING = "PENDING"
+    ASSIGNED = "ASSIGNED"
+    PULLING = "PULLING"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    TERMINATING = "TERMINATING"
+    TERMINATED = "TERMINATED"
+
+
+class AgentModel(Base):
+    """A machine that runs ranks. Its slots are in SlotModel."""
+
+    __tablename__ = "agents"
+
+    id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    resource_pool: Mapped[str] = mapped_column(String(256), index=True)
+    enabled: Mapped[bool] = mapped_column(default=True)
+    # Finish running work, take nothing new (disable --drain).
+    draining: Mapped[bool] = mapped_column(default=False)
+    connected: Mapped[bool] = mapped_column(default=True)
+    version: Mapped[str] = mapped_column(String(64), default="")
+    hostname: Mapped[str] = mapped_column(String(256), default="")
+    addresses: Mapped[list[str]] = mapped_column(JsonType, default=list)
+    registered_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class SlotModel(Base):
+    __tablename__ = "slots"
+
+    agent_id: Mapped[str] = mapped_column(
+        ForeignKey("agents.id", ondelete="CASCADE"), primary_key=True
+    )
+    slot_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    device_type: Mapped[str] = mapped_column(String(16))  # cpu | cuda | rocm
+    brand: Mapped[str] = mapped_column(String(256), default="")
+    uuid: Mapped[str] = mapped_column(String(256), default="")
+    memory_bytes: Mapped[int | None] = mapped_column(
+        Integer().with_variant(BigInteger(), "postgresql")
+    )
+    enabled: Mapped[bool] = mapped_column(default=True)
+
+
+class AllocationModel(Base):
+    """One attempt to run a trial: waits PENDING with a reason, then holds its slots."""
+
+    __tablename__ = "allocations"
+    __table_args__ = (Index("ix_allocations_state_pool", "state", "resource_pool"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # "<trial id>.<run>"
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), index=True)
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), index=True
+    )
+    # Changed only by master.services.allocations.
+    state: Mapped[str] = mapped_column(String(16))
+    resource_pool: Mapped[str] = mapped_column(String(256))
+    slots_needed: Mapped[int] = mapped_column(Integer)
+    single_node: Mapped[bool] = mapped_column(default=False)
+    registered_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    assigned_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # Why it waits, kept current by every scheduling pass (code machine-readable).
+    pending_code: Mapped[str] = mapped_column(String(64), default="")
+    pending_reason: Mapped[str] = mapped_column(Text, default="")
+    blocking_job: Mapped[int | None] = mapped_column(Integer)
+    # Set when the scheduler wants the holder to stop gracefully (preemption).
+    preempt_requested: Mapped[bool] = mapped_column(default=False)
+    # Zero-slot allocations hold a place on an agent but no slot.
+    zero_slot_agent_id: Mapped[str | None] = mapped_column(
+        ForeignKey("agents.id", ondelete="SET NULL"), index=True
+    )
+    exit_reason: Mapped[str] = mapped_column(Text, default="")
+
+
+class AllocationSlotModel(Base):
+    """Slots held right now. The primary key makes giving a slot twice impossible, even
+    across a crash: a pass that tried would fail to commit as a whole."""
+
+    __tablename__ = "allocation_slots"
+
+    agent_id: Mapped[str] = mapped_column(
+        ForeignKey("agents.id", ondelete="CASCADE"), primary_key=True
+    )
+    slot_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    allocation_id: Mapped[str] = mapped_column(
+        ForeignKey("allocations.id", ondelete="CASCADE"), index=True
+    )

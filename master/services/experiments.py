@@ -13,6 +13,7 @@ import yaml
 from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from master.core import placement
 from master.core.errors import ConfigError
 from master.core.expconf import config_warnings, effective_dict, parse_yaml, validate_config
 from master.core.merge import merge_template
@@ -27,12 +28,13 @@ from master.db.models import (
     UserModel,
 )
 from master.errors import Conflict, InvalidArgument, NotFound
-from master.services import states
+from master.services import allocations, states
 from master.services.configs import config_errors_as_invalid_argument
 from master.services.model_definitions import PackedModelDefinition, pack_model_definition
+from master.services.scheduler import load_agent_states, policy_of
 from master.services.templates import get_template
 from master.services.workspaces import resolve_project
-from master.settings import MasterSettings
+from master.settings import MasterSettings, ResourcePoolSettings
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,8 @@ class PreparedExperiment:
     warnings: list[str]
     model_definition: PackedModelDefinition
     trial_count: int
+    resource_pool: str
+    priority: int
 
 
 @dataclass
@@ -105,6 +109,26 @@ async def prepare_experiment(
             reproducibility["experiment_seed"] = secrets.randbelow(MAX_EXPERIMENT_SEED + 1)
         seed = int(reproducibility["experiment_seed"])
         trial_count = count_trials(effective["searcher"], effective.get("hyperparameters") or {})
+    resources = effective.setdefault("resources", {})
+    pool = settings.pool(resources.get("resource_pool") or settings.default_compute_pool)
+    if pool is None:
+        names = ", ".join(p.pool_name for p in settings.resource_pools)
+        raise InvalidArgument(
+            f"resources.resource_pool: pool {resources.get('resource_pool')!r} does not exist; "
+            f"pools: {names}"
+        )
+    # Written into the stored config, as Determined does, so it says where the trials ran.
+    resources["resource_pool"] = pool.pool_name
+    if resources.get("priority") is None:
+        resources["priority"] = pool.scheduler.default_priority
+    warnings.extend(
+        await capacity_warnings(
+            session,
+            pool,
+            int(resources.get("slots_per_trial", 1)),
+            bool(resources.get("is_single_node", False)),
+        )
+    )
     if trial_count > settings.max_trials_per_experiment:
         raise InvalidArgument(
             f"searcher: this search would create {trial_count} trials; the master allows at most "
@@ -119,7 +143,21 @@ async def prepare_experiment(
         warnings=warnings,
         model_definition=packed,
         trial_count=trial_count,
+        resource_pool=pool.pool_name,
+        priority=int(resources["priority"]),
     )
+
+
+async def capacity_warnings(
+    session: AsyncSession, pool: ResourcePoolSettings, slots: int, single_node: bool
+) -> list[str]:
+    """Said at submit time: a trial that cannot fit the pool as it is now (Determined only
+    logs this at debug level). The trial is still queued; agents may join later."""
+    agents = (await load_agent_states(session, pool.pool_name)).get(pool.pool_name, [])
+    problem = placement.feasibility(policy_of(pool), agents, slots, single_node)
+    if problem is None:
+        return []
+    return [f"the trials of this experiment cannot run yet: {problem.message}"]
 
 
 async def create_experiment(
@@ -152,7 +190,8 @@ async def create_experiment(
         template_config=prepared.template_config,
         experiment_seed=prepared.seed,
         searcher_type=effective["searcher"]["name"],
-        resource_pool=(effective.get("resources") or {}).get("resource_pool") or "",
+        resource_pool=prepared.resource_pool,
+        priority=prepared.priority,
         owner_id=owner.id,
         project_id=project.id,
         job_id=str(uuid.uuid4()),
@@ -186,6 +225,9 @@ async def create_experiment(
     await session.flush()
     for trial in trials:
         states.record_initial_state(session, "trial", trial.id, trial_state)
+        if trial_state == TrialState.QUEUED:
+            allocations.enqueue_trial(session, trial, experiment)
+    await session.flush()
     log.info(
         "created experiment %s (%s trials, seed %s, template %s) for %s",
         experiment.id,
@@ -291,15 +333,19 @@ async def kill_experiment(session: AsyncSession, experiment_id: int, actor: str)
     if ExperimentState(experiment.state).is_terminal:
         return
     reason = f"killed by {actor}"
-    stopping = False
+    stopping: list[int] = []
+    queued: list[int] = []
     for trial in await _trials_of(session, experiment_id):
         trial_state = TrialState(trial.state)
         if trial_state.holds_resources:
             # Its processes must exit first; the allocation's end moves it to CANCELED.
             states.set_trial_state(session, trial, TrialState.STOPPING_KILLED, reason)
-            stopping = True
+            stopping.append(trial.id)
         elif not trial_state.is_terminal:
             states.set_trial_state(session, trial, TrialState.CANCELED, reason)
+            queued.append(trial.id)
+    await allocations.cancel_pending(session, queued, reason)
+    await allocations.ask_to_stop(session, stopping, terminate=True)
     target = ExperimentState.STOPPING_KILLED if stopping else ExperimentState.CANCELED
     states.set_experiment_state(session, experiment, target, reason)
     await session.flush()
@@ -328,10 +374,21 @@ async def _pause_or_activate(
             f"can be {verb}"
         )
     reason = f"{verb} by {actor}"
+    states.set_experiment_state(session, experiment, target, reason)
+    moved: list[int] = []
+    running: list[int] = []
     for trial in await _trials_of(session, experiment_id):
         if TrialState(trial.state) == trials_from:
             states.set_trial_state(session, trial, trials_to, reason)
-    states.set_experiment_state(session, experiment, target, reason)
+            moved.append(trial.id)
+            if trials_to == TrialState.QUEUED:
+                allocations.enqueue_trial(session, trial, experiment)
+        elif TrialState(trial.state).holds_resources:
+            running.append(trial.id)
+    if target == ExperimentState.PAUSED:
+        await allocations.cancel_pending(session, moved, reason)
+        # Running trials checkpoint and stop; their release moves them to PAUSED.
+        await allocations.ask_to_stop(session, running, terminate=False)
     await session.flush()
 
 
@@ -355,3 +412,31 @@ async def activate_experiment(session: AsyncSession, experiment_id: int, actor: 
         trials_from=TrialState.PAUSED,
         trials_to=TrialState.QUEUED,
     )
+
+
+async def get_experiment_by_job(session: AsyncSession, job_id: str) -> ExperimentModel:
+    experiment = await session.scalar(
+        select(ExperimentModel).where(ExperimentModel.job_id == job_id)
+    )
+    if experiment is None:
+        raise NotFound(f"job {job_id} not found")
+    return experiment
+
+
+async def set_job_priority(
+    session: AsyncSession, job_id: str, priority: int, actor: str
+) -> ExperimentModel:
+    """Takes effect at the next scheduling pass (queued trials move in the queue)."""
+    if not 1 <= priority <= 99:
+        raise InvalidArgument(f"priority: {priority} is not between 1 and 99")
+    experiment = await get_experiment_by_job(session, job_id)
+    if ExperimentState(experiment.state).is_terminal:
+        raise Conflict(f"job {job_id} has ended ({experiment.state}); its priority is final")
+    experiment.priority = priority
+    experiment.config = {
+        **experiment.config,
+        "resources": {**(experiment.config.get("resources") or {}), "priority": priority},
+    }
+    log.info("job %s (experiment %s) priority -> %s by %s", job_id, experiment.id, priority, actor)
+    allocations.request_scheduling(session)
+    return experiment

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
+from sqlalchemy import insert, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.db.models import (
@@ -50,8 +52,13 @@ _STOPPING_TRIAL = frozenset({T.STOPPING_CANCELED, T.STOPPING_KILLED, T.STOPPING_
 _TRIAL_TRANSITIONS: dict[TrialState, frozenset[TrialState]] = {
     T.QUEUED: frozenset({T.PAUSED, T.PULLING, T.STARTING, T.RUNNING, T.CANCELED, T.ERROR}),
     T.PAUSED: frozenset({T.QUEUED, T.CANCELED, T.ERROR}),
-    T.PULLING: frozenset({T.STARTING, T.RUNNING, T.QUEUED, T.ERROR} | _STOPPING_TRIAL),
-    T.STARTING: frozenset({T.RUNNING, T.QUEUED, T.ERROR, T.STOPPING_ERROR} | _STOPPING_TRIAL),
+    # A process may exit before RUNNING is reported, hence COMPLETED and PAUSED from these.
+    T.PULLING: frozenset(
+        {T.STARTING, T.RUNNING, T.QUEUED, T.PAUSED, T.COMPLETED, T.ERROR} | _STOPPING_TRIAL
+    ),
+    T.STARTING: frozenset(
+        {T.RUNNING, T.QUEUED, T.PAUSED, T.COMPLETED, T.ERROR, T.STOPPING_ERROR} | _STOPPING_TRIAL
+    ),
     T.RUNNING: frozenset(
         {T.QUEUED, T.PAUSED, T.COMPLETED, T.ERROR, T.STOPPING_ERROR} | _STOPPING_TRIAL
     ),
@@ -107,3 +114,45 @@ def set_trial_state(session: AsyncSession, trial: TrialModel, new: TrialState, r
         trial.end_time = utcnow()
     _record(session, "trial", trial.id, old, new, reason)
     log.info("trial %s: %s -> %s (%s)", trial.id, old, new, reason)
+
+
+async def set_trial_states(
+    session: AsyncSession, trial_ids: Sequence[int], old: TrialState, new: TrialState, reason: str
+) -> None:
+    """The bulk twin of set_trial_state for a scheduling pass: one transition for many trials.
+
+    Only rows still in `old` change, so a trial killed meanwhile is left alone.
+    """
+    if new not in _TRIAL_TRANSITIONS[old]:
+        raise Conflict(f"trials cannot go from {old} to {new}")
+    now = utcnow()
+    for start in range(0, len(trial_ids), _CHUNK):
+        chunk = list(trial_ids[start : start + _CHUNK])
+        values: dict[str, object] = {"state": new}
+        if new.is_terminal:
+            values["end_time"] = now
+        await session.execute(
+            update(TrialModel)
+            .where(TrialModel.id.in_(chunk), TrialModel.state == old)
+            .values(values)
+            .execution_options(synchronize_session=False)
+        )
+        await session.execute(
+            insert(StateChangeModel),
+            [
+                {
+                    "entity": "trial",
+                    "entity_id": trial_id,
+                    "from_state": old,
+                    "to_state": new,
+                    "reason": reason,
+                    "at": now,
+                }
+                for trial_id in chunk
+            ],
+        )
+    if trial_ids:
+        log.info("%d trials: %s -> %s (%s)", len(trial_ids), old, new, reason)
+
+
+_CHUNK = 500  # keeps IN lists well under SQLite's and asyncpg's bind-parameter limits

@@ -149,7 +149,7 @@ async def test_indivisible_global_batch_size_warns(api: httpx.AsyncClient) -> No
     config += "resources: {slots_per_trial: 4}\n"
     reply = await create_experiment(api, config)
     assert reply.status_code == 200, reply.text
-    [warning] = reply.json()["warningMessages"]
+    [warning] = [w for w in reply.json()["warningMessages"] if "global_batch_size" in w]
     assert "7" in warning and "2" in warning
     assert "global_batch_size" in warning and "slots_per_trial" in warning
 

@@ -1,0 +1,134 @@
+"""Agents, slots, tasks, job queues and resource pools (`det agent|slot|task|job ...`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Body, Query
+from sqlalchemy import select
+
+from master.api.deps import CurrentUser, SessionDep, SettingsDep
+from master.db.models import AllocationModel, SlotModel
+from master.errors import InvalidArgument, NotFound
+from master.schemas import cluster
+from master.services import agents, experiments, tasks
+
+router = APIRouter(prefix="/api/v1", tags=["Cluster"])
+
+
+async def _allocation_states(session: SessionDep) -> dict[str, str]:
+    rows = await session.execute(
+        select(AllocationModel.id, AllocationModel.state).where(
+            AllocationModel.state.in_(tasks.ACTIVE_STATES)
+        )
+    )
+    return {allocation_id: state for allocation_id, state in rows.all()}
+
+
+@router.get("/agents")
+async def list_agents(
+    session: SessionDep,
+    _user: CurrentUser,
+    offset: int = Query(0, ge=0),
+    limit: int = Query(0, ge=0),
+) -> dict[str, Any]:
+    states = await _allocation_states(session)
+    items = [cluster.agent(v, states) for v in await agents.list_agents(session)]
+    return cluster.paginated("agents", items, offset, limit)
+
+
+@router.get("/agents/{agent_id}")
+async def get_agent(agent_id: str, session: SessionDep, _user: CurrentUser) -> dict[str, Any]:
+    views = await agents.list_agents(session, agent_id)
+    if not views:
+        raise NotFound(f"agent {agent_id} not found")
+    return {"agent": cluster.agent(views[0], await _allocation_states(session))}
+
+
+@router.post("/agents/{agent_id}/enable")
+async def enable_agent(agent_id: str, session: SessionDep, _user: CurrentUser) -> dict[str, Any]:
+    await agents.enable_agent(session, agent_id)
+    return await get_agent(agent_id, session, _user)
+
+
+@router.post("/agents/{agent_id}/disable")
+async def disable_agent(
+    agent_id: str,
+    session: SessionDep,
+    _user: CurrentUser,
+    body: cluster.DisableAgentRequest | None = Body(None),
+) -> dict[str, Any]:
+    drain = bool(body and body.drain)
+    if body and body.agent_id not in (None, "", agent_id):
+        raise InvalidArgument(f"agentId: the body says {body.agent_id!r}, the path {agent_id!r}")
+    await agents.disable_agent(session, agent_id, drain=drain)
+    return await get_agent(agent_id, session, _user)
+
+
+@router.get("/tasks")
+async def list_tasks(session: SessionDep, _user: CurrentUser) -> dict[str, Any]:
+    views = await tasks.list_tasks(session)
+    slots: dict[str, dict[int, SlotModel]] = {}
+    for slot in (await session.scalars(select(SlotModel))).all():
+        slots.setdefault(slot.agent_id, {})[slot.slot_id] = slot
+    return {"allocationIdToSummary": {v.allocation.id: cluster.task(v, slots) for v in views}}
+
+
+@router.get("/resource-pools")
+async def list_resource_pools(
+    session: SessionDep,
+    settings: SettingsDep,
+    _user: CurrentUser,
+    offset: int = Query(0, ge=0),
+    limit: int = Query(0, ge=0),
+) -> dict[str, Any]:
+    types = {s.agent_id: s.device_type for s in (await session.scalars(select(SlotModel))).all()}
+    has_gpu = any(t in ("cuda", "rocm") for t in types.values())
+    slot_type = "TYPE_CUDA" if has_gpu else "TYPE_CPU"
+    items = [
+        cluster.pool(v, settings, slot_type) for v in await tasks.list_pools(session, settings)
+    ]
+    return cluster.paginated("resourcePools", items, offset, limit)
+
+
+async def _jobs(session: SessionDep, pool: str | None) -> list[dict[str, Any]]:
+    views = await tasks.list_jobs(session, pool)
+    return [cluster.job(v, jobs_ahead=i) for i, v in enumerate(views)]
+
+
+@router.get("/job-queues")
+async def list_jobs(
+    session: SessionDep,
+    _user: CurrentUser,
+    offset: int = Query(0, ge=0),
+    limit: int = Query(0, ge=0),
+    resource_pool: str | None = Query(None, alias="resourcePool"),
+) -> dict[str, Any]:
+    return cluster.paginated("jobs", await _jobs(session, resource_pool), offset, limit)
+
+
+@router.get("/job-queues-v2")
+async def list_jobs_v2(
+    session: SessionDep,
+    _user: CurrentUser,
+    offset: int = Query(0, ge=0),
+    limit: int = Query(0, ge=0),
+    resource_pool: str | None = Query(None, alias="resourcePool"),
+) -> dict[str, Any]:
+    items = [{"full": j, "limited": None} for j in await _jobs(session, resource_pool)]
+    return cluster.paginated("jobs", items, offset, limit)
+
+
+@router.post("/job-queues")
+async def update_job_queue(
+    body: cluster.UpdateJobQueueRequest, session: SessionDep, user: CurrentUser
+) -> dict[str, Any]:
+    for update in body.updates:
+        if update.ahead_of or update.behind_of or update.resource_pool or update.weight:
+            raise InvalidArgument(
+                "updates: only priority can be changed (queue position, weight and pool cannot)"
+            )
+        if update.priority is None:
+            raise InvalidArgument(f"updates: job {update.job_id}: priority is required")
+        await experiments.set_job_priority(session, update.job_id, update.priority, user.username)
+    return {}

@@ -1,0 +1,748 @@
+"""Placement core: which pending allocations of one resource pool start where, in one pass.
+
+Pure and deterministic (no I/O, clock or randomness) so that a pass can be tested and
+benchmarked alone: the scheduler loop loads a pool's state, calls `schedule` once and writes
+the returned plan in one transaction. Filter, score, select: unusable agents and agents short
+of free slots are filtered out, the fitting policy scores the rest and the lowest agent id
+wins a tie, so the same input always gives the same plan.
+
+Fitting follows Determined (single agent first, else whole idle agents of one size), with two
+deliberate differences: a request that can never fit is skipped instead of blocking everyone
+behind it, and lower-priority work may backfill around a blocked head of the queue, but never
+on the capacity reserved for that head (see `schedule`).
+
+Beyond sorting the queue, a request costs O(log agents), never O(agents): agents sit in
+buckets keyed by free-slot count, and since free capacity only shrinks during a pass, a shape
+that failed once fails for the rest of it and each reason is worked out once per shape.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from fractions import Fraction
+from operator import attrgetter
+
+# --- inputs and outputs --------------------------------------------------------------------
+
+
+class FittingPolicy(StrEnum):
+    """How a request that fits one agent chooses among the agents it fits."""
+
+    BEST = "best"  # fewest free slots left: packs, keeping other agents idle for gangs
+    WORST = "worst"  # largest free fraction: spreads load
+
+
+@dataclass(frozen=True)
+class PoolPolicy:
+    """A resource pool's scheduler settings."""
+
+    name: str
+    fitting: FittingPolicy = FittingPolicy.BEST
+    preemption: bool = False
+    max_zero_slot_per_agent: int = 100
+
+
+@dataclass(frozen=True)
+class AgentState:
+    """An agent as the pass sees it.
+
+    `slot_ids` are its enabled slots. `used_slot_ids` must hold every slot that running work
+    holds, disabled ones included: any used slot keeps the agent from being idle for a gang.
+    """
+
+    id: str
+    slot_ids: tuple[int, ...]
+    used_slot_ids: frozenset[int] = frozenset()
+    enabled: bool = True
+    draining: bool = False
+    connected: bool = True
+    zero_slot_used: int = 0
+
+    @property
+    def usable(self) -> bool:
+        """Whether it may take new work; work already on it stays either way."""
+        return self.enabled and not self.draining and self.connected
+
+
+@dataclass(frozen=True)
+class Request:
+    """A pending allocation; `order` is its FIFO key (submit time, then a tiebreak id)."""
+
+    id: str
+    job_id: int
+    slots: int
+    priority: int  # 1..99, lower is more important
+    order: tuple[float, int]
+    single_node: bool = False
+
+
+@dataclass(frozen=True)
+class Running:
+    """A placed allocation, consulted only to pick preemption victims.
+
+    `stopping` marks one already asked to stop in an earlier pass: its slots count as coming
+    free, so the same head does not make the scheduler ask for more victims every pass.
+    """
+
+    id: str
+    job_id: int
+    priority: int
+    order: tuple[float, int]
+    slots: tuple[tuple[str, tuple[int, ...]], ...]  # agent id -> slot indices held
+    zero_slot_agent: str | None = None
+    preemptible: bool = True
+    stopping: bool = False
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Slots by agent id, ascending; a zero-slot request gets `((agent_id, ()),)`."""
+
+    request_id: str
+    slots: tuple[tuple[str, tuple[int, ...]], ...]
+
+
+class PendingCode(StrEnum):
+    """Why a request was not placed, for machines; `Pending.message` says it for people."""
+
+    NO_AGENTS = "NO_AGENTS"
+    NO_USABLE_AGENTS = "NO_USABLE_AGENTS"  # every agent is disabled, draining or disconnected
+    NEVER_FITS = "NEVER_FITS"  # not even with every usable agent idle
+    WAITING_FOR_SLOTS = "WAITING_FOR_SLOTS"  # fits one agent, none has room now
+    WAITING_FOR_IDLE_AGENTS = "WAITING_FOR_IDLE_AGENTS"  # a multi-agent gang
+    RESERVED_FOR_HEAD = "RESERVED_FOR_HEAD"  # fits now, but only on the head's reservation
+    WAITING_FOR_ZERO_SLOT_CAPACITY = "WAITING_FOR_ZERO_SLOT_CAPACITY"
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A reason that is true of the state the pass ends in."""
+
+    request_id: str
+    code: PendingCode
+    message: str
+    blocking_job: int | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The outcome of one pass.
+
+    `assignments` are in placement order and `pending` by request id. `preempt` lists the
+    Running ids asked to stop (by id). `reserved` lists the agents held for the head of the
+    queue (by id): nothing else was placed on them in this pass.
+    """
+
+    assignments: tuple[Assignment, ...]
+    pending: tuple[Pending, ...]
+    preempt: tuple[str, ...] = ()
+    reserved: tuple[str, ...] = ()
+
+
+# --- public API ----------------------------------------------------------------------------
+
+
+def schedule(
+    policy: PoolPolicy,
+    agents: Sequence[AgentState],
+    requests: Sequence[Request],
+    running: Sequence[Running] = (),
+) -> Plan:
+    """Place what fits now, in (priority, order, id) order, and explain the rest.
+
+    Each placement takes its slots from a working copy of free capacity, so later requests
+    see them taken. A request that can never fit is skipped. The first request that could fit
+    but does not becomes the head: it reserves the capacity it waits for (for a gang, the
+    agents of its size closest to idle; otherwise the agent with the most free slots that is
+    big enough). Later requests, whatever their priority, backfill anywhere else but never
+    on the reserved agents. With preemption on, lower-priority running work is asked to stop
+    so the head fits next pass. Zero-slot requests use their own per-agent cap and neither
+    block nor are blocked by slot requests.
+
+    Agent, request and running ids must each be unique: they are the final tie-breaks.
+    """
+    summary = _summarize(policy, agents)
+    cap = _Capacity(policy, sorted(agents, key=_AGENT_ID), summary)
+    never: dict[tuple[int, bool], Pending | None] = {}
+    assignments: list[Assignment] = []
+    done: list[Pending] = []
+    waiting: list[Request] = []
+    head: Request | None = None
+    preempt: tuple[str, ...] = ()
+    head_note = ""
+    min_failed_single = summary.max_total + 1  # a single-agent fit this size or larger fails
+    failed_gangs: set[int] = set()
+
+    pick, take, ids = cap.pick, cap.take, cap.ids  # the loop below is the hot path
+    for req in _queue_order(requests):
+        s = req.slots
+        shape = (s, req.single_node)
+        impossible = never.get(shape, _UNKNOWN)
+        if impossible is _UNKNOWN:
+            impossible = never[shape] = _feasibility(summary, s, req.single_node)
+        if impossible is not None:
+            done.append(Pending(req.id, impossible.code, impossible.message))
+            continue
+        if s == 0:
+            r = cap.place_zero()
+            if r < 0:
+                waiting.append(req)
+            else:
+                assignments.append(Assignment(req.id, ((ids[r], ()),)))
+            continue
+        if s < min_failed_single:
+            r = pick(s)
+            if r >= 0:
+                assignments.append(Assignment(req.id, ((ids[r], take(r, s)),)))
+                continue
+            min_failed_single = s
+        if not req.single_node and s > 1 and s not in failed_gangs:
+            gang = cap.place_gang(s)
+            if gang is not None:
+                assignments.append(Assignment(req.id, gang))
+                continue
+            failed_gangs.add(s)
+        if head is None:
+            head = req
+            reserve: list[int] | None = None
+            if policy.preemption:
+                outcome = _plan_preemption(policy, cap, summary, req, running)
+                if outcome is not None:
+                    reserve, preempt, head_note = outcome
+            if reserve is None:
+                reserve = cap.head_reservation(s, summary)
+            for r in reserve:
+                cap.reserve(r)
+        waiting.append(req)
+
+    done.extend(_explain_waiting(policy, cap, summary, waiting, head, head_note))
+    done.sort(key=_PENDING_ID)
+    reserved = tuple(cap.ids[r] for r in range(len(cap.ids)) if cap.reserved[r])
+    return Plan(tuple(assignments), tuple(done), preempt, reserved)
+
+
+def feasibility(
+    policy: PoolPolicy, agents: Sequence[AgentState], slots: int, single_node: bool
+) -> Pending | None:
+    """None if the request would fit the pool were every usable agent idle, else why not.
+
+    For the submit-time warning; the returned Pending has request_id "".
+    """
+    return _feasibility(_summarize(policy, agents), slots, single_node)
+
+
+# --- pool summary and feasibility ----------------------------------------------------------
+
+_AGENT_ID = attrgetter("id")
+
+
+def _queue_order(requests: Sequence[Request]) -> list[Request]:
+    """Sorted by (priority, order, id).
+
+    Stable passes on one plain key each, least significant first: about twice as fast as one
+    pass on nested tuples, and linear when the caller already loaded the queue in this order.
+    """
+    queue = sorted(requests, key=attrgetter("id"))
+    queue.sort(key=lambda r: r.order[1])
+    queue.sort(key=lambda r: r.order[0])
+    queue.sort(key=attrgetter("priority"))
+    return queue
+
+
+_PENDING_ID = attrgetter("request_id")
+_UNKNOWN = Pending("", PendingCode.NEVER_FITS, "not checked yet")  # a sentinel, never returned
+
+
+@dataclass(frozen=True)
+class _Summary:
+    """What never changes during a pass: the usable agents' sizes."""
+
+    pool: str
+    agents: int
+    usable: int
+    sizes: dict[int, int]  # usable agents by slot count, counts > 0 only
+    sizes_desc: tuple[int, ...]  # nonzero sizes, largest first
+    max_total: int
+    zero_cap: int
+
+    @property
+    def qualifier(self) -> str:
+        """ "usable " when some agents are not, so that a message names what it counted."""
+        return "" if self.usable == self.agents else "usable "
+
+
+def _summarize(policy: PoolPolicy, agents: Sequence[AgentState]) -> _Summary:
+    sizes: dict[int, int] = {}
+    usable = 0
+    for a in agents:
+        if a.usable:
+            usable += 1
+            n = len(a.slot_ids)
+            sizes[n] = sizes.get(n, 0) + 1
+    return _Summary(
+        pool=policy.name,
+        agents=len(agents),
+        usable=usable,
+        sizes=sizes,
+        sizes_desc=tuple(sorted((n for n in sizes if n > 0), reverse=True)),
+        max_total=max(sizes, default=0),
+        zero_cap=policy.max_zero_slot_per_agent,
+    )
+
+
+def _gang_size(slots: int, counts: dict[int, int], sizes_desc: tuple[int, ...]) -> int | None:
+    """The agent size a gang of `slots` would use given `counts` agents per size, if any.
+
+    Largest size first; only whole agents of one size, so the size must divide `slots`.
+    """
+    for n in sizes_desc:
+        if slots % n == 0 and counts.get(n, 0) * n >= slots:
+            return n
+    return None
+
+
+def _feasibility(summary: _Summary, slots: int, single_node: bool) -> Pending | None:
+    pool = summary.pool
+    if slots < 0:
+        return _never(f"slots_per_trial={slots} is negative")
+    if summary.agents == 0:
+        return Pending("", PendingCode.NO_AGENTS, f"pool {pool} has no agents")
+    if summary.usable == 0:
+        return Pending(
+            "",
+            PendingCode.NO_USABLE_AGENTS,
+            f"pool {pool} has {_plural(summary.agents, 'agent')} but none is usable "
+            "(disabled, draining or disconnected)",
+        )
+    if slots == 0:
+        if summary.zero_cap > 0:
+            return None
+        return _never(
+            f"zero-slot tasks can never be placed in pool {pool}: "
+            f"max_zero_slot_per_agent is {summary.zero_cap}"
+        )
+    if slots <= summary.max_total:
+        return None
+    head = f"slots_per_trial={slots} can never be placed in pool {pool}: "
+    usable = summary.qualifier
+    have = " usable" if usable else ""
+    if single_node:
+        return _never(
+            f"{head}is_single_node forbids spanning agents and the largest {usable}agent has "
+            f"{_plural(summary.max_total, 'slot')}"
+        )
+    if _gang_size(slots, summary.sizes, summary.sizes_desc) is not None:
+        return None
+    if not summary.sizes_desc:
+        return _never(f"{head}its {usable}agents have no slots")
+    dividing = [n for n in summary.sizes_desc if slots % n == 0]
+    if not dividing:
+        if len(summary.sizes_desc) == 1:
+            n = summary.sizes_desc[0]
+            return _never(
+                f"{head}its {usable}agents have {n} slots, "
+                f"so a multi-agent trial needs a multiple of {n}"
+            )
+        return _never(
+            f"{head}its {usable}agents have {_or(summary.sizes_desc)} slots, "
+            "so a multi-agent trial needs a multiple of one of those sizes"
+        )
+    needs = " or ".join(
+        f"{slots // n} whole {n}-slot agents (the pool has {summary.sizes[n]}{have})"
+        for n in dividing
+    )
+    return _never(f"{head}it needs {needs}")
+
+
+def _never(message: str) -> Pending:
+    return Pending("", PendingCode.NEVER_FITS, message)
+
+
+# --- working capacity ----------------------------------------------------------------------
+
+
+class _Capacity:
+    """Free capacity of one pool during one pass, indexed by agent rank (position by id).
+
+    Free slots only shrink during a pass (placements and the head's reservation take them;
+    releases arrive next pass). That is what keeps the lazy heaps valid: an entry whose agent
+    has since moved to another bucket, or been reserved, never becomes valid again.
+    """
+
+    def __init__(self, policy: PoolPolicy, agents: Sequence[AgentState], summary: _Summary):
+        self.agents = agents
+        self.ids = [a.id for a in agents]
+        self.rank = {a.id: r for r, a in enumerate(agents)}
+        self.usable = [a.usable for a in agents]
+        self.total = [len(a.slot_ids) for a in agents]
+        self.free = [
+            sorted(set(a.slot_ids) - a.used_slot_ids) if a.used_slot_ids else sorted(a.slot_ids)
+            for a in agents
+        ]
+        self.nfree = [len(f) for f in self.free]
+        self.used = [len(a.used_slot_ids) for a in agents]
+        self.idle = [
+            u and not used and n > 0
+            for u, used, n in zip(self.usable, self.used, self.total, strict=True)
+        ]
+        self.reserved = [False] * len(agents)
+        self.sizes_desc = summary.sizes_desc
+        # Best fit only: (slots, rank) of the last single-agent placement while it was the only
+        # change since its pick. The buckets below that agent's old free count were empty then,
+        # so if it still has room it is again the best fit for the same size: no scan needed.
+        self.repeat = (0, -1) if policy.fitting == FittingPolicy.BEST else (-1, -1)
+
+        # Buckets: one lazy min-heap of ranks per (free, total) key with free > 0, and an
+        # exact count of the usable, unreserved agents in it.
+        totals = sorted(summary.sizes_desc)
+        keys = [(f, t) for t in totals for f in range(1, t + 1)]
+        self.key_free = [f for f, _ in keys]
+        self.key_of = {t: [-1] * (t + 1) for t in totals}  # total -> free -> key index
+        for k, (f, t) in enumerate(keys):
+            self.key_of[t][f] = k
+        self.heaps: list[list[int]] = [[] for _ in keys]
+        self.count = [0] * len(keys)
+        self.idle_heaps: dict[int, list[int]] = {t: [] for t in totals}
+        self.idle_count: dict[int, int] = dict.fromkeys(totals, 0)
+        for r in range(len(agents)):  # ascending rank, so each list is already a heap
+            if not self.usable[r] or self.nfree[r] == 0:
+                continue
+            t = self.total[r]
+            k = self.key_of[t][self.nfree[r]]
+            self.heaps[k].append(r)
+            self.count[k] += 1
+            if self.idle[r]:
+                self.idle_heaps[t].append(r)
+                self.idle_count[t] += 1
+
+        # Score: the groups of equally scored keys, best group first, for each request size.
+        if policy.fitting == FittingPolicy.WORST:
+            score = {k: -Fraction(f, t) for k, (f, t) in enumerate(keys)}
+        else:
+            score = {k: Fraction(f) for k, (f, _) in enumerate(keys)}
+        self.groups_for: list[list[list[int]]] = [[]]
+        for s in range(1, summary.max_total + 1):
+            grouped: dict[Fraction, list[int]] = {}
+            for k in sorted((k for k, (f, _) in enumerate(keys) if f >= s), key=score.__getitem__):
+                grouped.setdefault(score[k], []).append(k)
+            self.groups_for.append(list(grouped.values()))
+
+        # Zero-slot capacity: one exact heap; best fit packs the agent running the most.
+        self.zero_cap = policy.max_zero_slot_per_agent
+        self.zero_sign = -1 if policy.fitting == FittingPolicy.BEST else 1
+        self.zero_used = [a.zero_slot_used for a in agents]
+        self.zero_heap = [
+            (self.zero_sign * self.zero_used[r], r)
+            for r in range(len(agents))
+            if self.usable[r] and self.zero_used[r] < self.zero_cap
+        ]
+        heapq.heapify(self.zero_heap)
+
+    def pick(self, slots: int) -> int:
+        """The unreserved usable agent a single-agent fit of `slots` goes to, or -1.
+
+        The caller must `take` from the agent it returns before anything else changes.
+        """
+        nfree = self.nfree
+        last_slots, last = self.repeat
+        if last_slots == slots and last >= 0 and nfree[last] >= slots:
+            return last
+        heaps, count, key_free, reserved = self.heaps, self.count, self.key_free, self.reserved
+        for group in self.groups_for[slots]:
+            best = -1
+            for k in group:
+                if not count[k]:
+                    continue
+                h, f = heaps[k], key_free[k]
+                while nfree[h[0]] != f or reserved[h[0]]:
+                    heapq.heappop(h)
+                if best < 0 or h[0] < best:
+                    best = h[0]
+            if best >= 0:
+                if last_slots >= 0:
+                    self.repeat = (slots, best)
+                return best
+        return -1
+
+    def take(self, r: int, slots: int) -> tuple[int, ...]:
+        """Give `slots` of agent r's lowest free slot indices to a placement."""
+        if self.repeat != (slots, r) and self.repeat[0] >= 0:
+            self.repeat = (0, -1)
+        free = self.free[r]
+        taken = tuple(free[:slots])
+        del free[:slots]
+        before = self.nfree[r]
+        after = self.nfree[r] = before - slots
+        keys = self.key_of[self.total[r]]
+        count = self.count
+        count[keys[before]] -= 1
+        if after > 0:
+            k = keys[after]
+            count[k] += 1
+            heapq.heappush(self.heaps[k], r)
+        self.used[r] += slots
+        if self.idle[r]:
+            self.idle[r] = False
+            self.idle_count[self.total[r]] -= 1
+        return taken
+
+    def place_gang(self, slots: int) -> tuple[tuple[str, tuple[int, ...]], ...] | None:
+        """Whole idle agents of one size, lowest ids first, or None if no size has enough."""
+        n = _gang_size(slots, self.idle_count, self.sizes_desc)
+        if n is None:
+            return None
+        h = self.idle_heaps[n]
+        chosen: list[int] = []
+        while len(chosen) < slots // n:
+            r = heapq.heappop(h)
+            if self.idle[r] and not self.reserved[r]:
+                chosen.append(r)
+        return tuple((self.ids[r], self.take(r, n)) for r in chosen)
+
+    def place_zero(self) -> int:
+        h = self.zero_heap
+        if not h:
+            return -1
+        r = h[0][1]
+        used = self.zero_used[r] + 1
+        self.zero_used[r] = used
+        if used >= self.zero_cap:
+            heapq.heappop(h)
+        else:
+            heapq.heapreplace(h, (self.zero_sign * used, r))
+        return r
+
+    def reserve(self, r: int) -> None:
+        if self.repeat[0] >= 0:
+            self.repeat = (0, -1)
+        if self.reserved[r]:
+            return
+        self.reserved[r] = True
+        if self.nfree[r] > 0:
+            self.count[self.key_of[self.total[r]][self.nfree[r]]] -= 1
+        if self.idle[r]:
+            self.idle_count[self.total[r]] -= 1
+
+    def head_reservation(self, slots: int, summary: _Summary) -> list[int]:
+        """The agents a feasible head that does not fit now waits for.
+
+        One agent when it fits one: the one with the most free slots among those big enough.
+        Otherwise the agents of its gang size that are closest to idle.
+        """
+        usable = [r for r in range(len(self.ids)) if self.usable[r]]
+        if slots <= summary.max_total:
+            big = [r for r in usable if self.total[r] >= slots]
+            return [min(big, key=lambda r: (-self.nfree[r], r))]
+        n = _gang_size(slots, summary.sizes, summary.sizes_desc)
+        assert n is not None  # the head is feasible
+        same = sorted((self.used[r], r) for r in usable if self.total[r] == n)
+        return [r for _, r in same[: slots // n]]
+
+
+# --- preemption ----------------------------------------------------------------------------
+
+
+def _plan_preemption(
+    policy: PoolPolicy,
+    cap: _Capacity,
+    summary: _Summary,
+    head: Request,
+    running: Sequence[Running],
+) -> tuple[list[int], tuple[str, ...], str] | None:
+    """Victims that let the head fit once they exit, the agents to hold for it, and a note.
+
+    Releases already asked for count first. Then preemptible work of strictly lower priority
+    is added, lowest priority and newest first, until the head would fit; only the victims on
+    the agents it would use are kept. None when the head cannot fit even then.
+    """
+    s = head.slots
+    sim_free: dict[int, int] = {}
+    sim_used: dict[int, int] = {}
+    idle_count = dict(cap.idle_count)  # no reservation exists yet when the head is found
+    made_idle: set[int] = set()
+    released: set[tuple[int, int]] = set()
+
+    def release(run: Running) -> bool:
+        """Free run's slots in the simulation; True if the head now fits."""
+        fits = False
+        for agent_id, slot_ids in run.slots:
+            r = cap.rank.get(agent_id)
+            if r is None or not cap.usable[r]:
+                continue
+            agent = cap.agents[r]
+            for slot in slot_ids:
+                if (r, slot) in released or slot not in agent.used_slot_ids:
+                    continue
+                released.add((r, slot))
+                used = sim_used[r] = sim_used.get(r, cap.used[r]) - 1
+                free = sim_free.get(r, cap.nfree[r])
+                if slot in agent.slot_ids:
+                    free = sim_free[r] = free + 1
+                fits = fits or (s <= summary.max_total and free >= s)
+                if used == 0 and cap.total[r] > 0:
+                    made_idle.add(r)
+                    idle_count[cap.total[r]] += 1
+        if not head.single_node and s > 1:
+            fits = fits or _gang_size(s, idle_count, cap.sizes_desc) is not None
+        return fits
+
+    def fit_agents() -> list[int]:
+        if s <= summary.max_total:
+            roomy = [r for r, f in sim_free.items() if f >= s]
+            if roomy:
+                if policy.fitting == FittingPolicy.WORST:
+                    return [min(roomy, key=lambda r: (-Fraction(sim_free[r], cap.total[r]), r))]
+                return [min(roomy, key=lambda r: (sim_free[r], r))]
+        n = _gang_size(s, idle_count, cap.sizes_desc)
+        assert n is not None
+        idle = sorted(
+            r for r in range(len(cap.ids)) if cap.total[r] == n and (cap.idle[r] or r in made_idle)
+        )
+        return idle[: s // n]
+
+    def touching(runs: list[Running], agents: list[int]) -> list[Running]:
+        ids = {cap.ids[r] for r in agents}
+        return [run for run in runs if any(a in ids for a, _ in run.slots)]
+
+    stopping = sorted((run for run in running if run.stopping), key=_RUNNING_ID)
+    fits = False
+    for run in stopping:
+        fits = release(run) or fits
+    if fits:
+        agents = fit_agents()
+        exiting = len(touching(stopping, agents))
+        return agents, (), f"; waiting for {_plural(exiting, 'stopping allocation')} to exit"
+    candidates = sorted(
+        (
+            run
+            for run in running
+            if run.preemptible and not run.stopping and run.priority > head.priority
+        ),
+        key=_victim_order,
+    )
+    chosen: list[Running] = []
+    for run in candidates:
+        chosen.append(run)
+        if release(run):
+            agents = fit_agents()
+            victims = touching(chosen, agents)
+            note = f"; asked {_plural(len(victims), 'lower-priority allocation')} to stop"
+            return agents, tuple(sorted(v.id for v in victims)), note
+    return None
+
+
+_RUNNING_ID = attrgetter("id")
+
+
+def _victim_order(run: Running) -> tuple[int, float, int, str]:
+    """Lowest priority (largest number) first, then newest first."""
+    return (-run.priority, -run.order[0], -run.order[1], run.id)
+
+
+# --- explaining what waits -----------------------------------------------------------------
+
+
+def _explain_waiting(
+    policy: PoolPolicy,
+    cap: _Capacity,
+    summary: _Summary,
+    waiting: list[Request],
+    head: Request | None,
+    head_note: str,
+) -> list[Pending]:
+    """Reasons for the feasible requests left unplaced, judged on the state the pass ends in.
+
+    None of them fits the unreserved capacity now (it only shrank since each was tried), so
+    one that fits once the reservation is counted waits only for the head.
+    """
+    if not waiting:
+        return []
+    usable = [r for r in range(len(cap.ids)) if cap.usable[r]]
+    max_free = max((cap.nfree[r] for r in usable), default=0)
+    idle: dict[int, int] = {}
+    for r in usable:
+        if cap.idle[r]:
+            idle[cap.total[r]] = idle.get(cap.total[r], 0) + 1
+    reasons: dict[tuple[int, bool, bool], tuple[PendingCode, str, int | None]] = {}
+    head_priority = head.priority if head is not None else 0
+    out: list[Pending] = []
+    for req in waiting:
+        # Only the priority relation to the head changes a message within one shape.
+        key = (req.slots, req.single_node, req.priority > head_priority)
+        reason = reasons.get(key)
+        if reason is None:
+            reason = reasons[key] = _reason(
+                policy, summary, req, head, key[2], max_free, idle, len(usable)
+            )
+        if req is head:
+            out.append(Pending(req.id, reason[0], reason[1] + head_note, reason[2]))
+        else:
+            out.append(Pending(req.id, *reason))
+    return out
+
+
+def _reason(
+    policy: PoolPolicy,
+    summary: _Summary,
+    req: Request,
+    head: Request | None,
+    behind: bool,
+    max_free: int,
+    idle: dict[int, int],
+    usable: int,
+) -> tuple[PendingCode, str, int | None]:
+    s = req.slots
+    if s == 0:
+        return (
+            PendingCode.WAITING_FOR_ZERO_SLOT_CAPACITY,
+            f"waiting for zero-slot capacity: {_plural_each(usable, 'usable agent')} is at "
+            f"the pool's limit of {policy.max_zero_slot_per_agent} zero-slot tasks",
+            None,
+        )
+    fits_with_reservation = s <= max_free or (
+        not req.single_node and s > 1 and _gang_size(s, idle, summary.sizes_desc) is not None
+    )
+    if fits_with_reservation and head is not None:
+        if behind:
+            return (
+                PendingCode.RESERVED_FOR_HEAD,
+                f"behind higher-priority job {head.job_id}",
+                head.job_id,
+            )
+        return (
+            PendingCode.RESERVED_FOR_HEAD,
+            f"behind job {head.job_id} at the head of the queue",
+            head.job_id,
+        )
+    if s <= summary.max_total:
+        return (
+            PendingCode.WAITING_FOR_SLOTS,
+            f"waiting for an agent with {_plural(s, 'free slot')}; "
+            f"the most free on any usable agent is {max_free}",
+            None,
+        )
+    n = _gang_size(s, summary.sizes, summary.sizes_desc)
+    assert n is not None  # feasible, so some size has enough agents
+    have = idle.get(n, 0)
+    idle_now = "none is idle" if have == 0 else f"{have} {'is' if have == 1 else 'are'} idle"
+    return (
+        PendingCode.WAITING_FOR_IDLE_AGENTS,
+        f"waiting for {_plural(s // n, f'idle {n}-slot agent')}, {idle_now}",
+        None,
+    )
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _plural_each(n: int, noun: str) -> str:
+    return f"the only {noun}" if n == 1 else f"each of the {n} {noun}s"
+
+
+def _or(sizes: Sequence[int]) -> str:
+    words = [str(n) for n in sorted(sizes)]
+    return ", ".join(words[:-1]) + " or " + words[-1]

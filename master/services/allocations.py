@@ -1,0 +1,239 @@
+"""Allocations: a trial's place in the queue and, once scheduled, the slots it holds.
+
+Everything here leaves the commit to the caller. Functions that give the scheduler new
+work call `request_scheduling`, which wakes the loop once the transaction has committed.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Sequence
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from master.db.models import (
+    AllocationModel,
+    AllocationSlotModel,
+    AllocationState,
+    ExperimentModel,
+    ExperimentState,
+    TrialModel,
+    TrialState,
+    utcnow,
+)
+from master.errors import NotFound
+from master.services import states
+
+log = logging.getLogger(__name__)
+
+WAKE_SCHEDULER = "wake_scheduler"
+HELD_STATES = (
+    AllocationState.ASSIGNED,
+    AllocationState.PULLING,
+    AllocationState.STARTING,
+    AllocationState.RUNNING,
+    AllocationState.TERMINATING,
+)
+FIRST_PENDING_CODE = "WAITING_FOR_SCHEDULER"
+FIRST_PENDING_REASON = "submitted; waiting for the next scheduling pass"
+
+
+class ReleaseOutcome(enum.StrEnum):
+    COMPLETED = "completed"  # every rank exited 0
+    FAILED = "failed"  # user code failed: counts against max_restarts
+    PREEMPTED = "preempted"  # asked to stop by the scheduler or a pause
+    AGENT_LOST = "agent_lost"  # transient system error: requeue without counting a restart
+    KILLED = "killed"  # stopped on request
+
+
+def request_scheduling(session: AsyncSession) -> None:
+    session.info[WAKE_SCHEDULER] = True
+
+
+def task_id(trial: TrialModel) -> str:
+    """Determined's trial task ids are "<experiment id>.<request id>"."""
+    return f"{trial.experiment_id}.{trial.request_id}"
+
+
+def enqueue_trial(session: AsyncSession, trial: TrialModel, experiment: ExperimentModel) -> None:
+    """A new PENDING allocation for a QUEUED trial."""
+    trial.run_id += 1
+    resources = experiment.config.get("resources") or {}
+    session.add(
+        AllocationModel(
+            id=f"{trial.id}.{trial.run_id}",
+            trial_id=trial.id,
+            experiment_id=experiment.id,
+            state=AllocationState.PENDING,
+            resource_pool=experiment.resource_pool,
+            slots_needed=int(resources.get("slots_per_trial", 1)),
+            single_node=bool(resources.get("is_single_node", False)),
+            pending_code=FIRST_PENDING_CODE,
+            pending_reason=FIRST_PENDING_REASON,
+        )
+    )
+    request_scheduling(session)
+
+
+async def cancel_pending(session: AsyncSession, trial_ids: Sequence[int], reason: str) -> None:
+    """Take trials out of the queue (pause, kill)."""
+    if not trial_ids:
+        return
+    await session.execute(
+        update(AllocationModel)
+        .where(
+            AllocationModel.trial_id.in_(list(trial_ids)),
+            AllocationModel.state == AllocationState.PENDING,
+        )
+        .values(state=AllocationState.TERMINATED, ended_at=utcnow(), exit_reason=reason)
+        .execution_options(synchronize_session=False)
+    )
+
+
+async def held_allocations(
+    session: AsyncSession, trial_ids: Sequence[int]
+) -> list[AllocationModel]:
+    if not trial_ids:
+        return []
+    query = select(AllocationModel).where(
+        AllocationModel.trial_id.in_(list(trial_ids)), AllocationModel.state.in_(HELD_STATES)
+    )
+    return list((await session.scalars(query)).all())
+
+
+async def ask_to_stop(session: AsyncSession, trial_ids: Sequence[int], *, terminate: bool) -> None:
+    """Signal the holders: preemption (checkpoint and exit) or, with terminate, a kill."""
+    for allocation in await held_allocations(session, trial_ids):
+        allocation.preempt_requested = True
+        if terminate:
+            allocation.state = AllocationState.TERMINATING
+    await session.flush()
+
+
+async def get_allocation(session: AsyncSession, allocation_id: str) -> AllocationModel:
+    allocation = await session.get(AllocationModel, allocation_id)
+    if allocation is None:
+        raise NotFound(f"allocation {allocation_id} not found")
+    return allocation
+
+
+async def release_allocation(
+    session: AsyncSession, allocation_id: str, outcome: ReleaseOutcome, message: str = ""
+) -> None:
+    """The allocation's processes have all exited: free its slots and move the trial on.
+
+    Idempotent, because an agent may report the same exit again after a reconnect.
+    """
+    allocation = await get_allocation(session, allocation_id)
+    if allocation.state == AllocationState.TERMINATED:
+        return
+    await session.execute(
+        delete(AllocationSlotModel).where(AllocationSlotModel.allocation_id == allocation_id)
+    )
+    allocation.state = AllocationState.TERMINATED
+    allocation.ended_at = utcnow()
+    allocation.exit_reason = f"{outcome}: {message}" if message else str(outcome)
+    trial = await session.get(TrialModel, allocation.trial_id)
+    experiment = await session.get(ExperimentModel, allocation.experiment_id)
+    assert trial is not None and experiment is not None  # foreign keys guarantee both
+    _move_trial_after_release(session, trial, experiment, outcome, message)
+    await session.flush()
+    await finish_experiment_if_done(session, experiment)
+    request_scheduling(session)
+    log.info("allocation %s released: %s %s", allocation_id, outcome, message)
+
+
+def _move_trial_after_release(
+    session: AsyncSession,
+    trial: TrialModel,
+    experiment: ExperimentModel,
+    outcome: ReleaseOutcome,
+    message: str,
+) -> None:
+    current = TrialState(trial.state)
+    reason = f"allocation ended: {outcome}" + (f" ({message})" if message else "")
+    if current.is_terminal or current in (TrialState.QUEUED, TrialState.PAUSED):
+        return
+    if current in (TrialState.STOPPING_KILLED, TrialState.STOPPING_CANCELED):
+        states.set_trial_state(session, trial, TrialState.CANCELED, reason)
+    elif current == TrialState.STOPPING_COMPLETED or outcome == ReleaseOutcome.COMPLETED:
+        states.set_trial_state(session, trial, TrialState.COMPLETED, reason)
+    elif outcome == ReleaseOutcome.KILLED:
+        states.set_trial_state(session, trial, TrialState.CANCELED, reason)
+    elif outcome == ReleaseOutcome.FAILED:
+        trial.restarts += 1
+        max_restarts = int(experiment.config.get("max_restarts", 5))
+        if trial.restarts > max_restarts:
+            states.set_trial_state(
+                session, trial, TrialState.ERROR, f"{reason}; max_restarts={max_restarts} used"
+            )
+        else:
+            _requeue(session, trial, experiment, reason)
+    else:  # preempted or agent lost: transient, no restart counted
+        _requeue(session, trial, experiment, reason)
+
+
+def _requeue(
+    session: AsyncSession, trial: TrialModel, experiment: ExperimentModel, reason: str
+) -> None:
+    if ExperimentState(experiment.state) == ExperimentState.PAUSED:
+        states.set_trial_state(session, trial, TrialState.PAUSED, reason)
+        return
+    states.set_trial_state(session, trial, TrialState.QUEUED, reason)
+    enqueue_trial(session, trial, experiment)
+
+
+async def finish_experiment_if_done(session: AsyncSession, experiment: ExperimentModel) -> None:
+    """When every trial has ended, the experiment ends too."""
+    current = ExperimentState(experiment.state)
+    if current.is_terminal or current == ExperimentState.PAUSED:
+        return
+    trial_states = (
+        await session.scalars(
+            select(TrialModel.state).where(TrialModel.experiment_id == experiment.id)
+        )
+    ).all()
+    if not all(TrialState(s).is_terminal for s in trial_states):
+        return
+    if current in (ExperimentState.STOPPING_KILLED, ExperimentState.STOPPING_CANCELED):
+        final = ExperimentState.CANCELED
+    elif any(TrialState(s) == TrialState.COMPLETED for s in trial_states):
+        final = ExperimentState.COMPLETED
+    else:
+        final = ExperimentState.ERROR
+    states.set_experiment_state(session, experiment, final, "every trial has ended")
+
+
+async def enqueue_orphaned_trials(session: AsyncSession) -> int:
+    """Queued trials of active experiments with no live allocation get one.
+
+    Run at start-up: it covers databases from before allocations existed and any crash
+    between a trial becoming QUEUED and its allocation being written.
+    """
+    live = (
+        select(AllocationModel.id)
+        .where(
+            AllocationModel.trial_id == TrialModel.id,
+            AllocationModel.state != AllocationState.TERMINATED,
+        )
+        .exists()
+    )
+    rows = (
+        await session.execute(
+            select(TrialModel, ExperimentModel)
+            .join(ExperimentModel, ExperimentModel.id == TrialModel.experiment_id)
+            .where(
+                TrialModel.state == TrialState.QUEUED,
+                ExperimentModel.state == ExperimentState.ACTIVE,
+                ~live,
+            )
+        )
+    ).all()
+    for trial, experiment in rows:
+        enqueue_trial(session, trial, experiment)
+    if rows:
+        log.info("queued %d trials that had no allocation", len(rows))
+    await session.flush()
+    return len(rows)

@@ -1,0 +1,390 @@
+"""The scheduling pass: load the queue and the agents, ask the placement core, write it all.
+
+One pass is one transaction: every placement, pending reason and preemption request of
+the pass commits together or not at all, so no trial ever holds part of its gang, and the
+(agent, slot) primary key of allocation_slots makes a slot given twice fail the commit.
+The pass keeps no state between runs: after a master restart the next pass rebuilds
+everything from the database.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from sqlalchemy import insert, select, text, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from master.core import placement
+from master.db.models import (
+    AgentModel,
+    AllocationModel,
+    AllocationSlotModel,
+    AllocationState,
+    ExperimentModel,
+    SlotModel,
+    TrialState,
+    utcnow,
+)
+from master.db.session import session_scope
+from master.services import states
+from master.services.allocations import HELD_STATES
+from master.services.loops import Loop
+from master.settings import MasterSettings, ResourcePoolSettings
+
+log = logging.getLogger(__name__)
+
+SCHEDULER_LOCK_ID = 0x7265736F6C7363  # one scheduler at a time across masters on Postgres
+_CHUNK = 500
+NO_SUCH_POOL = "NO_SUCH_POOL"
+
+
+class StaleSnapshot(Exception):
+    """Something the pass planned on changed under it; the pass is rolled back and rerun."""
+
+
+@dataclass
+class PassStats:
+    pending: int = 0
+    placed: int = 0
+    preempted: int = 0
+    reasons_written: int = 0
+    seconds: float = 0.0
+    core_seconds: float = 0.0
+    skipped: bool = False
+    by_pool: dict[str, int] = field(default_factory=dict)
+
+
+def policy_of(pool: ResourcePoolSettings) -> placement.PoolPolicy:
+    return placement.PoolPolicy(
+        name=pool.pool_name,
+        fitting=placement.FittingPolicy(pool.scheduler.fitting_policy),
+        preemption=pool.scheduler.preemption,
+        max_zero_slot_per_agent=pool.max_aux_containers_per_agent,
+    )
+
+
+@dataclass
+class _PendingRow:
+    id: str
+    trial_id: int
+    job_id: int
+    slots: int
+    single_node: bool
+    pool: str
+    priority: int
+    order: tuple[float, int]
+    reason: tuple[str, str, int | None]
+
+
+async def load_agent_states(
+    session: AsyncSession, pool: str | None = None
+) -> dict[str, list[placement.AgentState]]:
+    """Agents by pool, with the slots their allocations hold."""
+    agent_query = select(AgentModel)
+    if pool is not None:
+        agent_query = agent_query.where(AgentModel.resource_pool == pool)
+    agents = (await session.scalars(agent_query)).all()
+    slot_ids: dict[str, list[int]] = defaultdict(list)
+    for agent_id, slot_id in (
+        await session.execute(
+            select(SlotModel.agent_id, SlotModel.slot_id).where(SlotModel.enabled)
+        )
+    ).all():
+        slot_ids[agent_id].append(slot_id)
+    used: dict[str, set[int]] = defaultdict(set)
+    for agent_id, slot_id in (
+        await session.execute(select(AllocationSlotModel.agent_id, AllocationSlotModel.slot_id))
+    ).all():
+        used[agent_id].add(slot_id)
+    zero_used: dict[str, int] = defaultdict(int)
+    for (zero_agent,) in (
+        await session.execute(
+            select(AllocationModel.zero_slot_agent_id).where(
+                AllocationModel.zero_slot_agent_id.is_not(None),
+                AllocationModel.state.in_(HELD_STATES),
+            )
+        )
+    ).all():
+        if zero_agent is not None:
+            zero_used[zero_agent] += 1
+    by_pool: dict[str, list[placement.AgentState]] = defaultdict(list)
+    for agent in agents:
+        by_pool[agent.resource_pool].append(
+            placement.AgentState(
+                id=agent.id,
+                slot_ids=tuple(sorted(slot_ids[agent.id])),
+                used_slot_ids=frozenset(used[agent.id]),
+                enabled=agent.enabled,
+                draining=agent.draining,
+                connected=agent.connected,
+                zero_slot_used=zero_used[agent.id],
+            )
+        )
+    return by_pool
+
+
+async def _load_pending(session: AsyncSession) -> list[_PendingRow]:
+    query = (
+        select(
+            AllocationModel.id,
+            AllocationModel.trial_id,
+            AllocationModel.experiment_id,
+            AllocationModel.slots_needed,
+            AllocationModel.single_node,
+            AllocationModel.resource_pool,
+            AllocationModel.registered_at,
+            AllocationModel.pending_code,
+            AllocationModel.pending_reason,
+            AllocationModel.blocking_job,
+            ExperimentModel.priority,
+        )
+        .join(ExperimentModel, ExperimentModel.id == AllocationModel.experiment_id)
+        .where(AllocationModel.state == AllocationState.PENDING)
+    )
+    return [
+        _PendingRow(
+            id=r.id,
+            trial_id=r.trial_id,
+            job_id=r.experiment_id,
+            slots=r.slots_needed,
+            single_node=r.single_node,
+            pool=r.resource_pool,
+            priority=r.priority,
+            order=(r.registered_at.timestamp(), r.trial_id),
+            reason=(r.pending_code, r.pending_reason, r.blocking_job),
+        )
+        for r in (await session.execute(query)).all()
+    ]
+
+
+async def _load_running(session: AsyncSession) -> dict[str, list[placement.Running]]:
+    query = (
+        select(
+            AllocationModel.id,
+            AllocationModel.experiment_id,
+            AllocationModel.resource_pool,
+            AllocationModel.registered_at,
+            AllocationModel.trial_id,
+            AllocationModel.zero_slot_agent_id,
+            AllocationModel.preempt_requested,
+            ExperimentModel.priority,
+        )
+        .join(ExperimentModel, ExperimentModel.id == AllocationModel.experiment_id)
+        .where(AllocationModel.state.in_(HELD_STATES))
+    )
+    rows = (await session.execute(query)).all()
+    held: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for agent_id, slot_id, allocation_id in (
+        await session.execute(
+            select(
+                AllocationSlotModel.agent_id,
+                AllocationSlotModel.slot_id,
+                AllocationSlotModel.allocation_id,
+            )
+        )
+    ).all():
+        held[allocation_id][agent_id].append(slot_id)
+    by_pool: dict[str, list[placement.Running]] = defaultdict(list)
+    for r in rows:
+        by_pool[r.resource_pool].append(
+            placement.Running(
+                id=r.id,
+                job_id=r.experiment_id,
+                priority=r.priority,
+                order=(r.registered_at.timestamp(), r.trial_id),
+                slots=tuple(
+                    (agent, tuple(sorted(slots))) for agent, slots in sorted(held[r.id].items())
+                ),
+                zero_slot_agent=r.zero_slot_agent_id,
+                # Already asked to stop: its slots count as coming free.
+                stopping=r.preempt_requested,
+            )
+        )
+    return by_pool
+
+
+async def _try_lock(session: AsyncSession) -> bool:
+    if session.get_bind().dialect.name != "postgresql":
+        return True  # SQLite serialises writers; one master owns an embedded database
+    got = await session.scalar(
+        text("SELECT pg_try_advisory_xact_lock(:key)"), {"key": SCHEDULER_LOCK_ID}
+    )
+    return bool(got)
+
+
+def _chunks(items: list[str]) -> Iterable[list[str]]:
+    for start in range(0, len(items), _CHUNK):
+        yield items[start : start + _CHUNK]
+
+
+async def run_pass(session: AsyncSession, settings: MasterSettings) -> PassStats:
+    """One scheduling pass in the caller's transaction (the caller commits)."""
+    started = time.perf_counter()
+    stats = PassStats()
+    if not await _try_lock(session):
+        stats.skipped = True
+        return stats
+    pending = await _load_pending(session)
+    stats.pending = len(pending)
+    agents = await load_agent_states(session)
+    running = await _load_running(session)
+
+    requests_by_pool: dict[str, list[placement.Request]] = defaultdict(list)
+    for row in pending:
+        requests_by_pool[row.pool].append(
+            placement.Request(
+                id=row.id,
+                job_id=row.job_id,
+                slots=row.slots,
+                priority=row.priority,
+                order=row.order,
+                single_node=row.single_node,
+            )
+        )
+    assignments: list[placement.Assignment] = []
+    new_reasons: dict[str, tuple[str, str, int | None]] = {}
+    preempt: list[str] = []
+    core_started = time.perf_counter()
+    for pool_name, requests in requests_by_pool.items():
+        pool = settings.pool(pool_name)
+        if pool is None:
+            message = f"pool {pool_name} is not configured on this master"
+            for request in requests:
+                new_reasons[request.id] = (NO_SUCH_POOL, message, None)
+            continue
+        plan = placement.schedule(
+            policy_of(pool), agents.get(pool_name, []), requests, running.get(pool_name, [])
+        )
+        assignments.extend(plan.assignments)
+        preempt.extend(plan.preempt)
+        for item in plan.pending:
+            new_reasons[item.request_id] = (str(item.code), item.message, item.blocking_job)
+        stats.by_pool[pool_name] = len(plan.assignments)
+    stats.core_seconds = time.perf_counter() - core_started
+
+    by_id = {row.id: row for row in pending}
+    await _write_assignments(session, assignments, by_id)
+    stats.placed = len(assignments)
+    stats.reasons_written = await _write_reasons(session, new_reasons, by_id)
+    if preempt:
+        await session.execute(
+            update(AllocationModel)
+            .where(AllocationModel.id.in_(preempt))
+            .values(preempt_requested=True)
+            .execution_options(synchronize_session=False)
+        )
+        stats.preempted = len(preempt)
+        log.info("preempting allocations %s", ", ".join(sorted(preempt)))
+    stats.seconds = time.perf_counter() - started
+    if stats.placed or stats.preempted:
+        log.info(
+            "scheduling pass: %d placed, %d preempted, %d still pending (%.1f ms)",
+            stats.placed,
+            stats.preempted,
+            stats.pending - stats.placed,
+            stats.seconds * 1000,
+        )
+    return stats
+
+
+async def _write_assignments(
+    session: AsyncSession, assignments: list[placement.Assignment], by_id: dict[str, _PendingRow]
+) -> None:
+    if not assignments:
+        return
+    now = utcnow()
+    slot_rows = [
+        {"agent_id": agent_id, "slot_id": slot_id, "allocation_id": a.request_id}
+        for a in assignments
+        for agent_id, slot_ids in a.slots
+        for slot_id in slot_ids
+    ]
+    zero_slot = {a.request_id: a.slots[0][0] for a in assignments if by_id[a.request_id].slots == 0}
+    ids = [a.request_id for a in assignments]
+    updated: set[str] = set()
+    for chunk in _chunks(ids):
+        result = await session.execute(
+            update(AllocationModel)
+            .where(
+                AllocationModel.id.in_(chunk),
+                AllocationModel.state == AllocationState.PENDING,
+            )
+            .values(
+                state=AllocationState.ASSIGNED,
+                assigned_at=now,
+                pending_code="",
+                pending_reason="",
+                blocking_job=None,
+            )
+            .returning(AllocationModel.id)
+            .execution_options(synchronize_session=False)
+        )
+        updated.update(result.scalars().all())
+    if len(updated) != len(ids):
+        # A kill or pause committed after this pass read the queue.
+        raise StaleSnapshot(f"{len(ids) - len(updated)} planned allocations left the queue")
+    for allocation_id, agent_id in zero_slot.items():
+        await session.execute(
+            update(AllocationModel)
+            .where(AllocationModel.id == allocation_id)
+            .values(zero_slot_agent_id=agent_id)
+            .execution_options(synchronize_session=False)
+        )
+    if slot_rows:
+        await session.execute(insert(AllocationSlotModel), slot_rows)
+    await states.set_trial_states(
+        session,
+        [by_id[i].trial_id for i in ids],
+        TrialState.QUEUED,
+        TrialState.STARTING,
+        "resources assigned by the scheduler",
+    )
+
+
+async def _write_reasons(
+    session: AsyncSession,
+    new_reasons: dict[str, tuple[str, str, int | None]],
+    by_id: dict[str, _PendingRow],
+) -> int:
+    """Write only reasons that changed, one statement per distinct reason."""
+    changed: dict[tuple[str, str, int | None], list[str]] = defaultdict(list)
+    for allocation_id, reason in new_reasons.items():
+        if by_id[allocation_id].reason != reason:
+            changed[reason].append(allocation_id)
+    for (code, message, blocking), ids in changed.items():
+        for chunk in _chunks(ids):
+            await session.execute(
+                update(AllocationModel)
+                .where(
+                    AllocationModel.id.in_(chunk),
+                    AllocationModel.state == AllocationState.PENDING,
+                )
+                .values(pending_code=code, pending_reason=message, blocking_job=blocking)
+                .execution_options(synchronize_session=False)
+            )
+    return sum(len(ids) for ids in changed.values())
+
+
+class SchedulerLoop(Loop):
+    """Runs a pass when woken (a submit, a release, an agent change) and at least every
+    `scheduler_interval_s`."""
+
+    name = "scheduler"
+
+    def __init__(self, factory: async_sessionmaker[AsyncSession], settings: MasterSettings) -> None:
+        super().__init__(settings.scheduler_interval_s)
+        self.factory = factory
+        self.settings = settings
+        self.last: PassStats | None = None
+
+    async def run_once(self) -> None:
+        try:
+            async with session_scope(self.factory) as session:
+                self.last = await run_pass(session, self.settings)
+        except StaleSnapshot as exc:
+            log.info("scheduling pass rolled back (%s); running again", exc)
+            self.wake()

@@ -1,0 +1,376 @@
+"""The scheduler through the master, on SQLite and Postgres: gangs, reasons, restarts.
+
+Agents register through master.services.agents.register_agent, the function the agent
+protocol calls; passes run through master.services.scheduler.run_pass, what the loop runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from sqlalchemy import func, select
+
+from master.app import create_app
+from master.db.models import AllocationSlotModel
+from master.db.session import session_scope
+from master.services import agents as agent_service
+from master.services import allocations as allocation_service
+from master.services import scheduler, states
+from master.services.allocations import ReleaseOutcome
+from master.settings import MasterSettings, ResourcePoolSettings
+
+SINGLE = """\
+name: {name}
+entrypoint: python3 train.py
+resources: {{slots_per_trial: {slots}{extra}}}
+searcher: {{name: {searcher}, metric: loss, max_length: 10{search_extra}}}
+"""
+
+
+def config(
+    slots: int, name: str = "exp", trials: int = 1, extra: str = "", priority: int | None = None
+) -> str:
+    if priority is not None:
+        extra += f", priority: {priority}"
+    searcher, search_extra = (
+        ("single", "") if trials == 1 else ("random", f", max_trials: {trials}")
+    )
+    return SINGLE.format(
+        name=name, slots=slots, extra=extra, searcher=searcher, search_extra=search_extra
+    )
+
+
+async def register(app: FastAPI, agent_id: str, slots: int, pool: str = "default") -> None:
+    registration = agent_service.AgentRegistration(
+        id=agent_id,
+        resource_pool=pool,
+        devices=tuple(agent_service.Device(slot_id=i) for i in range(slots)),
+    )
+    async with session_scope(app.state.session_factory) as session:
+        await agent_service.register_agent(session, app.state.settings, registration)
+
+
+async def schedule(app: FastAPI) -> scheduler.PassStats:
+    async with session_scope(app.state.session_factory) as session:
+        return await scheduler.run_pass(session, app.state.settings)
+
+
+async def release(app: FastAPI, allocation_id: str, outcome: ReleaseOutcome) -> None:
+    async with session_scope(app.state.session_factory) as session:
+        await allocation_service.release_allocation(session, allocation_id, outcome)
+
+
+async def submit(api: httpx.AsyncClient, text: str) -> dict[str, Any]:
+    reply = await api.post("/api/v1/experiments", json={"config": text, "activate": True})
+    assert reply.status_code == 200, reply.text
+    body: dict[str, Any] = reply.json()
+    return body
+
+
+async def tasks_of(api: httpx.AsyncClient, experiment_id: int) -> list[dict[str, Any]]:
+    summaries = (await api.get("/api/v1/tasks")).json()["allocationIdToSummary"]
+    return sorted(
+        (t for t in summaries.values() if t["experimentId"] == experiment_id),
+        key=lambda t: t["trialId"],
+    )
+
+
+def placed_on(task: dict[str, Any]) -> dict[str, list[int]]:
+    return {
+        agent: [d["id"] for d in devices]
+        for r in task["resources"] or []
+        for agent, devices in r["agentDevices"].items()
+    }
+
+
+async def trial_states(api: httpx.AsyncClient, experiment_id: int) -> list[str]:
+    trials = (await api.get(f"/api/v1/experiments/{experiment_id}/trials")).json()["trials"]
+    return [t["state"] for t in trials]
+
+
+async def test_small_trials_share_one_agent(api: httpx.AsyncClient, app: FastAPI) -> None:
+    await register(app, "a1", 8)
+    await register(app, "a2", 8)
+    experiment = (await submit(api, config(2, trials=3)))["experiment"]
+    stats = await schedule(app)
+    assert stats.placed == 3
+    tasks = await tasks_of(api, experiment["id"])
+    # Best fit packs: all three 2-slot trials on the same agent, on distinct slots.
+    assert [placed_on(t) for t in tasks] == [{"a1": [0, 1]}, {"a1": [2, 3]}, {"a1": [4, 5]}]
+    assert set(await trial_states(api, experiment["id"])) == {"STATE_STARTING"}
+
+
+@pytest.mark.parametrize("slots,agents_used", [(16, 2), (24, 3)])
+async def test_gang_takes_whole_idle_agents(
+    api: httpx.AsyncClient, app: FastAPI, slots: int, agents_used: int
+) -> None:
+    for i in range(3):
+        await register(app, f"n{i}", 8)
+    experiment = (await submit(api, config(slots)))["experiment"]
+    await schedule(app)
+    [task] = await tasks_of(api, experiment["id"])
+    placement = placed_on(task)
+    assert len(placement) == agents_used
+    assert all(s == list(range(8)) for s in placement.values())
+
+
+async def test_impossible_gang_says_why_and_warns_at_submit(
+    api: httpx.AsyncClient, app: FastAPI
+) -> None:
+    await register(app, "g1", 8)
+    await register(app, "g2", 8)
+    created = await submit(api, config(12))
+    assert any("multiple of 8" in w for w in created["warningMessages"]), created
+    experiment_id = created["experiment"]["id"]
+    for _ in range(2):  # reasons stay true pass after pass
+        await schedule(app)
+        [task] = await tasks_of(api, experiment_id)
+        assert task["resources"] is None
+        assert task["state"] == "STATE_PENDING"
+        assert task["pendingReason"]["code"] == "NEVER_FITS"
+        assert task["pendingReason"]["message"] == (
+            "slots_per_trial=12 can never be placed in pool default: its agents have 8 "
+            "slots, so a multi-agent trial needs a multiple of 8"
+        )
+    # ... and it blocks nobody: a small trial behind it runs.
+    small = (await submit(api, config(1)))["experiment"]["id"]
+    await schedule(app)
+    assert placed_on((await tasks_of(api, small))[0]) == {"g1": [0]}
+
+
+async def test_pool_without_agents(api: httpx.AsyncClient, app: FastAPI) -> None:
+    experiment_id = (await submit(api, config(1)))["experiment"]["id"]
+    await schedule(app)
+    [task] = await tasks_of(api, experiment_id)
+    assert task["pendingReason"]["code"] == "NO_AGENTS"
+    assert "pool default has no agents" in task["pendingReason"]["message"]
+
+
+async def test_unknown_pool_is_refused(api: httpx.AsyncClient) -> None:
+    reply = await api.post(
+        "/api/v1/experiments", json={"config": config(1, extra=", resource_pool: gpu-a100")}
+    )
+    assert reply.status_code == 400
+    assert reply.json()["message"].startswith("resources.resource_pool: pool 'gpu-a100'")
+
+
+async def test_waiting_gang_reason_counts_idle_agents(api: httpx.AsyncClient, app: FastAPI) -> None:
+    await register(app, "w1", 8)
+    await register(app, "w2", 8)
+    await submit(api, config(1))
+    await schedule(app)  # w1 now has one busy slot
+    gang = (await submit(api, config(16)))["experiment"]["id"]
+    await schedule(app)
+    [task] = await tasks_of(api, gang)
+    assert task["pendingReason"]["code"] == "WAITING_FOR_IDLE_AGENTS"
+    assert task["pendingReason"]["message"] == "waiting for 2 idle 8-slot agents, 1 is idle"
+
+
+async def test_disabled_and_draining_agents_take_nothing(
+    api: httpx.AsyncClient, app: FastAPI
+) -> None:
+    await register(app, "d1", 4)
+    await register(app, "d2", 4)
+    assert (await api.post("/api/v1/agents/d1/disable", json={"drain": True})).status_code == 200
+    agent = (await api.get("/api/v1/agents/d1")).json()["agent"]
+    assert (agent["enabled"], agent["draining"]) == (False, True)
+    first = (await submit(api, config(1)))["experiment"]["id"]
+    await schedule(app)
+    assert placed_on((await tasks_of(api, first))[0]) == {"d2": [0]}
+    await api.post("/api/v1/agents/d2/disable", json={"drain": False})
+    second = (await submit(api, config(1)))["experiment"]["id"]
+    await schedule(app)
+    [task] = await tasks_of(api, second)
+    assert task["pendingReason"]["code"] == "NO_USABLE_AGENTS"
+    await api.post("/api/v1/agents/d1/enable")
+    await schedule(app)
+    assert placed_on((await tasks_of(api, second))[0]) == {"d1": [0]}
+
+
+async def test_priority_then_fifo_and_priority_updates(
+    api: httpx.AsyncClient, app: FastAPI
+) -> None:
+    await register(app, "p1", 1)
+    first = (await submit(api, config(1, name="first")))["experiment"]
+    second = (await submit(api, config(1, name="second")))["experiment"]
+    urgent = (await submit(api, config(1, name="urgent", priority=10)))["experiment"]
+    # Raising the second job above everything reorders the queue before the pass.
+    update = {"updates": [{"jobId": second["jobId"], "priority": 5}]}
+    assert (await api.post("/api/v1/job-queues", json=update)).status_code == 200
+    await schedule(app)
+    assert [t["resources"] is not None for t in await tasks_of(api, second["id"])] == [True]
+    jobs = (await api.get("/api/v1/job-queues")).json()["jobs"]
+    assert [j["name"] for j in jobs] == ["second", "urgent", "first"]
+    assert [j["priority"] for j in jobs] == [5, 10, 42]
+    assert jobs[0]["summary"]["state"] == "STATE_SCHEDULED"
+    for experiment in (first, urgent):
+        [task] = await tasks_of(api, experiment["id"])
+        assert task["pendingReason"]["code"] in ("WAITING_FOR_SLOTS", "RESERVED_FOR_HEAD")
+
+
+async def test_bad_priority_update(api: httpx.AsyncClient, app: FastAPI) -> None:
+    job = (await submit(api, config(1)))["experiment"]["jobId"]
+    for priority, status in ((0, 400), (100, 400)):
+        reply = await api.post(
+            "/api/v1/job-queues", json={"updates": [{"jobId": job, "priority": priority}]}
+        )
+        assert reply.status_code == status
+        assert "priority" in reply.json()["message"]
+    missing = await api.post(
+        "/api/v1/job-queues", json={"updates": [{"jobId": "nope", "priority": 3}]}
+    )
+    assert missing.status_code == 404
+
+
+async def test_release_frees_slots_for_the_queue(api: httpx.AsyncClient, app: FastAPI) -> None:
+    await register(app, "r1", 2)
+    experiment_id = (await submit(api, config(2, trials=2)))["experiment"]["id"]
+    await schedule(app)
+    running, waiting = await tasks_of(api, experiment_id)
+    assert running["resources"] is not None and waiting["resources"] is None
+    await release(app, running["allocationId"], ReleaseOutcome.COMPLETED)
+    await schedule(app)
+    [now_running] = await tasks_of(api, experiment_id)
+    assert now_running["allocationId"] == waiting["allocationId"]
+    assert placed_on(now_running) == {"r1": [0, 1]}
+    await release(app, now_running["allocationId"], ReleaseOutcome.COMPLETED)
+    assert await trial_states(api, experiment_id) == ["STATE_COMPLETED", "STATE_COMPLETED"]
+    experiment = (await api.get(f"/api/v1/experiments/{experiment_id}")).json()["experiment"]
+    assert experiment["state"] == "STATE_COMPLETED"
+
+
+async def test_failures_restart_until_max_restarts(api: httpx.AsyncClient, app: FastAPI) -> None:
+    await register(app, "f1", 1)
+    experiment_id = (await submit(api, config(1) + "max_restarts: 1\n"))["experiment"]["id"]
+    for expected_restarts in (1, 2):
+        await schedule(app)
+        [task] = await tasks_of(api, experiment_id)
+        await release(app, task["allocationId"], ReleaseOutcome.FAILED)
+        trial = (await api.get(f"/api/v1/experiments/{experiment_id}/trials")).json()["trials"][0]
+        assert trial["restarts"] == expected_restarts
+    assert trial["state"] == "STATE_ERROR"
+    assert await tasks_of(api, experiment_id) == []
+
+
+async def test_agent_loss_requeues_without_counting_a_restart(
+    api: httpx.AsyncClient, app: FastAPI
+) -> None:
+    await register(app, "l1", 1)
+    experiment_id = (await submit(api, config(1)))["experiment"]["id"]
+    await schedule(app)
+    [task] = await tasks_of(api, experiment_id)
+    await release(app, task["allocationId"], ReleaseOutcome.AGENT_LOST)
+    trial = (await api.get(f"/api/v1/experiments/{experiment_id}/trials")).json()["trials"][0]
+    assert (trial["state"], trial["restarts"]) == ("STATE_QUEUED", 0)
+    await schedule(app)
+    [again] = await tasks_of(api, experiment_id)
+    assert again["allocationId"].endswith(".2") and again["resources"] is not None
+
+
+async def test_kill_and_pause_with_running_trials(api: httpx.AsyncClient, app: FastAPI) -> None:
+    await register(app, "k1", 2)
+    killed = (await submit(api, config(1)))["experiment"]["id"]
+    paused = (await submit(api, config(1)))["experiment"]["id"]
+    await schedule(app)
+    await api.post(f"/api/v1/experiments/{killed}/kill")
+    [task] = await tasks_of(api, killed)
+    assert task["state"] == "STATE_TERMINATING" and task["preemptRequested"]
+    assert await trial_states(api, killed) == ["STATE_STOPPING_KILLED"]
+    await release(app, task["allocationId"], ReleaseOutcome.KILLED)
+    assert await trial_states(api, killed) == ["STATE_CANCELED"]
+    experiment = (await api.get(f"/api/v1/experiments/{killed}")).json()["experiment"]
+    assert experiment["state"] == "STATE_CANCELED"
+
+    await api.post(f"/api/v1/experiments/{paused}/pause")
+    [task] = await tasks_of(api, paused)
+    assert task["preemptRequested"]
+    await release(app, task["allocationId"], ReleaseOutcome.PREEMPTED)
+    assert await trial_states(api, paused) == ["STATE_PAUSED"]
+    await api.post(f"/api/v1/experiments/{paused}/activate")
+    await schedule(app)
+    assert (await tasks_of(api, paused))[0]["resources"] is not None
+
+
+async def test_a_failed_pass_writes_nothing(
+    api: httpx.AsyncClient, app: FastAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """All-or-nothing: a crash after the slot rows are written leaves no partial gang."""
+    for i in range(2):
+        await register(app, f"x{i}", 4)
+    experiment_id = (await submit(api, config(8)))["experiment"]["id"]
+
+    async def crash(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("master died mid-pass")
+
+    monkeypatch.setattr(states, "set_trial_states", crash)
+    with pytest.raises(RuntimeError):
+        await schedule(app)
+    monkeypatch.undo()
+    async with app.state.session_factory() as session:
+        held = await session.scalar(select(func.count()).select_from(AllocationSlotModel))
+    assert held == 0
+    [task] = await tasks_of(api, experiment_id)
+    assert task["state"] == "STATE_PENDING"
+    await schedule(app)
+    assert len(placed_on((await tasks_of(api, experiment_id))[0])) == 2
+
+
+async def test_master_restart_mid_queue(api: httpx.AsyncClient, app: FastAPI) -> None:
+    """State is rebuilt from the database: nothing placed twice, the queue carries on."""
+    await register(app, "m1", 4)
+    experiment_id = (await submit(api, config(1, trials=6)))["experiment"]["id"]
+    await schedule(app)
+    before = {t["allocationId"]: placed_on(t) for t in await tasks_of(api, experiment_id)}
+    assert sum(1 for p in before.values() if p) == 4
+
+    settings: MasterSettings = app.state.settings
+    restarted = create_app(settings)
+    async with restarted.router.lifespan_context(restarted):
+        await schedule(restarted)  # nothing free: nothing changes
+        after = {t["allocationId"]: placed_on(t) for t in await tasks_of(api, experiment_id)}
+        assert after == before
+        running = [a for a, p in after.items() if p]
+        await release(restarted, running[0], ReleaseOutcome.COMPLETED)
+        await schedule(restarted)
+    tasks = await tasks_of(api, experiment_id)
+    slots = [(agent, s) for t in tasks for agent, ss in placed_on(t).items() for s in ss]
+    assert len(slots) == len(set(slots)) == 4
+
+
+async def test_zero_slot_trials(api: httpx.AsyncClient, app: FastAPI) -> None:
+    await register(app, "z1", 1)
+    experiment_id = (await submit(api, config(0, trials=2)))["experiment"]["id"]
+    await schedule(app)
+    tasks = await tasks_of(api, experiment_id)
+    assert [t["resources"] is not None for t in tasks] == [True, True]
+    agent = (await api.get("/api/v1/agents/z1")).json()["agent"]
+    assert len(agent["zeroSlotAllocations"]) == 2
+    assert all("container" not in s for s in agent["slots"].values())
+
+
+async def test_resource_pools_listing(api: httpx.AsyncClient, app: FastAPI) -> None:
+    await register(app, "rp1", 8)
+    pools = (await api.get("/api/v1/resource-pools")).json()["resourcePools"]
+    [default] = pools
+    assert default["name"] == "default"
+    assert (default["numAgents"], default["slotsAvailable"], default["slotsPerAgent"]) == (1, 8, 8)
+    assert default["schedulerType"] == "SCHEDULER_TYPE_PRIORITY"
+    assert default["details"]["priorityScheduler"]["defaultPriority"] == 42
+
+
+async def test_agents_in_an_unknown_pool_are_refused(app: FastAPI, anon: httpx.AsyncClient) -> None:
+    with pytest.raises(Exception, match="pool 'gpu' does not exist"):
+        await register(app, "stray", 1, pool="gpu")
+
+
+def test_pools_are_validated() -> None:
+    with pytest.raises(ValueError, match="unique"):
+        MasterSettings(
+            resource_pools=[
+                ResourcePoolSettings(pool_name="default"),
+                ResourcePoolSettings(pool_name="default"),
+            ]
+        )
