@@ -58,6 +58,7 @@ class PreparedExperiment:
     template_config: dict[str, Any] | None
     seed: int
     warnings: list[str]
+    launch_warnings: list[str]
     model_definition: PackedModelDefinition
     trial_count: int
     resource_pool: str
@@ -121,14 +122,17 @@ async def prepare_experiment(
     resources["resource_pool"] = pool.pool_name
     if resources.get("priority") is None:
         resources["priority"] = pool.scheduler.default_priority
-    warnings.extend(
-        await capacity_warnings(
-            session,
-            pool,
-            int(resources.get("slots_per_trial", 1)),
-            bool(resources.get("is_single_node", False)),
-        )
+    capacity_problem = await capacity_problem_now(
+        session,
+        pool,
+        int(resources.get("slots_per_trial", 1)),
+        bool(resources.get("is_single_node", False)),
     )
+    launch_warnings = []
+    if capacity_problem is not None:
+        warnings.append(f"the trials of this experiment cannot run yet: {capacity_problem.message}")
+        # Determined's client prints this enum; it says the pool is too small as it is.
+        launch_warnings.append("LAUNCH_WARNING_CURRENT_SLOTS_EXCEEDED")
     if trial_count > settings.max_trials_per_experiment:
         raise InvalidArgument(
             f"searcher: this search would create {trial_count} trials; the master allows at most "
@@ -141,6 +145,7 @@ async def prepare_experiment(
         template_config=template_config,
         seed=seed,
         warnings=warnings,
+        launch_warnings=launch_warnings,
         model_definition=packed,
         trial_count=trial_count,
         resource_pool=pool.pool_name,
@@ -148,16 +153,13 @@ async def prepare_experiment(
     )
 
 
-async def capacity_warnings(
+async def capacity_problem_now(
     session: AsyncSession, pool: ResourcePoolSettings, slots: int, single_node: bool
-) -> list[str]:
-    """Said at submit time: a trial that cannot fit the pool as it is now (Determined only
-    logs this at debug level). The trial is still queued; agents may join later."""
+) -> placement.Pending | None:
+    """Why a trial cannot fit the pool as it is now, said at submit time (Determined only
+    logs this at debug level). The trial is still queued: agents may join later."""
     agents = (await load_agent_states(session, pool.pool_name)).get(pool.pool_name, [])
-    problem = placement.feasibility(policy_of(pool), agents, slots, single_node)
-    if problem is None:
-        return []
-    return [f"the trials of this experiment cannot run yet: {problem.message}"]
+    return placement.feasibility(policy_of(pool), agents, slots, single_node)
 
 
 async def create_experiment(

@@ -66,6 +66,7 @@ async def create_experiment(
     return CreateExperimentResponse(
         experiment=Experiment.of(view) if view is not None else None,
         config=view.experiment.config if view is not None else prepared.effective_config,
+        warnings=prepared.launch_warnings,
         warning_messages=prepared.warnings,
     )
 
