@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from cli import experiments, templates
+from cli import cluster, experiments, templates
 from cli.state import Globals
 from master.version import DETERMINED_COMPAT_VERSION, __version__
 
@@ -21,6 +21,15 @@ app.add_typer(templates.app, name="template")
 app.add_typer(templates.app, name="tpl", hidden=True)
 app.add_typer(experiments.app, name="experiment")
 app.add_typer(experiments.app, name="e", hidden=True)
+app.add_typer(cluster.task_app, name="task")
+app.add_typer(cluster.agent_app, name="agent")
+app.add_typer(cluster.agent_app, name="a", hidden=True)
+app.add_typer(cluster.slot_app, name="slot")
+app.add_typer(cluster.slot_app, name="s", hidden=True)
+app.add_typer(cluster.job_app, name="job")
+app.add_typer(cluster.job_app, name="j", hidden=True)
+app.add_typer(cluster.pool_app, name="resource-pool")
+app.add_typer(cluster.pool_app, name="rp", hidden=True)
 
 
 @app.callback()

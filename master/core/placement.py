@@ -115,6 +115,8 @@ class PendingCode(StrEnum):
     WAITING_FOR_IDLE_AGENTS = "WAITING_FOR_IDLE_AGENTS"  # a multi-agent gang
     RESERVED_FOR_HEAD = "RESERVED_FOR_HEAD"  # fits now, but only on the head's reservation
     WAITING_FOR_ZERO_SLOT_CAPACITY = "WAITING_FOR_ZERO_SLOT_CAPACITY"
+    # fits the pool's agents, but not the ones usable now
+    WAITING_FOR_USABLE_AGENTS = "WAITING_FOR_USABLE_AGENTS"
 
 
 @dataclass(frozen=True)
@@ -267,6 +269,8 @@ class _Summary:
     sizes_desc: tuple[int, ...]  # nonzero sizes, largest first
     max_total: int
     zero_cap: int
+    # The same pool as if every agent were usable; None when every agent already is.
+    everyone: _Summary | None = None
 
     @property
     def qualifier(self) -> str:
@@ -274,14 +278,19 @@ class _Summary:
         return "" if self.usable == self.agents else "usable "
 
 
-def _summarize(policy: PoolPolicy, agents: Sequence[AgentState]) -> _Summary:
+def _summarize(
+    policy: PoolPolicy, agents: Sequence[AgentState], *, all_usable: bool = False
+) -> _Summary:
     sizes: dict[int, int] = {}
     usable = 0
     for a in agents:
-        if a.usable:
+        if a.usable or all_usable:
             usable += 1
             n = len(a.slot_ids)
             sizes[n] = sizes.get(n, 0) + 1
+    everyone = None
+    if usable < len(agents):
+        everyone = _summarize(policy, agents, all_usable=True)
     return _Summary(
         pool=policy.name,
         agents=len(agents),
@@ -290,6 +299,7 @@ def _summarize(policy: PoolPolicy, agents: Sequence[AgentState]) -> _Summary:
         sizes_desc=tuple(sorted((n for n in sizes if n > 0), reverse=True)),
         max_total=max(sizes, default=0),
         zero_cap=policy.max_zero_slot_per_agent,
+        everyone=everyone,
     )
 
 
@@ -305,6 +315,30 @@ def _gang_size(slots: int, counts: dict[int, int], sizes_desc: tuple[int, ...]) 
 
 
 def _feasibility(summary: _Summary, slots: int, single_node: bool) -> Pending | None:
+    """Why the request cannot fit the usable agents even when idle, if it cannot.
+
+    "Never" is kept for what the pool's agents could not host at all; a request that only
+    needs a disabled, draining or disconnected agent back waits for it instead.
+    """
+    problem = _feasibility_among(summary, slots, single_node)
+    if (
+        problem is not None
+        and problem.code == PendingCode.NEVER_FITS
+        and summary.everyone is not None
+        and slots >= 0
+        and _feasibility_among(summary.everyone, slots, single_node) is None
+    ):
+        return Pending(
+            "",
+            PendingCode.WAITING_FOR_USABLE_AGENTS,
+            f"slots_per_trial={slots} fits pool {summary.pool} only with agents that are "
+            f"disabled, draining or disconnected now ({summary.usable} of "
+            f"{_plural(summary.agents, 'agent')} usable)",
+        )
+    return problem
+
+
+def _feasibility_among(summary: _Summary, slots: int, single_node: bool) -> Pending | None:
     pool = summary.pool
     if slots < 0:
         return _never(f"slots_per_trial={slots} is negative")

@@ -112,11 +112,13 @@ def task(view: TaskView, slots_by_agent: dict[str, dict[int, SlotModel]]) -> dic
                 "allocationId": a.id,
                 "containerId": container_id(a.id, agent_id),
                 "agentDevices": {
-                    agent_id: [
-                        device(slots_by_agent[agent_id][s])
-                        for s in slot_ids
-                        if s in slots_by_agent.get(agent_id, {})
-                    ]
+                    agent_id: {
+                        "devices": [
+                            device(slots_by_agent[agent_id][s])
+                            for s in slot_ids
+                            if s in slots_by_agent.get(agent_id, {})
+                        ]
+                    }
                 },
                 "started": None,
                 "exited": None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.db.models import AgentModel, AllocationModel, AllocationSlotModel, SlotModel, utcnow
@@ -140,9 +140,23 @@ async def enable_agent(session: AsyncSession, agent_id: str) -> AgentModel:
 
 
 async def disable_agent(session: AsyncSession, agent_id: str, *, drain: bool) -> AgentModel:
-    """Disabled agents take nothing new. With drain, running trials finish where they are."""
+    """Disabled agents take nothing new. With drain, running trials finish where they are;
+    without, they are asked to stop (checkpoint and exit) and are requeued elsewhere."""
     agent = await get_agent(session, agent_id)
     agent.enabled, agent.draining = False, drain
+    if not drain:
+        held = select(AllocationSlotModel.allocation_id).where(
+            AllocationSlotModel.agent_id == agent_id
+        )
+        await session.execute(
+            update(AllocationModel)
+            .where(
+                or_(AllocationModel.id.in_(held), AllocationModel.zero_slot_agent_id == agent_id),
+                AllocationModel.state.in_(HELD_STATES),
+            )
+            .values(preempt_requested=True)
+            .execution_options(synchronize_session=False)
+        )
     log.info("agent %s disabled%s", agent_id, " (draining)" if drain else "")
     request_scheduling(session)
     return agent

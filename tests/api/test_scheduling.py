@@ -80,7 +80,7 @@ async def tasks_of(api: httpx.AsyncClient, experiment_id: int) -> list[dict[str,
 
 def placed_on(task: dict[str, Any]) -> dict[str, list[int]]:
     return {
-        agent: [d["id"] for d in devices]
+        agent: [d["id"] for d in devices["devices"]]
         for r in task["resources"] or []
         for agent, devices in r["agentDevices"].items()
     }
@@ -183,6 +183,8 @@ async def test_disabled_and_draining_agents_take_nothing(
     await schedule(app)
     assert placed_on((await tasks_of(api, first))[0]) == {"d2": [0]}
     await api.post("/api/v1/agents/d2/disable", json={"drain": False})
+    # Without drain, the trial running there is asked to stop (it will be requeued).
+    assert (await tasks_of(api, first))[0]["preemptRequested"] is True
     second = (await submit(api, config(1)))["experiment"]["id"]
     await schedule(app)
     [task] = await tasks_of(api, second)

@@ -261,14 +261,22 @@ def test_no_agents() -> None:
 def test_a_gang_needs_usable_agents() -> None:
     agents = [agent("a1"), agent("a2", draining=True), agent("a3", enabled=False)]
     plan = schedule(POOL, agents, [req("g", 16)])
+    # Not "never": it fits once an agent is usable again.
     assert plan.pending == (
         Pending(
             "g",
-            PendingCode.NEVER_FITS,
-            "slots_per_trial=16 can never be placed in pool default: it needs 2 whole 8-slot "
-            "agents (the pool has 1 usable)",
+            PendingCode.WAITING_FOR_USABLE_AGENTS,
+            "slots_per_trial=16 fits pool default only with agents that are disabled, "
+            "draining or disconnected now (1 of 3 agents usable)",
         ),
     )
+
+
+def test_a_gang_too_big_even_with_every_agent_is_never() -> None:
+    agents = [agent("a1"), agent("a2", draining=True)]
+    [pending] = schedule(POOL, agents, [req("g", 24)]).pending
+    assert pending.code == PendingCode.NEVER_FITS
+    assert "it needs 3 whole 8-slot agents (the pool has 1 usable)" in pending.message
 
 
 # --- zero-slot requests --------------------------------------------------------------------
@@ -605,9 +613,9 @@ def test_preemption_does_not_place_the_head_in_the_same_pass() -> None:
             16,
             True,
             (
-                PendingCode.NEVER_FITS,
-                "slots_per_trial=16 can never be placed in pool default: is_single_node "
-                "forbids spanning agents and the largest usable agent has 8 slots",
+                PendingCode.WAITING_FOR_USABLE_AGENTS,
+                "slots_per_trial=16 fits pool default only with agents that are disabled, "
+                "draining or disconnected now (1 of 2 agents usable)",
             ),
         ),
         (

@@ -130,8 +130,8 @@ def fits(agents: Sequence[tuple[AgentState, set[int]]], slots: int, single_node:
     return any(slots % n == 0 and count * n >= slots for n, count in idle.items())
 
 
-def fits_idle_pool(case: Case, slots: int, single_node: bool) -> bool:
-    usable = [(a, set[int]()) for a in case.agents if a.usable]
+def fits_idle_pool(case: Case, slots: int, single_node: bool, *, all_usable: bool = False) -> bool:
+    usable = [(a, set[int]()) for a in case.agents if a.usable or all_usable]
     if slots == 0:
         return bool(usable) and case.policy.max_zero_slot_per_agent > 0
     return slots > 0 and fits(usable, slots, single_node)
@@ -264,6 +264,10 @@ def test_every_pending_reason_is_true(case: Case) -> None:
             assert case.agents and not usable
         elif p.code is PendingCode.NEVER_FITS:
             assert not fits_idle_pool(case, r.slots, r.single_node)
+            assert not fits_idle_pool(case, r.slots, r.single_node, all_usable=True)
+        elif p.code is PendingCode.WAITING_FOR_USABLE_AGENTS:
+            assert not fits_idle_pool(case, r.slots, r.single_node)
+            assert fits_idle_pool(case, r.slots, r.single_node, all_usable=True)
         elif p.code is PendingCode.WAITING_FOR_ZERO_SLOT_CAPACITY:
             assert r.slots == 0
             assert all(

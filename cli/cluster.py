@@ -1,0 +1,467 @@
+"""`det task|agent|slot|job|resource-pool`: what runs where, and why the rest waits."""
+
+from __future__ import annotations
+
+import csv
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import quote
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from cli.client import CliError, MasterClient
+from cli.output import cli_errors, print_json, stdout
+from cli.state import client
+
+JsonOpt = typer.Option(False, "--json", help="Print JSON only.")
+CsvOpt = typer.Option(False, "--csv", help="Print CSV with the table's columns.")
+
+# Like Determined's, each noun alone runs its `list`.
+task_app = typer.Typer(help="Tasks (trials) that wait for or hold resources, and why they wait.")
+agent_app = typer.Typer(help="List, enable and disable agents.")
+slot_app = typer.Typer(help="List the slots of every agent and what holds them.")
+job_app = typer.Typer(help="Show the job queue and change job priorities.")
+pool_app = typer.Typer(help="List resource pools and their scheduler settings.")
+
+TASK_HEADERS = [
+    "Task ID",
+    "Allocation ID",
+    "Name",
+    "Slots Needed",
+    "Registered Time",
+    "Agent",
+    "Priority",
+    "Resource Pool",
+    "State",
+    "Reason",
+]
+AGENT_HEADERS = [
+    "Agent ID",
+    "Version",
+    "Registered Time",
+    "Slots",
+    "Containers",
+    "Resource Pool",
+    "Enabled",
+    "Draining",
+    "Connected",
+    "Addresses",
+]
+SLOT_HEADERS = [
+    "Agent ID",
+    "Resource Pool",
+    "Slot ID",
+    "Enabled",
+    "Draining",
+    "Allocation ID",
+    "Task Name",
+    "Type",
+    "Device",
+]
+JOB_HEADERS = [
+    "#",
+    "ID",
+    "Type",
+    "Job Name",
+    "Priority",
+    "Submitted",
+    "Slots (acquired/needed)",
+    "State",
+    "User",
+]
+POOL_HEADERS = [
+    "Name",
+    "Agents",
+    "Slots Used",
+    "Slots Total",
+    "Slots per Agent",
+    "Slot Type",
+    "Scheduler",
+    "Fitting Policy",
+    "Preemption",
+    "Default Priority",
+    "Default Pool",
+    "Description",
+]
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def _time(value: str | None) -> str:
+    return (value or "").replace("T", " ")[:19]
+
+
+def _enum(value: str | None, prefix: str) -> str:
+    return (value or "").removeprefix(prefix)
+
+
+def _csv_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
+# Columns people copy into other commands: never wrapped or cut, whatever the width.
+_NO_WRAP = {"Task ID", "Allocation ID", "Agent ID", "ID", "Registered Time", "Submitted"}
+# Lists of ids (a gang's agents): wrapped between ids, never inside one.
+_WHOLE_WORDS = {"Agent"}
+_MAX_WORD = 24  # other columns are never narrower than their longest word, up to this
+
+
+def _render(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, as_csv: bool) -> None:
+    cells = [[_csv_cell(v) for v in row] for row in rows]
+    if as_csv:
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(headers)
+        writer.writerows(cells)
+        return
+    # print_table's look, but long names and reasons wrap while ids stay whole, and no column
+    # is ever dropped: the table is as wide as its narrowest honest layout needs.
+    table = Table(box=None, header_style="bold", show_lines=False)
+    total = 0
+    for i, header in enumerate(headers):
+        column = [header, *(row[i] for row in cells)]
+        if header in _NO_WRAP:
+            least = max(len(text) for text in column)
+        else:
+            words = [len(word) for text in column for word in text.split()]
+            least = max(words, default=1)
+            if header not in _WHOLE_WORDS:
+                least = min(least, _MAX_WORD)
+        table.add_column(header, no_wrap=header in _NO_WRAP, min_width=least)
+        total += least + 2  # one space of padding either side
+    for row in cells:
+        table.add_row(*row)
+    width = max(stdout.width, total)
+    console = stdout if width == stdout.width else Console(highlight=False, width=width)
+    console.print(table, crop=False)
+
+
+def _one_format(as_json: bool, as_csv: bool) -> None:
+    if as_json and as_csv:
+        raise CliError("--json and --csv cannot be used together")
+
+
+def _tasks(api: MasterClient) -> dict[str, dict[str, Any]]:
+    summaries: dict[str, dict[str, Any]] = (
+        api.get("/api/v1/tasks").get("allocationIdToSummary") or {}
+    )
+    return summaries
+
+
+def _agents(api: MasterClient) -> list[dict[str, Any]]:
+    agents: list[dict[str, Any]] = api.get("/api/v1/agents").get("agents") or []
+    return sorted(agents, key=lambda a: str(a.get("id", "")))
+
+
+def _task_agents(task: dict[str, Any]) -> list[str]:
+    return [agent for r in task.get("resources") or [] for agent in r.get("agentDevices") or {}]
+
+
+# -- det task --------------------------------------------------------------------------------
+
+
+@task_app.command("list")
+def list_tasks(
+    ctx: typer.Context,
+    as_json: bool = JsonOpt,
+    as_csv: bool = CsvOpt,
+) -> None:
+    """List tasks with their agent, and for waiting ones the reason they wait."""
+    with cli_errors():
+        _one_format(as_json, as_csv)
+        tasks = _tasks(client(ctx))
+        if as_json:
+            print_json(tasks)
+            return
+        rows = []
+        for task in sorted(
+            tasks.values(), key=lambda t: (t.get("registeredTime") or "", t["allocationId"])
+        ):
+            agents = _task_agents(task)
+            if task.get("resources") is None:
+                agent: str = "unassigned"
+            else:
+                agent = ", ".join(agents)
+            reason = task.get("pendingReason") or {}
+            priority = task.get("priority") if task.get("schedulerType") == "priority" else "N/A"
+            rows.append(
+                [
+                    task.get("taskId"),
+                    task.get("allocationId"),
+                    task.get("name"),
+                    task.get("slotsNeeded"),
+                    _time(task.get("registeredTime")),
+                    agent,
+                    priority,
+                    task.get("resourcePool"),
+                    _enum(task.get("state"), "STATE_"),
+                    reason.get("message") or "",
+                ]
+            )
+        _render(TASK_HEADERS, rows, as_csv=as_csv)
+
+
+task_app.command("ls", hidden=True)(list_tasks)
+
+
+# -- det agent -------------------------------------------------------------------------------
+
+
+@agent_app.command("list")
+def list_agents(
+    ctx: typer.Context,
+    as_json: bool = JsonOpt,
+    as_csv: bool = CsvOpt,
+) -> None:
+    """List agents: slots, containers, pool, and whether they take new work."""
+    with cli_errors():
+        _one_format(as_json, as_csv)
+        agents = _agents(client(ctx))
+        if as_json:
+            print_json(agents)
+            return
+        rows = [
+            [
+                a.get("id"),
+                a.get("version"),
+                _time(a.get("registeredTime")),
+                len(a.get("slots") or {}),
+                len(a.get("containers") or {}),
+                ", ".join(a.get("resourcePools") or []),
+                a.get("enabled"),
+                a.get("draining"),
+                a.get("connected", ""),
+                ", ".join(a.get("addresses") or []),
+            ]
+            for a in agents
+        ]
+        _render(AGENT_HEADERS, rows, as_csv=as_csv)
+
+
+agent_app.command("ls", hidden=True)(list_agents)
+
+
+def _agent_path(agent_id: str, action: str) -> str:
+    return f"/api/v1/agents/{quote(agent_id, safe='')}/{action}"
+
+
+@agent_app.command("enable")
+def enable_agent(ctx: typer.Context, agent_id: str = typer.Argument(..., help="Agent ID.")) -> None:
+    """Let an agent take new work again (also ends draining)."""
+    with cli_errors():
+        client(ctx).post(_agent_path(agent_id, "enable"), json={"agentId": agent_id})
+        stdout.print(f"Enabled agent {agent_id}", markup=False)
+
+
+@agent_app.command("disable")
+def disable_agent(
+    ctx: typer.Context,
+    agent_id: str = typer.Argument(..., help="Agent ID."),
+    drain: bool = typer.Option(
+        False, "--drain", help="Let the tasks running there finish; start nothing new."
+    ),
+) -> None:
+    """Stop an agent from taking new work."""
+    with cli_errors():
+        api = client(ctx)
+        api.post(_agent_path(agent_id, "disable"), json={"agentId": agent_id, "drain": drain})
+        if not drain:
+            stdout.print(f"Disabled agent {agent_id}", markup=False)
+            return
+        running = [t for t in _tasks(api).values() if agent_id in _task_agents(t)]
+        stdout.print(
+            f"Disabled agent {agent_id} (draining: "
+            f"{len(running)} task{'' if len(running) == 1 else 's'} still running there)",
+            markup=False,
+        )
+
+
+# -- det slot --------------------------------------------------------------------------------
+
+
+def _device_type(device: dict[str, Any]) -> str:
+    kind = _enum(device.get("type"), "TYPE_").lower()
+    return kind if kind in ("cpu", "cuda", "rocm") else "unknown"
+
+
+def _slot_key(slot: dict[str, Any]) -> tuple[int, str]:
+    slot_id = str(slot.get("id", ""))
+    return (int(slot_id), "") if slot_id.isdigit() else (sys.maxsize, slot_id)
+
+
+@slot_app.command("list")
+def list_slots(
+    ctx: typer.Context,
+    as_json: bool = JsonOpt,
+    as_csv: bool = CsvOpt,
+) -> None:
+    """List every slot: FREE, or the allocation and task holding it."""
+    with cli_errors():
+        _one_format(as_json, as_csv)
+        api = client(ctx)
+        tasks = _tasks(api)
+        agents = _agents(api)
+        by_container = {
+            r["containerId"]: t
+            for t in tasks.values()
+            for r in t.get("resources") or []
+            if r.get("containerId")
+        }
+        slots: list[dict[str, Any]] = []
+        for agent in agents:
+            for slot in sorted((agent.get("slots") or {}).values(), key=_slot_key):
+                container = slot.get("container")
+                device = slot.get("device") or {}
+                if not container:
+                    allocation_id, task_name = "FREE", "FREE"
+                else:
+                    task = by_container.get(container.get("id"))
+                    allocation_id = (
+                        task["allocationId"] if task else container.get("parent") or "OCCUPIED"
+                    )
+                    task_name = task["name"] if task else f"Unknown task: {container.get('id')}"
+                slots.append(
+                    {
+                        "agentId": agent.get("id"),
+                        "resourcePool": ", ".join(agent.get("resourcePools") or []),
+                        "slotId": slot.get("id"),
+                        "enabled": slot.get("enabled"),
+                        "draining": slot.get("draining"),
+                        "allocationId": allocation_id,
+                        "taskName": task_name,
+                        "type": _device_type(device),
+                        "device": device.get("brand") or "",
+                    }
+                )
+        if as_json:
+            print_json(slots)
+            return
+        _render(SLOT_HEADERS, [list(s.values()) for s in slots], as_csv=as_csv)
+
+
+slot_app.command("ls", hidden=True)(list_slots)
+
+
+# -- det job ---------------------------------------------------------------------------------
+
+
+@job_app.command("list")
+def list_jobs(
+    ctx: typer.Context,
+    resource_pool: str | None = typer.Option(
+        None, "-p", "--resource-pool", help="Only this pool's queue."
+    ),
+    as_json: bool = JsonOpt,
+    as_csv: bool = CsvOpt,
+) -> None:
+    """List the job queue in scheduling order (lower priority number first)."""
+    with cli_errors():
+        _one_format(as_json, as_csv)
+        params = {"resourcePool": resource_pool} if resource_pool else {}
+        jobs: list[dict[str, Any]] = (
+            client(ctx).get("/api/v1/job-queues", params=params).get("jobs") or []
+        )
+        if as_json:
+            print_json(jobs)
+            return
+        rows = []
+        for j in jobs:
+            summary = j.get("summary") or {}
+            ahead = summary.get("jobsAhead")
+            is_experiment = j.get("type") == "TYPE_EXPERIMENT"
+            rows.append(
+                [
+                    ahead if isinstance(ahead, int) and ahead > -1 else "N/A",
+                    j.get("jobId"),
+                    _enum(j.get("type"), "TYPE_"),
+                    f"{j.get('name')} ({j.get('entityId')})" if is_experiment else j.get("name"),
+                    j.get("priority"),
+                    _time(j.get("submissionTime")),
+                    f"{j.get('allocatedSlots', 0)}/{j.get('requestedSlots', 0)}",
+                    _enum(summary.get("state"), "STATE_") or "N/A",
+                    j.get("username"),
+                ]
+            )
+        _render(JOB_HEADERS, rows, as_csv=as_csv)
+
+
+job_app.command("ls", hidden=True)(list_jobs)
+
+
+@job_app.command("update")
+def update_job(
+    ctx: typer.Context,
+    job_id: str = typer.Argument(..., help="Job ID (see `det job list`)."),
+    priority: int = typer.Option(
+        ..., "-p", "--priority", help="New priority, 1-99; lower is scheduled first."
+    ),
+) -> None:
+    """Change a job's priority; its queued trials move at the next scheduling pass."""
+    with cli_errors():
+        client(ctx).post(
+            "/api/v1/job-queues", json={"updates": [{"jobId": job_id, "priority": priority}]}
+        )
+        stdout.print(f"Updated job {job_id}: priority {priority}", markup=False)
+
+
+# -- det resource-pool -----------------------------------------------------------------------
+
+
+@pool_app.command("list")
+def list_pools(ctx: typer.Context, as_json: bool = JsonOpt, as_csv: bool = CsvOpt) -> None:
+    """List resource pools: agents, slots in use and scheduler settings."""
+    with cli_errors():
+        _one_format(as_json, as_csv)
+        pools: list[dict[str, Any]] = (
+            client(ctx).get("/api/v1/resource-pools").get("resourcePools") or []
+        )
+        if as_json:
+            print_json(pools)
+            return
+        rows = []
+        for p in pools:
+            details = (p.get("details") or {}).get("priorityScheduler") or {}
+            rows.append(
+                [
+                    p.get("name"),
+                    p.get("numAgents"),
+                    p.get("slotsUsed"),
+                    p.get("slotsAvailable"),
+                    p.get("slotsPerAgent"),
+                    _enum(p.get("slotType"), "TYPE_").lower(),
+                    _enum(p.get("schedulerType"), "SCHEDULER_TYPE_").lower(),
+                    _enum(p.get("schedulerFittingPolicy"), "FITTING_POLICY_").lower(),
+                    p.get("preemptible"),
+                    details.get("defaultPriority", ""),
+                    p.get("defaultComputePool"),
+                    p.get("description") or "",
+                ]
+            )
+        _render(POOL_HEADERS, rows, as_csv=as_csv)
+
+
+pool_app.command("ls", hidden=True)(list_pools)
+
+
+def _default_to_list(app: typer.Typer, run_list: Callable[[typer.Context], None]) -> None:
+    def callback(ctx: typer.Context) -> None:
+        if ctx.invoked_subcommand is None:
+            run_list(ctx)
+
+    app.callback(invoke_without_command=True)(callback)
+
+
+_default_to_list(task_app, lambda ctx: list_tasks(ctx, as_json=False, as_csv=False))
+_default_to_list(agent_app, lambda ctx: list_agents(ctx, as_json=False, as_csv=False))
+_default_to_list(slot_app, lambda ctx: list_slots(ctx, as_json=False, as_csv=False))
+_default_to_list(
+    job_app, lambda ctx: list_jobs(ctx, resource_pool=None, as_json=False, as_csv=False)
+)
+_default_to_list(pool_app, lambda ctx: list_pools(ctx, as_json=False, as_csv=False))
