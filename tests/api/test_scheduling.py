@@ -20,7 +20,7 @@ from master.services import agents as agent_service
 from master.services import allocations as allocation_service
 from master.services import scheduler, states
 from master.services.allocations import ReleaseOutcome
-from master.settings import MasterSettings, ResourcePoolSettings
+from master.settings import MasterSettings, ResourcePoolSettings, SchedulerSettings
 
 SINGLE = """\
 name: {name}
@@ -378,3 +378,37 @@ def test_pools_are_validated() -> None:
                 ResourcePoolSettings(pool_name="default"),
             ]
         )
+
+
+async def test_preemption_when_the_pool_enables_it(api: httpx.AsyncClient, app: FastAPI) -> None:
+    settings: MasterSettings = app.state.settings
+    pools = [
+        ResourcePoolSettings(pool_name="default", scheduler=SchedulerSettings(preemption=True))
+    ]
+    preempting = create_app(settings.model_copy(update={"resource_pools": pools}))
+    async with preempting.router.lifespan_context(preempting):
+        await register(preempting, "pp1", 2)
+        low = (await submit(api, config(2, name="low", priority=50)))["experiment"]["id"]
+        await schedule(preempting)
+        high = (await submit(api, config(2, name="high", priority=10)))["experiment"]["id"]
+        stats = await schedule(preempting)
+        assert stats.preempted == 1
+        [victim] = await tasks_of(api, low)
+        assert victim["preemptRequested"] and victim["resources"] is not None
+        # The victim checkpoints and exits; it is requeued without counting a restart.
+        await release(preempting, victim["allocationId"], ReleaseOutcome.PREEMPTED)
+        await schedule(preempting)
+        assert placed_on((await tasks_of(api, high))[0]) == {"pp1": [0, 1]}
+        [requeued] = await tasks_of(api, low)
+        assert requeued["state"] == "STATE_PENDING"
+        trial = (await api.get(f"/api/v1/experiments/{low}/trials")).json()["trials"][0]
+        assert (trial["state"], trial["restarts"]) == ("STATE_QUEUED", 0)
+
+
+async def test_preemption_is_off_by_default(api: httpx.AsyncClient, app: FastAPI) -> None:
+    await register(app, "np1", 2)
+    low = (await submit(api, config(2, priority=50)))["experiment"]["id"]
+    await schedule(app)
+    await submit(api, config(2, priority=10))
+    assert (await schedule(app)).preempted == 0
+    assert (await tasks_of(api, low))[0]["preemptRequested"] is False
