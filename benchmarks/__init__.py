@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that print JSON figures, not timed tests."""
