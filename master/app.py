@@ -89,6 +89,7 @@ def create_app(settings: MasterSettings) -> FastAPI:
                 session, settings.security.initial_user_password
             )
             await workspace_service.ensure_defaults(session)
+            await allocation_service.ensure_scheduler_state(session)
             await allocation_service.enqueue_orphaned_trials(session)
         scheduler = SchedulerLoop(app.state.session_factory, settings)
         app.state.scheduler = scheduler

@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from master.app import create_app
 from master.db.models import Base
 from master.db.session import session_scope
+from master.services import allocations as allocation_service
 from master.services import auth as auth_service
 from master.services import workspaces as workspace_service
 from master.settings import DatabaseSettings, MasterSettings
@@ -134,6 +135,7 @@ async def reset_database(application: FastAPI) -> None:
     async with session_scope(application.state.session_factory) as session:
         await auth_service.ensure_default_users(session, "")
         await workspace_service.ensure_defaults(session)
+        await allocation_service.ensure_scheduler_state(session)
 
 
 @pytest_asyncio.fixture

@@ -360,3 +360,13 @@ class AllocationSlotModel(Base):
     allocation_id: Mapped[str] = mapped_column(
         ForeignKey("allocations.id", ondelete="CASCADE"), index=True
     )
+
+
+class SchedulerStateModel(Base):
+    """One row. `epoch` grows with every committed change the scheduler must look at, so
+    a periodic pass can tell from one small read that nothing changed and skip the work."""
+
+    __tablename__ = "scheduler_state"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    epoch: Mapped[int] = mapped_column(Integer().with_variant(BigInteger(), "postgresql"))

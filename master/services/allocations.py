@@ -10,8 +10,9 @@ import enum
 import logging
 from collections.abc import Sequence
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, event, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
 
 from master.db.models import (
     AllocationModel,
@@ -19,6 +20,7 @@ from master.db.models import (
     AllocationState,
     ExperimentModel,
     ExperimentState,
+    SchedulerStateModel,
     TrialModel,
     TrialState,
     utcnow,
@@ -49,7 +51,42 @@ class ReleaseOutcome(enum.StrEnum):
 
 
 def request_scheduling(session: AsyncSession) -> None:
+    """Mark the transaction as a change for the scheduler: its commit bumps the epoch
+    (seen by every master) and wakes this master's loop."""
     session.info[WAKE_SCHEDULER] = True
+
+
+@event.listens_for(Session, "before_commit")
+def _bump_scheduler_epoch(session: Session) -> None:
+    if session.info.get(WAKE_SCHEDULER) and not session.info.get(_EPOCH_BUMPED):
+        session.info[_EPOCH_BUMPED] = True
+        session.execute(
+            update(SchedulerStateModel)
+            .where(SchedulerStateModel.id == 1)
+            .values(epoch=SchedulerStateModel.epoch + 1)
+        )
+
+
+@event.listens_for(Session, "after_commit")
+@event.listens_for(Session, "after_rollback")
+def _reset_epoch_flag(session: Session) -> None:
+    session.info.pop(_EPOCH_BUMPED, None)
+
+
+_EPOCH_BUMPED = "scheduler_epoch_bumped"
+
+
+async def ensure_scheduler_state(session: AsyncSession) -> None:
+    if await session.get(SchedulerStateModel, 1) is None:
+        session.add(SchedulerStateModel(id=1, epoch=0))
+        await session.flush()
+
+
+async def scheduler_epoch(session: AsyncSession) -> int:
+    epoch = await session.scalar(
+        select(SchedulerStateModel.epoch).where(SchedulerStateModel.id == 1)
+    )
+    return int(epoch or 0)
 
 
 def task_id(trial: TrialModel) -> str:
@@ -81,6 +118,7 @@ async def cancel_pending(session: AsyncSession, trial_ids: Sequence[int], reason
     """Take trials out of the queue (pause, kill)."""
     if not trial_ids:
         return
+    request_scheduling(session)  # the head of the queue may have left
     await session.execute(
         update(AllocationModel)
         .where(
@@ -106,6 +144,7 @@ async def held_allocations(
 async def ask_to_stop(session: AsyncSession, trial_ids: Sequence[int], *, terminate: bool) -> None:
     """Signal the holders: preemption (checkpoint and exit) or, with terminate, a kill."""
     for allocation in await held_allocations(session, trial_ids):
+        request_scheduling(session)
         allocation.preempt_requested = True
         if terminate:
             allocation.state = AllocationState.TERMINATING

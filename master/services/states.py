@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import cast
 
-from sqlalchemy import insert, update
+from sqlalchemy import Table, insert, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.db.models import (
@@ -138,7 +139,7 @@ async def set_trial_states(
             .execution_options(synchronize_session=False)
         )
         await session.execute(
-            insert(StateChangeModel),
+            insert(cast(Table, StateChangeModel.__table__)),
             [
                 {
                     "entity": "trial",

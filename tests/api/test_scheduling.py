@@ -412,3 +412,44 @@ async def test_preemption_is_off_by_default(api: httpx.AsyncClient, app: FastAPI
     await submit(api, config(2, priority=10))
     assert (await schedule(app)).preempted == 0
     assert (await tasks_of(api, low))[0]["preemptRequested"] is False
+
+
+async def epoch(app: FastAPI) -> int:
+    async with app.state.session_factory() as session:
+        return await allocation_service.scheduler_epoch(session)
+
+
+async def test_epoch_counts_committed_scheduling_changes(
+    api: httpx.AsyncClient, app: FastAPI
+) -> None:
+    start = await epoch(app)
+    experiment_id = (await submit(api, config(1)))["experiment"]["id"]
+    assert await epoch(app) == start + 1  # one commit, one bump
+    await schedule(app)  # a pass writes reasons, which is no news for the next pass
+    assert await epoch(app) == start + 1
+    await register(app, "e1", 1)
+    assert await epoch(app) == start + 2
+    await api.post(f"/api/v1/experiments/{experiment_id}/pause")
+    assert await epoch(app) == start + 3
+    rejected = await api.post("/api/v1/experiments", json={"config": "bogus: 1"})
+    assert rejected.status_code == 400
+    assert await epoch(app) == start + 3  # a rolled-back request bumps nothing
+
+
+async def test_the_loop_skips_passes_when_nothing_changed(
+    api: httpx.AsyncClient, app: FastAPI
+) -> None:
+    loop = scheduler.SchedulerLoop(app.state.session_factory, app.state.settings)
+    await loop.run_once()  # the first iteration always passes
+    assert loop.passes == 1
+    await loop.run_once()
+    await loop.run_once()
+    assert loop.passes == 1  # nothing committed since: one small read each
+    await register(app, "s1", 1)  # a change from anywhere (another master, an agent)
+    await submit(api, config(1))
+    await loop.run_once()
+    assert loop.passes == 2
+    assert loop.last is not None and loop.last.placed == 1
+    loop.wake()  # an explicit wake always passes
+    await loop.run_once()
+    assert loop.passes == 3
