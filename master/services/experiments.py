@@ -158,7 +158,8 @@ async def capacity_problem_now(
 ) -> placement.Pending | None:
     """Why a trial cannot fit the pool as it is now, said at submit time (Determined only
     logs this at debug level). The trial is still queued: agents may join later."""
-    agents = (await load_agent_states(session, pool.pool_name)).get(pool.pool_name, [])
+    by_pool = await load_agent_states(session, pool.pool_name, with_usage=False)
+    agents = by_pool.get(pool.pool_name, [])
     return placement.feasibility(policy_of(pool), agents, slots, single_node)
 
 

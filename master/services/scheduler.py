@@ -92,9 +92,10 @@ class _PendingRow:
 
 
 async def load_agent_states(
-    session: AsyncSession, pool: str | None = None
+    session: AsyncSession, pool: str | None = None, *, with_usage: bool = True
 ) -> dict[str, list[placement.AgentState]]:
-    """Agents by pool, with the slots their allocations hold."""
+    """Agents by pool, with the slots their allocations hold (unless with_usage is False,
+    enough for feasibility, which pictures every agent idle)."""
     conn = await session.connection()
     agent_query = select(
         _AGENTS.c.id,
@@ -106,24 +107,30 @@ async def load_agent_states(
     if pool is not None:
         agent_query = agent_query.where(_AGENTS.c.resource_pool == pool)
     agents = (await conn.execute(agent_query)).all()
+    slot_query = select(_SLOTS.c.agent_id, _SLOTS.c.slot_id).where(_SLOTS.c.enabled)
+    if pool is not None:
+        slot_query = slot_query.where(
+            _SLOTS.c.agent_id.in_(select(_AGENTS.c.id).where(_AGENTS.c.resource_pool == pool))
+        )
     slot_ids: dict[str, list[int]] = defaultdict(list)
-    for agent_id, slot_id in (
-        await conn.execute(select(_SLOTS.c.agent_id, _SLOTS.c.slot_id).where(_SLOTS.c.enabled))
-    ).all():
+    for agent_id, slot_id in (await conn.execute(slot_query)).all():
         slot_ids[agent_id].append(slot_id)
     used: dict[str, set[int]] = defaultdict(set)
-    for agent_id, slot_id in (await conn.execute(select(_HELD.c.agent_id, _HELD.c.slot_id))).all():
-        used[agent_id].add(slot_id)
     zero_used: dict[str, int] = defaultdict(int)
-    for (zero_agent,) in (
-        await conn.execute(
-            select(_ALLOCATIONS.c.zero_slot_agent_id).where(
-                _ALLOCATIONS.c.zero_slot_agent_id.is_not(None),
-                _ALLOCATIONS.c.state.in_(HELD_STATES),
+    if with_usage:
+        for agent_id, slot_id in (
+            await conn.execute(select(_HELD.c.agent_id, _HELD.c.slot_id))
+        ).all():
+            used[agent_id].add(slot_id)
+        for (zero_agent,) in (
+            await conn.execute(
+                select(_ALLOCATIONS.c.zero_slot_agent_id).where(
+                    _ALLOCATIONS.c.zero_slot_agent_id.is_not(None),
+                    _ALLOCATIONS.c.state.in_(HELD_STATES),
+                )
             )
-        )
-    ).all():
-        zero_used[zero_agent] += 1
+        ).all():
+            zero_used[zero_agent] += 1
     by_pool: dict[str, list[placement.AgentState]] = defaultdict(list)
     for agent_id, agent_pool, enabled, draining, connected in agents:
         by_pool[agent_pool].append(
