@@ -48,7 +48,7 @@ _HELD = cast(Table, AllocationSlotModel.__table__)
 _EXPERIMENTS = cast(Table, ExperimentModel.__table__)
 
 SCHEDULER_LOCK_ID = 0x7265736F6C7363  # one scheduler at a time across masters on Postgres
-_CHUNK = 500
+_CHUNK = 5000  # ids per statement, as in master.services.states
 NO_SUCH_POOL = "NO_SUCH_POOL"
 
 

@@ -12,6 +12,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.app import create_app
 from master.db.models import AllocationSlotModel
@@ -453,3 +455,30 @@ async def test_the_loop_skips_passes_when_nothing_changed(
     loop.wake()  # an explicit wake always passes
     await loop.run_once()
     assert loop.passes == 3
+
+
+async def test_a_kill_during_a_pass_never_places_the_killed_trial(
+    api: httpx.AsyncClient, app: FastAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kill commits after the pass read the queue: the pass must not commit its plan."""
+    await register(app, "c1", 1)
+    experiment_id = (await submit(api, config(1)))["experiment"]["id"]
+    load_running = scheduler._load_running
+
+    async def load_then_kill(session: AsyncSession) -> object:
+        loaded = await load_running(session)
+        reply = await api.post(f"/api/v1/experiments/{experiment_id}/kill")
+        assert reply.status_code == 200
+        return loaded
+
+    monkeypatch.setattr(scheduler, "_load_running", load_then_kill)
+    # Postgres: the conditional update finds the allocation gone; SQLite: the snapshot the
+    # pass read from is stale, so its write is refused. Either way the pass rolls back.
+    with pytest.raises((scheduler.StaleSnapshot, OperationalError)):
+        await schedule(app)
+    monkeypatch.undo()
+    await schedule(app)
+    assert await trial_states(api, experiment_id) == ["STATE_CANCELED"]
+    assert await tasks_of(api, experiment_id) == []
+    agent = (await api.get("/api/v1/agents/c1")).json()["agent"]
+    assert agent["containers"] == {}
