@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -91,6 +92,9 @@ def create_app(settings: MasterSettings) -> FastAPI:
             await workspace_service.ensure_defaults(session)
             await allocation_service.ensure_scheduler_state(session)
             await allocation_service.enqueue_orphaned_trials(session)
+        # Everything built so far lives as long as the process: keep it out of the
+        # collector's full passes, which otherwise walk it all while a request waits.
+        gc.freeze()
         scheduler = SchedulerLoop(app.state.session_factory, settings)
         app.state.scheduler = scheduler
         if settings.run_loops:

@@ -13,9 +13,10 @@ import gc
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
 from sqlalchemy import Table, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -238,13 +239,15 @@ def _chunks(items: list[str]) -> Iterable[list[str]]:
         yield items[start : start + _CHUNK]
 
 
-def _without_gc_pauses(fn: Callable[..., placement.Plan], *args: Any) -> placement.Plan:
-    """The core allocates many small objects and creates no cycles; a full collection in
-    the middle of it tripled the pass's p99 in the benchmark, so it waits until after."""
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """A pass builds tens of thousands of short-lived objects and no cycles; a collection
+    in the middle of it walks the whole heap and tripled the pass's p99 in the benchmark.
+    Reference counting frees everything; the collector resumes when the pass ends."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return fn(*args)
+        yield
     finally:
         if enabled:
             gc.enable()
@@ -252,6 +255,11 @@ def _without_gc_pauses(fn: Callable[..., placement.Plan], *args: Any) -> placeme
 
 async def run_pass(session: AsyncSession, settings: MasterSettings) -> PassStats:
     """One scheduling pass in the caller's transaction (the caller commits)."""
+    with _gc_paused():
+        return await _run_pass(session, settings)
+
+
+async def _run_pass(session: AsyncSession, settings: MasterSettings) -> PassStats:
     started = time.perf_counter()
     stats = PassStats()
     if not await _try_lock(session):
@@ -262,7 +270,10 @@ async def run_pass(session: AsyncSession, settings: MasterSettings) -> PassStats
     pending = await _load_pending(session)
     stats.pending = len(pending)
     agents = await load_agent_states(session)
-    running = await _load_running(session)
+    # Running work matters to the core only for preemption; without it, the slots it holds
+    # (in the agents' used slots) are all the pass needs.
+    preempting = any(p.scheduler.preemption for p in settings.resource_pools)
+    running = await _load_running(session) if preempting else {}
 
     requests_by_pool: dict[str, list[placement.Request]] = defaultdict(list)
     for row in pending:
@@ -287,12 +298,8 @@ async def run_pass(session: AsyncSession, settings: MasterSettings) -> PassStats
             for request in requests:
                 new_reasons[request.id] = (NO_SUCH_POOL, message, None)
             continue
-        plan = _without_gc_pauses(
-            placement.schedule,
-            policy_of(pool),
-            agents.get(pool_name, []),
-            requests,
-            running.get(pool_name, []),
+        plan = placement.schedule(
+            policy_of(pool), agents.get(pool_name, []), requests, running.get(pool_name, [])
         )
         assignments.extend(plan.assignments)
         preempt.extend(plan.preempt)

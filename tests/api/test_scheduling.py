@@ -463,15 +463,16 @@ async def test_a_kill_during_a_pass_never_places_the_killed_trial(
     """The kill commits after the pass read the queue: the pass must not commit its plan."""
     await register(app, "c1", 1)
     experiment_id = (await submit(api, config(1)))["experiment"]["id"]
-    load_running = scheduler._load_running
+    load_agents = scheduler.load_agent_states
 
     async def load_then_kill(session: AsyncSession) -> object:
-        loaded = await load_running(session)
+        loaded = await load_agents(session)
         reply = await api.post(f"/api/v1/experiments/{experiment_id}/kill")
         assert reply.status_code == 200
         return loaded
 
-    monkeypatch.setattr(scheduler, "_load_running", load_then_kill)
+    # The pass has read the queue when it loads the agents.
+    monkeypatch.setattr(scheduler, "load_agent_states", load_then_kill)
     # Postgres: the conditional update finds the allocation gone; SQLite: the snapshot the
     # pass read from is stale, so its write is refused. Either way the pass rolls back.
     with pytest.raises((scheduler.StaleSnapshot, OperationalError)):
