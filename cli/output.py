@@ -28,7 +28,10 @@ def print_yaml(data: Any) -> None:
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    table = Table(*headers, show_lines=False, box=None, header_style="bold")
+    table = Table(show_lines=False, box=None, header_style="bold")
+    for header in headers:
+        # Fold rather than cut with an ellipsis: a shortened id is worse than a wrapped one.
+        table.add_column(header, overflow="fold")
     for row in rows:
         table.add_row(*("" if v is None else str(v) for v in row))
     stdout.print(table)
