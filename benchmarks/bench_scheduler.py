@@ -405,17 +405,7 @@ async def load_snapshot(app: FastAPI) -> Snapshot:
         agents = await scheduler.load_agent_states(session)
         running = await scheduler._load_running(session)
     assert {row.pool for row in pending} <= {POOL} and set(agents) <= {POOL}
-    requests = [
-        placement.Request(
-            id=row.id,
-            job_id=row.job_id,
-            slots=row.slots,
-            priority=row.priority,
-            order=row.order,
-            single_node=row.single_node,
-        )
-        for row in pending
-    ]
+    requests = [row.request() for row in pending]
     return Snapshot(
         policy=scheduler.policy_of(pool),
         agents=agents.get(POOL, []),

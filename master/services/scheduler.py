@@ -91,6 +91,16 @@ class _PendingRow:
     order: tuple[float, int]
     reason: tuple[str, str, int | None]
 
+    def request(self) -> placement.Request:
+        return placement.Request(
+            id=self.id,
+            job_id=self.job_id,
+            slots=self.slots,
+            priority=self.priority,
+            order=self.order,
+            single_node=self.single_node,
+        )
+
 
 async def load_agent_states(
     session: AsyncSession, pool: str | None = None, *, with_usage: bool = True
@@ -277,16 +287,7 @@ async def _run_pass(session: AsyncSession, settings: MasterSettings) -> PassStat
 
     requests_by_pool: dict[str, list[placement.Request]] = defaultdict(list)
     for row in pending:
-        requests_by_pool[row.pool].append(
-            placement.Request(
-                id=row.id,
-                job_id=row.job_id,
-                slots=row.slots,
-                priority=row.priority,
-                order=row.order,
-                single_node=row.single_node,
-            )
-        )
+        requests_by_pool[row.pool].append(row.request())
     assignments: list[placement.Assignment] = []
     new_reasons: dict[str, tuple[str, str, int | None]] = {}
     preempt: list[str] = []

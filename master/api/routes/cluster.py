@@ -93,7 +93,13 @@ async def list_resource_pools(
 
 async def _jobs(session: SessionDep, pool: str | None) -> list[dict[str, Any]]:
     views = await tasks.list_jobs(session, pool)
-    return [cluster.job(v, jobs_ahead=i) for i, v in enumerate(views)]
+    ahead: dict[str, int] = {}  # jobs ahead in the same pool, in queue order
+    jobs = []
+    for view in views:
+        pool_name = view.experiment.resource_pool
+        jobs.append(cluster.job(view, jobs_ahead=ahead.get(pool_name, 0)))
+        ahead[pool_name] = ahead.get(pool_name, 0) + 1
+    return jobs
 
 
 @router.get("/job-queues")
