@@ -137,7 +137,7 @@ def describe(
         )
         stdout.print()
         print_table(
-            ["Trial ID", "State", "Trial seed", "Restarts", "Batches", "Hyperparameters"],
+            ["Trial ID", "State", "Trial seed", "Restarts", "Batches", "Hyperparameters", "Reason"],
             [
                 [
                     t["id"],
@@ -146,6 +146,7 @@ def describe(
                     t["restarts"],
                     t["totalBatchesProcessed"],
                     _hparams(t["hparams"]),
+                    (t.get("pendingReason") or {}).get("message", ""),
                 ]
                 for t in trials
             ],

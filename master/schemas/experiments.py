@@ -7,7 +7,7 @@ from pydantic import Field
 
 from master.db.models import TrialModel
 from master.schemas.common import Pagination, WireInput, WireModel
-from master.services.experiments import ExperimentView
+from master.services.experiments import ExperimentView, PendingReason
 
 
 class ExperimentCreate(WireInput):
@@ -111,10 +111,19 @@ class Trial(WireModel):
     end_time: datetime | None
     request_id: str
     seed: int
+    # resolute addition: why a queued trial waits, from the scheduler's last pass.
+    pending_reason: dict[str, Any] | None = None
 
     @classmethod
-    def of(cls, row: TrialModel) -> Trial:
+    def of(cls, row: TrialModel, reason: PendingReason | None = None) -> Trial:
         return cls(
+            pending_reason=None
+            if reason is None
+            else {
+                "code": reason.code,
+                "message": reason.message,
+                "blockingJob": reason.blocking_job,
+            },
             id=row.id,
             experiment_id=row.experiment_id,
             hparams=row.hparams,

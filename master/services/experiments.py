@@ -20,6 +20,8 @@ from master.core.merge import merge_template
 from master.core.searcher import count_trials, plan_trials
 from master.core.seeds import MAX_EXPERIMENT_SEED
 from master.db.models import (
+    AllocationModel,
+    AllocationState,
     ExperimentModel,
     ExperimentState,
     ModelDefinitionModel,
@@ -315,6 +317,36 @@ async def list_trials(
     if limit > 0:
         query = query.limit(limit)
     return list((await session.scalars(query)).all()), total
+
+
+@dataclass(frozen=True)
+class PendingReason:
+    code: str
+    message: str
+    blocking_job: int | None
+
+
+async def pending_reasons(
+    session: AsyncSession, trial_ids: Sequence[int]
+) -> dict[int, PendingReason]:
+    """Why each of these trials waits, for those in the queue (as the last pass said)."""
+    if not trial_ids:
+        return {}
+    rows = await session.execute(
+        select(
+            AllocationModel.trial_id,
+            AllocationModel.pending_code,
+            AllocationModel.pending_reason,
+            AllocationModel.blocking_job,
+        ).where(
+            AllocationModel.trial_id.in_(list(trial_ids)),
+            AllocationModel.state == AllocationState.PENDING,
+        )
+    )
+    return {
+        trial_id: PendingReason(code, message, blocking)
+        for trial_id, code, message, blocking in rows.all()
+    }
 
 
 async def get_trial(session: AsyncSession, trial_id: int) -> TrialModel:

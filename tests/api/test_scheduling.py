@@ -483,3 +483,16 @@ async def test_a_kill_during_a_pass_never_places_the_killed_trial(
     assert await tasks_of(api, experiment_id) == []
     agent = (await api.get("/api/v1/agents/c1")).json()["agent"]
     assert agent["containers"] == {}
+
+
+async def test_trials_say_why_they_wait(api: httpx.AsyncClient, app: FastAPI) -> None:
+    await register(app, "t1", 2)
+    experiment_id = (await submit(api, config(2, trials=2)))["experiment"]["id"]
+    await schedule(app)
+    trials = (await api.get(f"/api/v1/experiments/{experiment_id}/trials")).json()["trials"]
+    placed, waiting = trials
+    assert placed["pendingReason"] is None
+    assert waiting["pendingReason"]["code"] == "WAITING_FOR_SLOTS"
+    assert "2 free slots" in waiting["pendingReason"]["message"]
+    single = (await api.get(f"/api/v1/trials/{waiting['id']}")).json()["trial"]
+    assert single["pendingReason"] == waiting["pendingReason"]

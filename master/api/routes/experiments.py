@@ -138,15 +138,18 @@ async def list_trials(
     limit: int = Query(0, ge=0, description="0 returns every trial"),
 ) -> TrialList:
     rows, total = await experiments.list_trials(session, experiment_id, offset=offset, limit=limit)
+    reasons = await experiments.pending_reasons(session, [r.id for r in rows])
     return TrialList(
-        trials=[Trial.of(r) for r in rows],
+        trials=[Trial.of(r, reasons.get(r.id)) for r in rows],
         pagination=Pagination.of(offset, limit, len(rows), total),
     )
 
 
 @router.get("/trials/{trial_id}")
 async def get_trial(trial_id: int, session: SessionDep, _user: CurrentUser) -> TrialResponse:
-    return TrialResponse(trial=Trial.of(await experiments.get_trial(session, trial_id)))
+    trial = await experiments.get_trial(session, trial_id)
+    reasons = await experiments.pending_reasons(session, [trial.id])
+    return TrialResponse(trial=Trial.of(trial, reasons.get(trial.id)))
 
 
 @router.get("/trials/{trial_id}/workloads")
