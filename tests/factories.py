@@ -75,7 +75,13 @@ async def create_experiment(
 
 
 async def row_counts(api: httpx.AsyncClient) -> tuple[int, int]:
-    """(experiments, templates) as a user sees them: proof that a bad request wrote nothing."""
+    """(experiments, templates) as a user sees them: proof that a bad request wrote nothing.
+
+    Trials and allocations cannot exist without an experiment, but a stray one would
+    show in the task list, so that is checked to be empty of orphans too."""
     experiments = (await api.get("/api/v1/experiments")).json()["pagination"]["total"]
     templates = (await api.get("/api/v1/templates")).json()["pagination"]["total"]
+    tasks = (await api.get("/api/v1/tasks")).json()["allocationIdToSummary"]
+    known = {e["id"] for e in (await api.get("/api/v1/experiments")).json()["experiments"]}
+    assert {t["experimentId"] for t in tasks.values()} <= known
     return experiments, templates

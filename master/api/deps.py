@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from master.db.models import UserModel
@@ -34,6 +34,10 @@ async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
         # Only now is the new work visible to the scheduler's own transaction.
         request.app.state.scheduler.wake()
 
+
+# Ids and counts are 32-bit in the database; larger numbers are a 400, never a 500.
+MAX_INT = 2**31 - 1
+ObjectId = Annotated[int, Path(ge=0, le=MAX_INT)]
 
 SettingsDep = Annotated[MasterSettings, Depends(get_settings)]
 SessionDep = Annotated[AsyncSession, Depends(get_session, scope="function")]

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
 from starlette.exceptions import HTTPException
 
 from master.errors import MasterError
@@ -80,11 +80,19 @@ async def _integrity_error(_request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _db_error(request: Request, exc: Exception) -> JSONResponse:
-    # Lost connections and lock timeouts are worth a retry; anything else is our bug.
+    # A value the database cannot hold is the caller's; lost connections and lock
+    # timeouts are worth a retry; anything else is our bug.
+    if isinstance(exc, DataError):
+        log.warning("value out of range for the database: %s", exc)
+        return error_response(400, 3, "a value is out of range for the database", [])
     if isinstance(exc, OperationalError) or getattr(exc, "connection_invalidated", False):
         log.warning("database unavailable: %s", exc)
         return error_response(503, 14, "the database is unavailable or busy; retry shortly", [])
     return await _unexpected(request, exc)
+
+
+async def _overflow(_request: Request, exc: Exception) -> JSONResponse:
+    return error_response(400, 3, f"a number is too large: {exc}", [])
 
 
 async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
@@ -98,4 +106,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(IntegrityError, _integrity_error)
     app.add_exception_handler(DBAPIError, _db_error)
+    app.add_exception_handler(OverflowError, _overflow)
     app.add_exception_handler(Exception, _unexpected)

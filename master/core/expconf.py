@@ -236,8 +236,9 @@ class Device(_Strict):
 class Resources(_Strict):
     """What each trial asks the scheduler for."""
 
-    slots_per_trial: int = Field(default=1, ge=0)
-    max_slots: int | None = Field(default=None, ge=0)
+    # Upper bounds keep every count inside the database's 32-bit integers.
+    slots_per_trial: int = Field(default=1, ge=0, le=2**31 - 1)
+    max_slots: int | None = Field(default=None, ge=0, le=2**31 - 1)
     priority: int | None = Field(default=None, ge=1, le=99)
     """None: the resource pool's default priority, filled in by the scheduler."""
     weight: float = Field(default=1.0, gt=0)
@@ -703,7 +704,7 @@ def _hp_to_raw(hp: Hyperparameter) -> Any:
 class ExperimentConfig(_Strict):
     """A Determined experiment config; unset fields hold Determined's defaults."""
 
-    name: str | None = None
+    name: str | None = Field(default=None, max_length=512)
     """None until the master generates a default name."""
     description: str | None = None
     labels: list[str] = Field(default_factory=list)

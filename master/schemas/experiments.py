@@ -16,8 +16,8 @@ class ExperimentCreate(WireInput):
     model_definition: list[Any] | None = None
     activate: bool | None = True
     validate_only: bool | None = False
-    project_id: int | None = None
-    parent_id: int | None = None
+    project_id: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    parent_id: int | None = Field(default=None, ge=0, le=2**31 - 1)
     unmanaged: bool | None = None
 
 

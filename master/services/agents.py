@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.db.models import AgentModel, AllocationModel, AllocationSlotModel, SlotModel, utcnow
 from master.errors import InvalidArgument, NotFound
-from master.services.allocations import HELD_STATES, request_scheduling
+from master.services.allocations import HELD_STATES, hold_scheduler
 from master.settings import MasterSettings
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,7 @@ async def register_agent(
 ) -> AgentModel:
     """Create the agent or refresh it after a reconnect; its slots follow the devices sent."""
     _check(registration, settings)
+    await hold_scheduler(session)
     agent = await session.get(AgentModel, registration.id)
     now = utcnow()
     if agent is None:
@@ -111,7 +112,6 @@ async def register_agent(
         slot.uuid = device.uuid
         slot.memory_bytes = device.memory_bytes
     await session.flush()
-    request_scheduling(session)
     return agent
 
 
@@ -125,23 +125,25 @@ async def get_agent(session: AsyncSession, agent_id: str) -> AgentModel:
 async def set_connected(session: AsyncSession, agent_id: str, connected: bool) -> None:
     agent = await get_agent(session, agent_id)
     if agent.connected != connected:
+        await hold_scheduler(session)
+        await session.refresh(agent)
         agent.connected = connected
         log.info("agent %s %s", agent_id, "connected" if connected else "disconnected")
-        request_scheduling(session)
     agent.last_seen_at = utcnow()
 
 
 async def enable_agent(session: AsyncSession, agent_id: str) -> AgentModel:
+    await hold_scheduler(session)
     agent = await get_agent(session, agent_id)
     agent.enabled, agent.draining = True, False
     log.info("agent %s enabled", agent_id)
-    request_scheduling(session)
     return agent
 
 
 async def disable_agent(session: AsyncSession, agent_id: str, *, drain: bool) -> AgentModel:
     """Disabled agents take nothing new. With drain, running trials finish where they are;
     without, they are asked to stop (checkpoint and exit) and are requeued elsewhere."""
+    await hold_scheduler(session)
     agent = await get_agent(session, agent_id)
     agent.enabled, agent.draining = False, drain
     if not drain:
@@ -158,11 +160,11 @@ async def disable_agent(session: AsyncSession, agent_id: str, *, drain: bool) ->
             .execution_options(synchronize_session=False)
         )
     log.info("agent %s disabled%s", agent_id, " (draining)" if drain else "")
-    request_scheduling(session)
     return agent
 
 
 async def remove_agent(session: AsyncSession, agent_id: str) -> None:
+    await hold_scheduler(session)
     agent = await get_agent(session, agent_id)
     held = await session.scalar(
         select(AllocationSlotModel.allocation_id).where(AllocationSlotModel.agent_id == agent_id)

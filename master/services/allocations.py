@@ -25,7 +25,7 @@ from master.db.models import (
     TrialState,
     utcnow,
 )
-from master.errors import NotFound
+from master.errors import Conflict, NotFound
 from master.services import states
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,35 @@ def _reset_epoch_flag(session: Session) -> None:
 
 
 _EPOCH_BUMPED = "scheduler_epoch_bumped"
+
+
+async def hold_scheduler(session: AsyncSession) -> None:
+    """Serialise this transaction with scheduling passes; call it before reading anything
+    a pass may change (trial and allocation states, agents, priorities).
+
+    It writes the scheduler_state row at once (bumping the epoch), so a pass in flight
+    finishes and commits before this transaction reads, and a pass that starts later waits
+    for this commit. Without it, a kill could read a trial as QUEUED while a pass placed it.
+    """
+    request_scheduling(session)
+    if not session.info.get(_EPOCH_BUMPED):
+        session.info[_EPOCH_BUMPED] = True
+        await session.execute(
+            update(SchedulerStateModel)
+            .where(SchedulerStateModel.id == 1)
+            .values(epoch=SchedulerStateModel.epoch + 1)
+        )
+
+
+async def hold_scheduler_for_pass(session: AsyncSession) -> int:
+    """The pass's side of hold_scheduler: the same row lock, without a bump; the epoch."""
+    epoch = await session.scalar(
+        update(SchedulerStateModel)
+        .where(SchedulerStateModel.id == 1)
+        .values(epoch=SchedulerStateModel.epoch)
+        .returning(SchedulerStateModel.epoch)
+    )
+    return int(epoch or 0)
 
 
 async def ensure_scheduler_state(session: AsyncSession) -> None:
@@ -165,9 +194,15 @@ async def release_allocation(
 
     Idempotent, because an agent may report the same exit again after a reconnect.
     """
+    await hold_scheduler(session)
     allocation = await get_allocation(session, allocation_id)
     if allocation.state == AllocationState.TERMINATED:
         return
+    if allocation.state not in HELD_STATES:
+        raise Conflict(
+            f"allocation {allocation_id} is {allocation.state}: only an allocation holding "
+            "resources can be released"
+        )
     await session.execute(
         delete(AllocationSlotModel).where(AllocationSlotModel.allocation_id == allocation_id)
     )
@@ -227,7 +262,7 @@ def _requeue(
 async def finish_experiment_if_done(session: AsyncSession, experiment: ExperimentModel) -> None:
     """When every trial has ended, the experiment ends too."""
     current = ExperimentState(experiment.state)
-    if current.is_terminal or current == ExperimentState.PAUSED:
+    if current.is_terminal:
         return
     trial_states = (
         await session.scalars(

@@ -363,6 +363,7 @@ async def _trials_of(session: AsyncSession, experiment_id: int) -> list[TrialMod
 
 async def kill_experiment(session: AsyncSession, experiment_id: int, actor: str) -> None:
     """Stop every trial now. Killing a finished experiment changes nothing, as in Determined."""
+    await allocations.hold_scheduler(session)
     view = await get_experiment(session, experiment_id)
     experiment = view.experiment
     if ExperimentState(experiment.state).is_terminal:
@@ -396,6 +397,7 @@ async def _pause_or_activate(
     trials_to: TrialState,
 ) -> None:
     """Pause and activate mirror each other: the other one's state is the only valid start."""
+    await allocations.hold_scheduler(session)
     experiment = (await get_experiment(session, experiment_id)).experiment
     current = ExperimentState(experiment.state)
     if current == target:
@@ -464,6 +466,7 @@ async def set_job_priority(
     """Takes effect at the next scheduling pass (queued trials move in the queue)."""
     if not 1 <= priority <= 99:
         raise InvalidArgument(f"priority: {priority} is not between 1 and 99")
+    await allocations.hold_scheduler(session)
     experiment = await get_experiment_by_job(session, job_id)
     if ExperimentState(experiment.state).is_terminal:
         raise Conflict(f"job {job_id} has ended ({experiment.state}); its priority is final")
@@ -473,5 +476,4 @@ async def set_job_priority(
         "resources": {**(experiment.config.get("resources") or {}), "priority": priority},
     }
     log.info("job %s (experiment %s) priority -> %s by %s", job_id, experiment.id, priority, actor)
-    allocations.request_scheduling(session)
     return experiment

@@ -50,6 +50,7 @@ def pack_model_definition(files: Any, limit_bytes: int) -> PackedModelDefinition
     if not isinstance(files, list):
         raise InvalidArgument("modelDefinition: must be a list of files")
     seen: set[str] = set()
+    links: dict[str, tuple[str, str]] = {}  # path -> (target, where)
     total = 0
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
@@ -81,13 +82,42 @@ def pack_model_definition(files: Any, limit_bytes: int) -> PackedModelDefinition
             elif kind == SYMLINK_TYPE:
                 info.type = tarfile.SYMTYPE
                 info.linkname = _link_target(path, content, where)
+                links[path] = (info.linkname, where)
                 tar.addfile(info)
             else:
                 raise InvalidArgument(
                     f"{where}: type {kind!r} is not supported; use 48 (file), 53 (directory) "
                     "or 50 (symbolic link)"
                 )
+    _check_no_path_through_links(seen, links)
     return PackedModelDefinition(buffer.getvalue(), total, len(seen))
+
+
+def _check_no_path_through_links(paths: set[str], links: dict[str, tuple[str, str]]) -> None:
+    """A path that goes through a link is resolved by the link, not by its text, so
+    `l -> ..` then `x -> l/..` would leave the directory although each looks inside.
+    Links to files are fine; nothing may pass *through* a link."""
+    if not links:
+        return
+    for path in paths:
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in links:
+                raise InvalidArgument(
+                    f"modelDefinition: {path!r} is inside the link {'/'.join(parts[:i])!r}"
+                )
+    for path, (target, where) in links.items():
+        stack = path.split("/")[:-1]
+        components = [c for c in target.split("/") if c not in ("", ".")]
+        for n, component in enumerate(components):
+            if component == "..":
+                stack.pop()  # _link_target already proved this never leaves the root
+                continue
+            stack.append(component)
+            if n < len(components) - 1 and "/".join(stack) in links:
+                raise InvalidArgument(
+                    f"{where}: link {path!r} points through another link ({'/'.join(stack)!r})"
+                )
 
 
 def _decode(content: Any, where: str) -> bytes:
@@ -104,7 +134,7 @@ def _mtime(value: Any, where: str) -> int:
         return 0
     try:
         mtime = int(float(value))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidArgument(f"{where}: mtime {value!r} is not a number of seconds") from exc
     return max(mtime, 0)
 

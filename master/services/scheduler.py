@@ -34,7 +34,7 @@ from master.db.models import (
 )
 from master.db.session import session_scope
 from master.services import states
-from master.services.allocations import HELD_STATES, scheduler_epoch
+from master.services.allocations import HELD_STATES, hold_scheduler_for_pass, scheduler_epoch
 from master.services.loops import Loop
 from master.settings import MasterSettings, ResourcePoolSettings
 
@@ -275,8 +275,9 @@ async def _run_pass(session: AsyncSession, settings: MasterSettings) -> PassStat
     if not await _try_lock(session):
         stats.skipped = True
         return stats
-    # Read first: a change committed while this pass runs bumps it past what we record.
-    stats.epoch = await scheduler_epoch(session)
+    # Lock first (see allocations.hold_scheduler): what this pass reads cannot change
+    # under it, and the epoch recorded is the one its plan is based on.
+    stats.epoch = await hold_scheduler_for_pass(session)
     pending = await _load_pending(session)
     stats.pending = len(pending)
     agents = await load_agent_states(session)

@@ -37,8 +37,17 @@ _EXPERIMENT_TRANSITIONS: dict[ExperimentState, frozenset[ExperimentState]] = {
             E.ERROR,
         }
     ),
+    # A paused experiment completes when its last running trial finishes.
     E.PAUSED: frozenset(
-        {E.ACTIVE, E.STOPPING_CANCELED, E.STOPPING_KILLED, E.STOPPING_ERROR, E.CANCELED, E.ERROR}
+        {
+            E.ACTIVE,
+            E.STOPPING_CANCELED,
+            E.STOPPING_KILLED,
+            E.STOPPING_ERROR,
+            E.COMPLETED,
+            E.CANCELED,
+            E.ERROR,
+        }
     ),
     E.STOPPING_COMPLETED: frozenset({E.COMPLETED, E.STOPPING_KILLED, E.ERROR}),
     E.STOPPING_CANCELED: frozenset({E.CANCELED, E.STOPPING_KILLED, E.ERROR}),

@@ -250,6 +250,14 @@ BAD_CONFIGS = [
     ),
     pytest.param("name: x\nentrypoint: a\n", "searcher", id="missing-searcher"),
     pytest.param(SINGLE_YAML + "template: other\n", "template", id="config-names-a-template"),
+    pytest.param(
+        SINGLE_YAML + "resources: {slots_per_trial: 3000000000}\n",
+        "resources.slots_per_trial",
+        id="slots-beyond-32-bit",
+    ),
+    pytest.param(
+        SINGLE_YAML.replace("name: single", "name: " + "n" * 600), "name", id="name-too-long"
+    ),
 ]
 
 
@@ -290,6 +298,19 @@ BAD_FILES = [
     pytest.param([v1_file("a.py"), v1_file("a.py")], "twice", id="duplicate"),
     pytest.param([{"path": "a.py", "type": 48, "content": "%%%"}], "base64", id="bad-base64"),
     pytest.param([v1_file("dev", kind=51)], "not supported", id="device-file"),
+    pytest.param(
+        [v1_file("a/l", b"..", kind=50), v1_file("b", b"a/l/..", kind=50)],
+        "through another link",
+        id="link-through-a-link",
+    ),
+    pytest.param(
+        [v1_file("b", b"a", kind=50), v1_file("a", b"", kind=53), v1_file("b/evil.py")],
+        "inside the link",
+        id="file-under-a-link",
+    ),
+    pytest.param(
+        [{"path": "a.py", "type": 48, "content": "", "mtime": "inf"}], "mtime", id="mtime-inf"
+    ),
 ]
 
 
@@ -300,7 +321,7 @@ async def test_unsafe_model_definition_is_refused(
     reply = await create_experiment(api, SINGLE_YAML, modelDefinition=files)
     assert reply.status_code == 400, reply.text
     assert needle in reply.json()["message"]
-    assert reply.json()["message"].startswith("modelDefinition[")
+    assert reply.json()["message"].startswith("modelDefinition")
     assert await row_counts(api) == (0, 0)
 
 
@@ -345,6 +366,11 @@ async def test_malformed_requests_get_400_not_500(api: httpx.AsyncClient) -> Non
         await api.get("/api/v1/experiments", params={"orderBy": "SIDEWAYS"}),
         await api.get("/api/v1/experiments", params={"states": "STATE_BOGUS"}),
         await api.get("/api/v1/experiments/abc"),
+        await api.get("/api/v1/experiments/3000000000"),
+        await api.get("/api/v1/experiments/99999999999999999999999"),
+        await api.get("/api/v1/trials/3000000000"),
+        await api.get("/api/v1/experiments", params={"offset": 2**63}),
+        await api.post("/api/v1/experiments", json={"config": SINGLE_YAML, "projectId": 2**40}),
     ]
     for reply in cases:
         assert reply.status_code == 400, reply.text

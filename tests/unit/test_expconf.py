@@ -383,7 +383,13 @@ ERROR_CASES: list[tuple[str, dict[str, Any], bool, list[tuple[str, str]]]] = [
         "negative slots_per_trial",
         {"resources": {"slots_per_trial": -1}},
         False,
-        [("resources.slots_per_trial", "must be at least 0")],
+        [("resources.slots_per_trial", "must be between 0 and 2147483647")],
+    ),
+    (
+        "slots_per_trial beyond 32 bits",
+        {"resources": {"slots_per_trial": 2**31}},
+        False,
+        [("resources.slots_per_trial", "must be between 0 and 2147483647")],
     ),
     (
         "priority 0",

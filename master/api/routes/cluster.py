@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Body, Query
 from sqlalchemy import select
 
-from master.api.deps import CurrentUser, SessionDep, SettingsDep
+from master.api.deps import MAX_INT, CurrentUser, SessionDep, SettingsDep
 from master.db.models import AllocationModel, SlotModel
 from master.errors import InvalidArgument, NotFound
 from master.schemas import cluster
@@ -29,8 +29,8 @@ async def _allocation_states(session: SessionDep) -> dict[str, str]:
 async def list_agents(
     session: SessionDep,
     _user: CurrentUser,
-    offset: int = Query(0, ge=0),
-    limit: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=MAX_INT),
+    limit: int = Query(0, ge=0, le=MAX_INT),
 ) -> dict[str, Any]:
     states = await _allocation_states(session)
     items = [cluster.agent(v, states) for v in await agents.list_agents(session)]
@@ -79,8 +79,8 @@ async def list_resource_pools(
     session: SessionDep,
     settings: SettingsDep,
     _user: CurrentUser,
-    offset: int = Query(0, ge=0),
-    limit: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=MAX_INT),
+    limit: int = Query(0, ge=0, le=MAX_INT),
 ) -> dict[str, Any]:
     types = {s.agent_id: s.device_type for s in (await session.scalars(select(SlotModel))).all()}
     has_gpu = any(t in ("cuda", "rocm") for t in types.values())
@@ -106,8 +106,8 @@ async def _jobs(session: SessionDep, pool: str | None) -> list[dict[str, Any]]:
 async def list_jobs(
     session: SessionDep,
     _user: CurrentUser,
-    offset: int = Query(0, ge=0),
-    limit: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=MAX_INT),
+    limit: int = Query(0, ge=0, le=MAX_INT),
     resource_pool: str | None = Query(None, alias="resourcePool"),
 ) -> dict[str, Any]:
     return cluster.paginated("jobs", await _jobs(session, resource_pool), offset, limit)
@@ -117,8 +117,8 @@ async def list_jobs(
 async def list_jobs_v2(
     session: SessionDep,
     _user: CurrentUser,
-    offset: int = Query(0, ge=0),
-    limit: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=MAX_INT),
+    limit: int = Query(0, ge=0, le=MAX_INT),
     resource_pool: str | None = Query(None, alias="resourcePool"),
 ) -> dict[str, Any]:
     items = [{"full": j, "limited": None} for j in await _jobs(session, resource_pool)]

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from master.api.deps import CurrentUser, SessionDep, SettingsDep
+from master.api.deps import MAX_INT, CurrentUser, ObjectId, SessionDep, SettingsDep
 from master.db.models import ExperimentState
 from master.errors import InvalidArgument
 from master.schemas.common import Pagination
@@ -75,8 +75,8 @@ async def create_experiment(
 async def list_experiments(
     session: SessionDep,
     _user: CurrentUser,
-    offset: int = Query(0, ge=0),
-    limit: int = Query(0, ge=0, description="0 returns every experiment"),
+    offset: int = Query(0, ge=0, le=MAX_INT),
+    limit: int = Query(0, ge=0, le=MAX_INT, description="0 returns every experiment"),
     archived: bool | None = None,
     users: Annotated[list[str], Query()] = [],  # noqa: B006 - FastAPI copies defaults
     states: Annotated[list[str], Query()] = [],  # noqa: B006
@@ -105,37 +105,41 @@ async def list_experiments(
 
 @router.get("/experiments/{experiment_id}")
 async def get_experiment(
-    experiment_id: int, session: SessionDep, _user: CurrentUser
+    experiment_id: ObjectId, session: SessionDep, _user: CurrentUser
 ) -> ExperimentResponse:
     view = await experiments.get_experiment(session, experiment_id)
     return ExperimentResponse(experiment=Experiment.of(view))
 
 
 @router.post("/experiments/{experiment_id}/kill")
-async def kill_experiment(experiment_id: int, session: SessionDep, user: CurrentUser) -> Empty:
+async def kill_experiment(experiment_id: ObjectId, session: SessionDep, user: CurrentUser) -> Empty:
     await experiments.kill_experiment(session, experiment_id, user.username)
     return Empty()
 
 
 @router.post("/experiments/{experiment_id}/pause")
-async def pause_experiment(experiment_id: int, session: SessionDep, user: CurrentUser) -> Empty:
+async def pause_experiment(
+    experiment_id: ObjectId, session: SessionDep, user: CurrentUser
+) -> Empty:
     await experiments.pause_experiment(session, experiment_id, user.username)
     return Empty()
 
 
 @router.post("/experiments/{experiment_id}/activate")
-async def activate_experiment(experiment_id: int, session: SessionDep, user: CurrentUser) -> Empty:
+async def activate_experiment(
+    experiment_id: ObjectId, session: SessionDep, user: CurrentUser
+) -> Empty:
     await experiments.activate_experiment(session, experiment_id, user.username)
     return Empty()
 
 
 @router.get("/experiments/{experiment_id}/trials")
 async def list_trials(
-    experiment_id: int,
+    experiment_id: ObjectId,
     session: SessionDep,
     _user: CurrentUser,
-    offset: int = Query(0, ge=0),
-    limit: int = Query(0, ge=0, description="0 returns every trial"),
+    offset: int = Query(0, ge=0, le=MAX_INT),
+    limit: int = Query(0, ge=0, le=MAX_INT, description="0 returns every trial"),
 ) -> TrialList:
     rows, total = await experiments.list_trials(session, experiment_id, offset=offset, limit=limit)
     reasons = await experiments.pending_reasons(session, [r.id for r in rows])
@@ -146,7 +150,7 @@ async def list_trials(
 
 
 @router.get("/trials/{trial_id}")
-async def get_trial(trial_id: int, session: SessionDep, _user: CurrentUser) -> TrialResponse:
+async def get_trial(trial_id: ObjectId, session: SessionDep, _user: CurrentUser) -> TrialResponse:
     trial = await experiments.get_trial(session, trial_id)
     reasons = await experiments.pending_reasons(session, [trial.id])
     return TrialResponse(trial=Trial.of(trial, reasons.get(trial.id)))
@@ -154,11 +158,11 @@ async def get_trial(trial_id: int, session: SessionDep, _user: CurrentUser) -> T
 
 @router.get("/trials/{trial_id}/workloads")
 async def list_workloads(
-    trial_id: int,
+    trial_id: ObjectId,
     session: SessionDep,
     _user: CurrentUser,
-    offset: int = Query(0, ge=0),
-    limit: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=MAX_INT),
+    limit: int = Query(0, ge=0, le=MAX_INT),
 ) -> WorkloadList:
     await experiments.get_trial(session, trial_id)
     # Workloads are built from reported metrics and checkpoints; until trials run

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Body, Query
 
-from master.api.deps import CurrentUser, SessionDep
+from master.api.deps import MAX_INT, CurrentUser, SessionDep
 from master.errors import InvalidArgument
 from master.schemas.common import Pagination
 from master.schemas.experiments import Empty
@@ -26,8 +26,8 @@ router = APIRouter(prefix="/api/v1", tags=["Templates"])
 async def list_templates(
     session: SessionDep,
     _user: CurrentUser,
-    offset: int = Query(0, ge=0),
-    limit: int = Query(0, ge=0, description="0 returns every template"),
+    offset: int = Query(0, ge=0, le=MAX_INT),
+    limit: int = Query(0, ge=0, le=MAX_INT, description="0 returns every template"),
     name: str | None = None,
 ) -> TemplateList:
     rows, total = await templates.list_templates(session, offset=offset, limit=limit, name=name)
