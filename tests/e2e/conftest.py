@@ -12,6 +12,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -235,24 +236,33 @@ BACKENDS = [
 ]
 
 
-@pytest.fixture(scope="session", params=BACKENDS)
-def master(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+@contextmanager
+def running_master(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, label: str
 ) -> Iterator[MasterProcess]:
-    """One master per backend for the e2e run; tests share it, so names must be unique."""
+    """A det-master process on the backend of `request.param`, stopped afterwards."""
     backend: str = request.param
     db_url = ""
     if backend == "postgres":
         server: PostgresServer = request.getfixturevalue("postgres")
         db_url = server.new_database()
-    data_dir = tmp_path_factory.mktemp(f"master-{backend}") / "data"
-    proc = MasterProcess(data_dir, db_url, label=backend)
+    data_dir = tmp_path_factory.mktemp(f"{label}-{backend}") / "data"
+    proc = MasterProcess(data_dir, db_url, label=f"{label}-{backend}")
     proc.start()
     try:
         yield proc
     finally:
         proc.stop()
         shutil.rmtree(proc.scratch, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def master(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[MasterProcess]:
+    """One master per backend for the e2e run; tests share it, so names must be unique."""
+    with running_master(request, tmp_path_factory, "master") as proc:
+        yield proc
 
 
 @pytest.fixture

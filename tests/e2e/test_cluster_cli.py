@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import pytest
 
 from cli.cluster import AGENT_HEADERS, JOB_HEADERS, SLOT_HEADERS, TASK_HEADERS
-from tests.conftest import PostgresServer, require
+from tests.conftest import require
 from tests.e2e.conftest import (
     BACKENDS,
     MasterProcess,
@@ -35,6 +35,7 @@ from tests.e2e.conftest import (
     lines,
     official_client_path,
     ok,
+    running_master,
     unique,
 )
 from tests.factories import EXPERIMENT_YAML
@@ -179,14 +180,11 @@ def cluster(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
     """A master of its own, two idle 4-slot agents, and 2-, 6- and 8-slot trials submitted."""
-    backend: str = request.param
-    db_url = ""
-    if backend == "postgres":
-        server: PostgresServer = request.getfixturevalue("postgres")
-        db_url = server.new_database()
-    data_dir = tmp_path_factory.mktemp(f"cluster-{backend}") / "data"
-    master = MasterProcess(data_dir, db_url, label=f"cluster-{backend}")
-    master.start()
+    with running_master(request, tmp_path_factory, "cluster") as master:
+        yield from _cluster_on(master)
+
+
+def _cluster_on(master: MasterProcess) -> Iterator[Cluster]:
     try:
         agents = (unique("sim-a"), unique("sim-b"))
         assert agents[0] < agents[1]
@@ -211,8 +209,6 @@ def cluster(
     except BaseException:
         print(master.output())
         raise
-    finally:
-        master.stop()
         shutil.rmtree(master.scratch, ignore_errors=True)
 
 
