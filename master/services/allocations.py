@@ -56,15 +56,18 @@ def request_scheduling(session: AsyncSession) -> None:
     session.info[WAKE_SCHEDULER] = True
 
 
+_BUMP_EPOCH = (
+    update(SchedulerStateModel)
+    .where(SchedulerStateModel.id == 1)
+    .values(epoch=SchedulerStateModel.epoch + 1)
+)
+
+
 @event.listens_for(Session, "before_commit")
 def _bump_scheduler_epoch(session: Session) -> None:
     if session.info.get(WAKE_SCHEDULER) and not session.info.get(_EPOCH_BUMPED):
         session.info[_EPOCH_BUMPED] = True
-        session.execute(
-            update(SchedulerStateModel)
-            .where(SchedulerStateModel.id == 1)
-            .values(epoch=SchedulerStateModel.epoch + 1)
-        )
+        session.execute(_BUMP_EPOCH)
 
 
 @event.listens_for(Session, "after_commit")
@@ -87,11 +90,7 @@ async def hold_scheduler(session: AsyncSession) -> None:
     request_scheduling(session)
     if not session.info.get(_EPOCH_BUMPED):
         session.info[_EPOCH_BUMPED] = True
-        await session.execute(
-            update(SchedulerStateModel)
-            .where(SchedulerStateModel.id == 1)
-            .values(epoch=SchedulerStateModel.epoch + 1)
-        )
+        await session.execute(_BUMP_EPOCH)
 
 
 async def hold_scheduler_for_pass(session: AsyncSession) -> int:
@@ -172,8 +171,10 @@ async def held_allocations(
 
 async def ask_to_stop(session: AsyncSession, trial_ids: Sequence[int], *, terminate: bool) -> None:
     """Signal the holders: preemption (checkpoint and exit) or, with terminate, a kill."""
-    for allocation in await held_allocations(session, trial_ids):
+    held = await held_allocations(session, trial_ids)
+    if held:
         request_scheduling(session)
+    for allocation in held:
         allocation.preempt_requested = True
         if terminate:
             allocation.state = AllocationState.TERMINATING
