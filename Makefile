@@ -40,6 +40,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	PYTHON=$(BIN)/python bash scripts/gen-protos.sh --check
 
 pytest: install official-client postgres
 	DET_OFFICIAL_CLIENT=$(abspath $(DET_VENV))/bin/det $(BIN)/pytest

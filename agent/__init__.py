@@ -1,0 +1,7 @@
+"""The resolute agent."""
+
+import os
+
+# The agent spawns ranks while gRPC's threads run; gRPC's fork handlers only add noise
+# ("skipping fork() handlers") and risk, since ranks are started with exec, never bare fork.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")

@@ -48,7 +48,23 @@ AGENT_HEADERS = [
     "Enabled",
     "Draining",
     "Connected",
+    "CPU %",
+    "Mem free",
+    "GPU %",
     "Addresses",
+]
+METRIC_HEADERS = [
+    "Time",
+    "CPU %",
+    "Mem used",
+    "Mem free",
+    "Disk read/s",
+    "Disk write/s",
+    "Disk IOPS",
+    "Net sent/s",
+    "Net recv/s",
+    "GPU %",
+    "GPU mem used",
 ]
 SLOT_HEADERS = [
     "Agent ID",
@@ -108,7 +124,7 @@ def _csv_cell(value: Any) -> str:
 
 
 # Columns people copy into other commands: never wrapped or cut, whatever the width.
-_NO_WRAP = {"Task ID", "Allocation ID", "Agent ID", "ID", "Registered Time", "Submitted"}
+_NO_WRAP = {"Task ID", "Allocation ID", "Agent ID", "ID", "Registered Time", "Submitted", "Time"}
 # Lists of ids (a gang's agents): wrapped between ids, never inside one.
 _WHOLE_WORDS = {"Agent"}
 _MAX_WORD = 24  # other columns are never narrower than their longest word, up to this
@@ -141,6 +157,28 @@ def _render(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, as_csv: bo
     width = max(stdout.width, total)
     console = stdout if width == stdout.width else Console(highlight=False, width=width)
     console.print(table, crop=False)
+
+
+def _number(value: Any) -> str:
+    """One decimal (percentages, IOPS); blank when the master sent none."""
+    return f"{value:.1f}" if isinstance(value, int | float) else ""
+
+
+def _bytes(value: Any) -> str:
+    """Binary units, as `free -h` shows memory: 512 B, 1.5 KiB, 31.2 GiB."""
+    if not isinstance(value, int | float):
+        return ""
+    amount = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(amount) < 1024 or unit == "PiB":
+            return f"{amount:.0f} {unit}" if unit == "B" else f"{amount:.1f} {unit}"
+        amount /= 1024
+    raise AssertionError("unreachable")
+
+
+def _rate(value: Any) -> str:
+    text = _bytes(value)
+    return f"{text}/s" if text else ""
 
 
 def _one_format(as_json: bool, as_csv: bool) -> None:
@@ -227,21 +265,26 @@ def list_agents(
         if as_json:
             print_json(agents)
             return
-        rows = [
-            [
-                a.get("id"),
-                a.get("version"),
-                _time(a.get("registeredTime")),
-                len(a.get("slots") or {}),
-                len(a.get("containers") or {}),
-                ", ".join(a.get("resourcePools") or []),
-                a.get("enabled"),
-                a.get("draining"),
-                a.get("connected", ""),
-                ", ".join(a.get("addresses") or []),
-            ]
-            for a in agents
-        ]
+        rows = []
+        for a in agents:
+            usage = a.get("utilization") or {}
+            rows.append(
+                [
+                    a.get("id"),
+                    a.get("version"),
+                    _time(a.get("registeredTime")),
+                    len(a.get("slots") or {}),
+                    len(a.get("containers") or {}),
+                    ", ".join(a.get("resourcePools") or []),
+                    a.get("enabled"),
+                    a.get("draining"),
+                    a.get("connected", ""),
+                    _number(usage.get("cpu_util_simple")),
+                    _bytes(usage.get("memory_free")),
+                    _number(usage.get("gpu_util")),
+                    ", ".join(a.get("addresses") or []),
+                ]
+            )
         _render(AGENT_HEADERS, rows, as_csv=as_csv)
 
 
@@ -281,6 +324,61 @@ def disable_agent(
             f"{len(running)} task{'' if len(running) == 1 else 's'} still running there)",
             markup=False,
         )
+
+
+def _gpu_sum(gpus: list[dict[str, Any]], key: str) -> float | None:
+    values = [g[key] for g in gpus if isinstance(g.get(key), int | float)]
+    return sum(values) if values else None
+
+
+def _gpu_mean(gpus: list[dict[str, Any]], key: str) -> float | None:
+    values = [g[key] for g in gpus if isinstance(g.get(key), int | float)]
+    return sum(values) / len(values) if values else None
+
+
+@agent_app.command("metrics")
+def agent_metrics(
+    ctx: typer.Context,
+    agent_id: str = typer.Argument(..., help="Agent ID."),
+    limit: int = typer.Option(
+        60, "-n", "--limit", min=1, max=10_000, help="Show the newest this many samples."
+    ),
+    since: str | None = typer.Option(
+        None, "--since", help="Only samples from this time on (RFC 3339 or unix milliseconds)."
+    ),
+    as_json: bool = JsonOpt,
+    as_csv: bool = CsvOpt,
+) -> None:
+    """Show an agent's recent system metrics, oldest first (GPU columns: mean and total)."""
+    with cli_errors():
+        _one_format(as_json, as_csv)
+        params: dict[str, Any] = {"limit": limit}
+        if since:
+            params["since"] = since
+        reply = client(ctx).get(_agent_path(agent_id, "metrics"), params=params)
+        samples: list[dict[str, Any]] = reply.get("samples") or []
+        if as_json:
+            print_json(samples)
+            return
+        rows = []
+        for sample in samples:
+            gpus = sample.get("gpus") or []
+            rows.append(
+                [
+                    _time(sample.get("timestamp")),
+                    _number(sample.get("cpu_util_simple")),
+                    _bytes(sample.get("memory_used")),
+                    _bytes(sample.get("memory_free")),
+                    _rate(sample.get("disk_throughput_read")),
+                    _rate(sample.get("disk_throughput_write")),
+                    _number(sample.get("disk_iops")),
+                    _rate(sample.get("net_throughput_sent")),
+                    _rate(sample.get("net_throughput_recv")),
+                    _number(_gpu_mean(gpus, "gpu_util")),
+                    _bytes(_gpu_sum(gpus, "gpu_memory_used")),
+                ]
+            )
+        _render(METRIC_HEADERS, rows, as_csv=as_csv)
 
 
 # -- det slot --------------------------------------------------------------------------------

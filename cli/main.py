@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from cli import cluster, experiments, templates
+from cli import cluster, experiments, logs, templates
 from cli.state import Globals
 from master.version import DETERMINED_COMPAT_VERSION, __version__
 
@@ -21,6 +21,9 @@ app.add_typer(templates.app, name="template")
 app.add_typer(templates.app, name="tpl", hidden=True)
 app.add_typer(experiments.app, name="experiment")
 app.add_typer(experiments.app, name="e", hidden=True)
+app.add_typer(logs.trial_app, name="trial")
+app.add_typer(logs.trial_app, name="t", hidden=True)
+cluster.task_app.command("logs")(logs.task_logs)
 app.add_typer(cluster.task_app, name="task")
 app.add_typer(cluster.agent_app, name="agent")
 app.add_typer(cluster.agent_app, name="a", hidden=True)

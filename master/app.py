@@ -12,12 +12,15 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from master.api.errors import error_response, install_error_handlers
-from master.api.routes import auth, cluster, experiments, info, templates, workspaces
+from master.api.routes import auth, cluster, experiments, info, logs, templates, workspaces
 from master.db.migrate import upgrade_to_head
 from master.db.session import create_engine, create_session_factory, session_scope
+from master.grpc_server import start_server
 from master.services import allocations as allocation_service
 from master.services import auth as auth_service
 from master.services import workspaces as workspace_service
+from master.services.agent_link import AgentHub, HubLoop, read_or_create_join_token
+from master.services.metrics import MetricsBuffer, MetricsLoop
 from master.services.scheduler import SchedulerLoop
 from master.settings import MasterSettings
 from master.version import __version__
@@ -97,8 +100,29 @@ def create_app(settings: MasterSettings) -> FastAPI:
         gc.freeze()
         scheduler = SchedulerLoop(app.state.session_factory, settings)
         app.state.scheduler = scheduler
+        metrics = MetricsBuffer()
+        app.state.metrics_buffer = metrics
+        hub = AgentHub(
+            app.state.session_factory,
+            settings,
+            master_id=app.state.master_id,
+            cluster_id=app.state.cluster_id,
+            join_token=read_or_create_join_token(settings),
+            metrics=metrics,
+            wake_scheduler=scheduler.wake,
+        )
+        app.state.agent_hub = hub
+        loops = [
+            scheduler,
+            HubLoop(hub),
+            MetricsLoop(app.state.session_factory, metrics, settings),
+        ]
+        grpc_server = None
         if settings.run_loops:
-            scheduler.start()
+            await hub.recover()
+            grpc_server, app.state.agent_port = await start_server(hub, settings.agent_link)
+            for loop in loops:
+                loop.start()
         log.info(
             "master %s ready on %s (database %s)",
             app.state.master_id,
@@ -108,7 +132,10 @@ def create_app(settings: MasterSettings) -> FastAPI:
         try:
             yield
         finally:
-            await scheduler.stop()
+            if grpc_server is not None:
+                await grpc_server.stop(grace=2.0)
+            for loop in loops:
+                await loop.stop()
             await engine.dispose()
 
     app = FastAPI(
@@ -125,7 +152,7 @@ def create_app(settings: MasterSettings) -> FastAPI:
     app.state.cluster_id = _cluster_id(settings)
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=request_body_limit(settings))
-    for module in (info, auth, workspaces, templates, experiments, cluster):
+    for module in (info, auth, workspaces, templates, experiments, cluster, logs):
         app.include_router(module.router)
     return app
 

@@ -61,18 +61,36 @@ def load_settings(**overrides: Any) -> MasterSettings:
 
 
 def _overrides(
-    port: int | None, db_url: str | None, data_dir: Path | None, host: str | None
+    port: int | None,
+    db_url: str | None,
+    data_dir: Path | None,
+    host: str | None,
+    agent_port: int | None = None,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"port": port, "data_dir": data_dir, "host": host}
     if db_url is not None:
         out["db"] = {"url": db_url}
+    if agent_port is not None or host is not None:
+        link: dict[str, Any] = {}
+        if agent_port is not None:
+            link["port"] = agent_port
+        if host is not None:
+            link["host"] = host
+        out["agent_link"] = link
     return out
 
 
 PortOpt = typer.Option(None, "--port", help="HTTP port (DET_MASTER_PORT, default 8080).")
 DbOpt = typer.Option(None, "--db-url", help="Database URL (DET_MASTER_DB__URL); default SQLite.")
 DataOpt = typer.Option(None, "--data-dir", help="Data directory (DET_MASTER_DATA_DIR).")
-HostOpt = typer.Option(None, "--host", help="Listen address (DET_MASTER_HOST).")
+HostOpt = typer.Option(
+    None,
+    "--host",
+    help="Listen address of both ports (DET_MASTER_HOST, DET_MASTER_AGENT_LINK__HOST).",
+)
+AgentPortOpt = typer.Option(
+    None, "--agent-port", help="Agent gRPC port (DET_MASTER_AGENT_LINK__PORT, default 8090)."
+)
 
 
 @app.callback(invoke_without_command=True)
@@ -82,12 +100,13 @@ def run(
     db_url: str | None = DbOpt,
     data_dir: Path | None = DataOpt,
     host: str | None = HostOpt,
+    agent_port: int | None = AgentPortOpt,
 ) -> None:
-    """Start the master (HTTP API on --host:--port)."""
+    """Start the master (HTTP API on --host:--port, agents on --host:--agent-port)."""
     if ctx.invoked_subcommand is not None:
         ctx.obj = _overrides(port, db_url, data_dir, host)
         return
-    settings = load_settings(**_overrides(port, db_url, data_dir, host))
+    settings = load_settings(**_overrides(port, db_url, data_dir, host, agent_port))
     configure_logging(settings)
     uvicorn.run(
         create_app(settings),
@@ -95,6 +114,8 @@ def run(
         port=settings.port,
         log_config=None,
         access_log=False,
+        # Open log follow streams would otherwise hold a stopping master up forever.
+        timeout_graceful_shutdown=5,
     )
 
 

@@ -64,6 +64,50 @@ class ResourcePoolSettings(BaseModel):
     )
 
 
+class AgentLinkSettings(BaseModel):
+    """The gRPC port agents connect to, and how the master judges them alive."""
+
+    host: str = Field(default="127.0.0.1", description="Address the agent gRPC server listens on.")
+    port: int = Field(default=8090, ge=0, le=65535, description="Agent gRPC port (0: any free).")
+    join_token: str = Field(
+        default="",
+        description=(
+            "Secret every agent must present. Empty: the master generates one and keeps it in "
+            "<data_dir>/agent_join_token."
+        ),
+    )
+    heartbeat_interval_s: float = Field(default=1.0, gt=0, le=60, description="Agent heartbeat.")
+    lost_after_s: float = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "An agent silent this long is lost: its allocations fail as a transient error and "
+            "their trials are requeued without counting a restart."
+        ),
+    )
+    metrics_period_s: float = Field(default=1.0, gt=0, le=3600, description="Metric sampling.")
+    metrics_retention_s: float = Field(
+        default=24 * 3600.0, gt=0, description="Agent metric samples older than this are deleted."
+    )
+    stop_grace_s: float = Field(
+        default=10.0, ge=0, description="SIGTERM to SIGKILL delay when ranks are stopped."
+    )
+    max_message_mb: int = Field(
+        default=160, ge=4, description="Largest gRPC message (the model definition rides in one)."
+    )
+
+
+class TaskContainerDefaults(BaseModel):
+    dtrain_network_interface: str | None = Field(
+        default=None,
+        description=(
+            "Interface for NCCL/Gloo between agents (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME). "
+            "Unset: chosen per gang by the rule in the README. An experiment may override it "
+            "with environment.dtrain_network_interface."
+        ),
+    )
+
+
 class MasterSettings(BaseSettings):
     """Every master setting. Env vars: DET_MASTER_<FIELD>, nested with `__` (DET_MASTER_DB__URL)."""
 
@@ -102,6 +146,15 @@ class MasterSettings(BaseSettings):
     run_loops: bool = Field(
         default=True, description="Run the background loops (off for API-only tests)."
     )
+    agent_link: AgentLinkSettings = Field(default_factory=AgentLinkSettings)
+    task_container_defaults: TaskContainerDefaults = Field(default_factory=TaskContainerDefaults)
+    external_url: str = Field(
+        default="",
+        description=(
+            "URL ranks use to reach the HTTP API (DET_MASTER). Empty: http://<host>:<port>, "
+            "with 127.0.0.1 for a wildcard host."
+        ),
+    )
     migrate_on_start: bool = Field(
         default=True, description="Upgrade the database schema to head when the master starts."
     )
@@ -136,6 +189,13 @@ class MasterSettings(BaseSettings):
         return async_database_url(self.db.url, self.data_dir)
 
     @property
+    def master_url(self) -> str:
+        if self.external_url:
+            return self.external_url.rstrip("/")
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
     def max_model_definition_bytes(self) -> int:
         return int(self.max_model_definition_mb * 1024 * 1024)
 
@@ -149,23 +209,28 @@ class MasterSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Priority: explicit arguments (CLI flags) > environment > YAML file.
-        return (init_settings, env_settings, _YamlFileSource(settings_cls))
+        return (init_settings, env_settings, YamlFileSource(settings_cls, CONFIG_FILE_ENV))
 
 
-class _YamlFileSource(PydanticBaseSettingsSource):
-    """Reads the file named by DET_MASTER_CONFIG_FILE, if any."""
+class YamlFileSource(PydanticBaseSettingsSource):
+    """Reads the YAML file named by an environment variable, if it is set (the master's
+    and the agent's settings both use it)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env_var: str) -> None:
+        super().__init__(settings_cls)
+        self.env_var = env_var
 
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
         return None, field_name, False  # unused: __call__ returns the whole mapping
 
     def __call__(self) -> dict[str, Any]:
-        path = os.environ.get(CONFIG_FILE_ENV)
+        path = os.environ.get(self.env_var)
         if not path:
             return {}
         text = Path(path).read_text(encoding="utf-8")
         data = yaml.safe_load(text) or {}
         if not isinstance(data, dict):
-            raise ValueError(f"{path}: the master config must be a YAML mapping")
+            raise ValueError(f"{path}: the config file must be a YAML mapping")
         return data
 
 

@@ -421,6 +421,8 @@ class Environment(_Strict):
     add_capabilities: list[str] = Field(default_factory=list)
     drop_capabilities: list[str] = Field(default_factory=list)
     proxy_ports: list[ProxyPort] = Field(default_factory=list)
+    # resolute's extension: overrides the master's task_container_defaults for this experiment.
+    dtrain_network_interface: NonEmptyStr | None = Field(default=None, max_length=64)
 
 
 # --- checkpoint storage ----------------------------------------------------------------------

@@ -10,6 +10,7 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -295,6 +296,9 @@ class AgentModel(Base):
     version: Mapped[str] = mapped_column(String(64), default="")
     hostname: Mapped[str] = mapped_column(String(256), default="")
     addresses: Mapped[list[str]] = mapped_column(JsonType, default=list)
+    # [{"name": "eth0", "ipv4": ["10.0.0.5"]}, ...] as the agent reported them; the
+    # launcher picks the gang's dtrain network interface from these.
+    interfaces: Mapped[list[dict[str, Any]]] = mapped_column(JsonType, default=list)
     registered_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
@@ -345,6 +349,10 @@ class AllocationModel(Base):
         ForeignKey("agents.id", ondelete="SET NULL"), index=True
     )
     exit_reason: Mapped[str] = mapped_column(Text, default="")
+    # Chosen at launch (master.services.launcher): the gang's rendezvous.
+    network_interface: Mapped[str] = mapped_column(String(64), default="")
+    chief_address: Mapped[str] = mapped_column(String(64), default="")
+    master_port: Mapped[int | None] = mapped_column(Integer)
 
 
 class AllocationSlotModel(Base):
@@ -370,3 +378,49 @@ class SchedulerStateModel(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     epoch: Mapped[int] = mapped_column(Integer().with_variant(BigInteger(), "postgresql"))
+
+
+_BIG_ID = BigInteger().with_variant(Integer(), "sqlite")  # SQLite autoincrements INTEGER only
+
+
+class AgentMetricModel(Base):
+    """One system-metrics sample of one agent; trimmed by the retention loop."""
+
+    __tablename__ = "agent_metrics"
+    __table_args__ = (Index("ix_agent_metrics_agent_time", "agent_id", "unix_millis"),)
+
+    id: Mapped[int] = mapped_column(_BIG_ID, primary_key=True, autoincrement=True)
+    agent_id: Mapped[str] = mapped_column(String(256))
+    unix_millis: Mapped[int] = mapped_column(BigInteger, index=True)
+    cpu_util_simple: Mapped[float] = mapped_column(Float)
+    memory_free: Mapped[int] = mapped_column(BigInteger)
+    memory_used: Mapped[int] = mapped_column(BigInteger)
+    disk_throughput_read: Mapped[float] = mapped_column(Float)
+    disk_throughput_write: Mapped[float] = mapped_column(Float)
+    disk_iops: Mapped[float] = mapped_column(Float)
+    net_throughput_sent: Mapped[float] = mapped_column(Float)
+    net_throughput_recv: Mapped[float] = mapped_column(Float)
+    # [{"index", "uuid", "gpu_util", "gpu_memory_used", "gpu_free_memory", "temperature_c",
+    #   "power_w"}], empty on CPU-only agents.
+    gpus: Mapped[list[dict[str, Any]]] = mapped_column(JsonType, default=list)
+
+
+class TaskLogModel(Base):
+    """One line a rank (or the agent, about a rank) wrote; `id` orders a task's lines."""
+
+    __tablename__ = "task_logs"
+    __table_args__ = (
+        Index("ix_task_logs_trial", "trial_id", "id"),
+        Index("ix_task_logs_task", "task_id", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(_BIG_ID, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(64))
+    trial_id: Mapped[int | None] = mapped_column(Integer)
+    allocation_id: Mapped[str] = mapped_column(String(64))
+    agent_id: Mapped[str] = mapped_column(String(256), default="")
+    rank: Mapped[int | None] = mapped_column(Integer)
+    stdtype: Mapped[str] = mapped_column(String(16), default="stdout")
+    level: Mapped[str] = mapped_column(String(32), default="LOG_LEVEL_INFO")
+    timestamp: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    message: Mapped[str] = mapped_column(Text)

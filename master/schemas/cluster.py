@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from master.db.models import AllocationState, SlotModel
+from master.db.models import AgentMetricModel, AllocationState, SlotModel
 from master.schemas.common import Pagination, WireInput
 from master.services.agents import AgentView
 from master.services.tasks import JobView, PoolView, TaskView
@@ -39,7 +40,11 @@ def device(slot: SlotModel) -> dict[str, Any]:
     }
 
 
-def agent(view: AgentView, allocation_states: dict[str, str]) -> dict[str, Any]:
+def agent(
+    view: AgentView,
+    allocation_states: dict[str, str],
+    latest: AgentMetricModel | None = None,
+) -> dict[str, Any]:
     a = view.agent
     slots: dict[str, Any] = {}
     containers: dict[str, Any] = {}
@@ -95,6 +100,62 @@ def agent(view: AgentView, allocation_states: dict[str, str]) -> dict[str, Any]:
         "hostname": a.hostname,
         "lastSeenTime": iso(a.last_seen_at),
         "zeroSlotAllocations": view.zero_slot_allocations,
+        "utilization": utilization(latest),
+    }
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def millis_iso(unix_millis: int) -> str | None:
+    """RFC 3339 in UTC with milliseconds; None outside datetime's range (the metrics buffer
+    stores none such)."""
+    try:
+        moment = _EPOCH + timedelta(milliseconds=unix_millis)
+    except OverflowError:
+        return None
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def utilization(sample: AgentMetricModel | None) -> dict[str, Any] | None:
+    """An agent's newest metric sample in brief: what `det agent list` shows."""
+    if sample is None:
+        return None
+    gpu_utils = [g["gpu_util"] for g in sample.gpus if isinstance(g.get("gpu_util"), int | float)]
+    return {
+        "cpu_util_simple": sample.cpu_util_simple,
+        "memory_free": sample.memory_free,
+        "memory_used": sample.memory_used,
+        "gpu_util": sum(gpu_utils) / len(gpu_utils) if gpu_utils else None,
+        "timestamp": millis_iso(sample.unix_millis),
+    }
+
+
+_GPU_KEYS = (
+    "index",
+    "uuid",
+    "gpu_util",
+    "gpu_memory_used",
+    "gpu_free_memory",
+    "temperature_c",
+    "power_w",
+)
+
+
+def metric_sample(sample: AgentMetricModel) -> dict[str, Any]:
+    # Metric names are the ones Determined's profiler reports (cpu_util_simple, ...).
+    return {
+        "timestamp": millis_iso(sample.unix_millis),
+        "unixMillis": sample.unix_millis,
+        "cpu_util_simple": sample.cpu_util_simple,
+        "memory_free": sample.memory_free,
+        "memory_used": sample.memory_used,
+        "disk_throughput_read": sample.disk_throughput_read,
+        "disk_throughput_write": sample.disk_throughput_write,
+        "disk_iops": sample.disk_iops,
+        "net_throughput_sent": sample.net_throughput_sent,
+        "net_throughput_recv": sample.net_throughput_recv,
+        "gpus": [{k: g.get(k) for k in _GPU_KEYS} for g in sample.gpus],
     }
 
 

@@ -93,6 +93,19 @@ async def login(
     return token, user
 
 
+async def issue_task_token(session: AsyncSession, user_id: int, ttl: timedelta) -> str:
+    """A token for a task's processes to call the API as the experiment's owner."""
+    token = secrets.token_urlsafe(32)
+    now = datetime.now(UTC)
+    session.add(
+        UserSessionModel(
+            user_id=user_id, token_hash=_token_digest(token), created_at=now, expires_at=now + ttl
+        )
+    )
+    await session.flush()
+    return token
+
+
 async def user_for_token(session: AsyncSession, token: str) -> UserModel:
     row = await session.scalar(
         select(UserSessionModel).where(UserSessionModel.token_hash == _token_digest(token))

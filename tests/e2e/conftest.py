@@ -63,11 +63,21 @@ def _client_env(master_url: str, **extra: str) -> dict[str, str]:
 class MasterProcess:
     """One `det-master` subprocess on a free port, its output captured in `log`."""
 
-    def __init__(self, data_dir: Path, db_url: str = "", label: str = "master") -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        db_url: str = "",
+        label: str = "master",
+        env: dict[str, str] | None = None,
+        host: str = "127.0.0.1",
+    ) -> None:
         self.data_dir = data_dir
         self.db_url = db_url
         self.label = label
+        self.extra_env = dict(env or {})
+        self.host = host
         self.port = free_port()
+        self.agent_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = data_dir.parent / f"{data_dir.name}-{label}.log"
         self.scratch = Path(tempfile.mkdtemp(prefix="clients-", dir=data_dir.parent))
@@ -78,12 +88,23 @@ class MasterProcess:
 
     def start(self, timeout: float = START_TIMEOUT_S) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        command = [str(DET_MASTER_BIN), "--port", str(self.port), "--data-dir", str(self.data_dir)]
+        command = [
+            str(DET_MASTER_BIN),
+            "--port",
+            str(self.port),
+            "--agent-port",
+            str(self.agent_port),
+            "--data-dir",
+            str(self.data_dir),
+            "--host",
+            self.host,
+        ]
         if self.db_url:
             command += ["--db-url", self.db_url]
         env = {k: v for k, v in os.environ.items() if not k.startswith("DET_MASTER_")}
         env["PYTHONUNBUFFERED"] = "1"
-        with self.log.open("wb") as sink:
+        env.update(self.extra_env)
+        with self.log.open("ab") as sink:
             self._proc = subprocess.Popen(
                 command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
@@ -119,6 +140,30 @@ class MasterProcess:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+
+    @property
+    def agent_address(self) -> str:
+        """What `det-agent --master` takes."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"{host}:{self.agent_port}"
+
+    @property
+    def join_token_file(self) -> Path:
+        return self.data_dir / "agent_join_token"
+
+    def wait_for(self, what: str, check: Any, timeout: float = 30.0, interval: float = 0.2) -> Any:
+        """Poll `check()` until it returns something truthy; fail naming `what`."""
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            last = check()
+            if last:
+                return last
+            time.sleep(interval)
+        raise AssertionError(
+            f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}\n"
+            f"--- master log ---\n{self.output()}"
+        )
 
     @property
     def alive(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter, Body, Query
@@ -11,7 +12,7 @@ from master.api.deps import MAX_INT, CurrentUser, SessionDep, SettingsDep
 from master.db.models import AllocationModel, SlotModel
 from master.errors import InvalidArgument, NotFound
 from master.schemas import cluster
-from master.services import agents, experiments, tasks
+from master.services import agents, experiments, metrics, tasks
 
 router = APIRouter(prefix="/api/v1", tags=["Cluster"])
 
@@ -33,7 +34,10 @@ async def list_agents(
     limit: int = Query(0, ge=0, le=MAX_INT),
 ) -> dict[str, Any]:
     states = await _allocation_states(session)
-    items = [cluster.agent(v, states) for v in await agents.list_agents(session)]
+    latest = await metrics.latest_metrics(session)
+    items = [
+        cluster.agent(v, states, latest.get(v.agent.id)) for v in await agents.list_agents(session)
+    ]
     return cluster.paginated("agents", items, offset, limit)
 
 
@@ -42,7 +46,52 @@ async def get_agent(agent_id: str, session: SessionDep, _user: CurrentUser) -> d
     views = await agents.list_agents(session, agent_id)
     if not views:
         raise NotFound(f"agent {agent_id} not found")
-    return {"agent": cluster.agent(views[0], await _allocation_states(session))}
+    latest = await metrics.latest_metrics(session, [agent_id])
+    return {
+        "agent": cluster.agent(views[0], await _allocation_states(session), latest.get(agent_id))
+    }
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MAX_MILLIS = 2**63 - 1
+
+
+def _since_millis(value: str | None) -> int | None:
+    """`since` as unix milliseconds, from digits or an RFC 3339 time (UTC when it has no zone)."""
+    if value is None or value == "":
+        return None
+    problem = f"since: expected an RFC 3339 time or unix milliseconds, got {value[:64]!r}"
+    if value.isascii() and value.isdigit():
+        if len(value) > 19 or int(value) > _MAX_MILLIS:
+            raise InvalidArgument(f"since: {value[:64]} is out of range")
+        return int(value)
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidArgument(problem) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    try:
+        return (moment - _EPOCH) // timedelta(milliseconds=1)
+    except OverflowError:
+        raise InvalidArgument(f"since: {value[:64]} is out of range") from None
+
+
+@router.get("/agents/{agent_id}/metrics")
+async def get_agent_metrics(
+    agent_id: str,
+    session: SessionDep,
+    _user: CurrentUser,
+    since: str | None = Query(None, description="RFC 3339 time or unix milliseconds."),
+    limit: int = Query(300, ge=1, le=10_000, description="The newest this many samples."),
+) -> dict[str, Any]:
+    """An agent's system-metric samples, oldest first: the newest `limit` at or after `since`."""
+    since_millis = _since_millis(since)
+    await agents.get_agent(session, agent_id)
+    samples = await metrics.list_agent_metrics(
+        session, agent_id, since_millis=since_millis, limit=limit
+    )
+    return {"agentId": agent_id, "samples": [cluster.metric_sample(m) for m in samples]}
 
 
 @router.post("/agents/{agent_id}/enable")

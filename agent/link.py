@@ -1,0 +1,239 @@
+"""The agent's side of the link: one Connect stream to the master, rebuilt after any break.
+
+Every connection starts with a Hello that carries the agent's whole state (devices,
+interfaces, running allocations, unacknowledged exits), so a reconnect to the same or a
+restarted master is a resync. Heartbeats carry the metric samples taken since the last
+one; rank output goes in log batches. While the master is unreachable, ranks keep running,
+logs queue up (bounded) and exits wait for their acknowledgement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import socket
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+
+import grpc
+
+from agent.runner import Runner
+from agent.sampler import SystemSampler
+from agent.settings import AgentSettings
+from master.version import __version__
+from resolute_proto.agent.v1 import agent_pb2 as pb
+from resolute_proto.agent.v1 import agent_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+LOG_BATCH_LINES = 500
+LOG_FLUSH_S = 0.2
+MAX_QUEUED_LOG_LINES = 100_000
+MAX_QUEUED_SAMPLES = 600
+
+
+class Refused(Exception):
+    """The master will not take this agent (wrong token, wrong pool...)."""
+
+
+class Agent:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        devices: list[pb.Device],
+        interfaces: list[pb.NetworkInterface],
+        sampler: SystemSampler,
+    ) -> None:
+        self.settings = settings
+        self.devices = devices
+        self.interfaces = interfaces
+        self.sampler = sampler
+        self.runner = Runner(settings.id, settings.work_dir, devices, self._emit, self._log)
+        self._outbox: asyncio.Queue[pb.AgentMessage | None] | None = None
+        self._logs: deque[pb.LogEntry] = deque(maxlen=MAX_QUEUED_LOG_LINES)
+        self._samples: deque[pb.MetricSample] = deque(maxlen=MAX_QUEUED_SAMPLES)
+        self._heartbeat_s = 1.0
+        self._metrics_period_s = 1.0
+        self._seq = 0
+        self._last_from_master = time.monotonic()
+        self.connected = asyncio.Event()
+
+    # -- public ------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve until cancelled; raises Refused if the master turns the agent away."""
+        sampling = asyncio.create_task(self._sample_forever(), name="sampler")
+        attempt = 0
+        try:
+            while True:
+                started = time.monotonic()
+                try:
+                    await self._session()
+                except Refused:
+                    raise
+                except (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as exc:
+                    log.warning("link to master %s broken: %s", self.settings.master, _short(exc))
+                self.connected.clear()
+                attempt = 0 if time.monotonic() - started > 10 else attempt + 1
+                delay = min(self.settings.reconnect_max_backoff_s, 0.25 * 2**attempt)
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+        finally:
+            sampling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampling
+
+    # -- one connection ---------------------------------------------------------------------
+
+    async def _session(self) -> None:
+        size = self.settings.max_message_mb * 2**20
+        options = [
+            ("grpc.max_send_message_length", size),
+            ("grpc.max_receive_message_length", size),
+            ("grpc.keepalive_time_ms", 120_000),
+            ("grpc.keepalive_timeout_ms", 20_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+        ]
+        async with grpc.aio.insecure_channel(self.settings.master, options=options) as channel:
+            stub = agent_pb2_grpc.AgentServiceStub(channel)  # type: ignore[no-untyped-call]
+            outbox: asyncio.Queue[pb.AgentMessage | None] = asyncio.Queue()
+            outbox.put_nowait(pb.AgentMessage(hello=self._hello()))
+            call = stub.Connect(_drain(outbox))
+            first = await asyncio.wait_for(call.read(), timeout=30)
+            if first is grpc.aio.EOF or first.WhichOneof("body") != "welcome":
+                reason = first.refused.reason if first is not grpc.aio.EOF else "stream closed"
+                call.cancel()
+                raise Refused(reason)
+            welcome = first.welcome
+            self._heartbeat_s = welcome.heartbeat_interval_s or 1.0
+            self._metrics_period_s = welcome.metrics_period_s or 1.0
+            self._outbox = outbox
+            self._last_from_master = time.monotonic()
+            self.connected.set()
+            log.info(
+                "connected to master %s (stream %s) as %s with %d slots",
+                self.settings.master,
+                welcome.stream_id,
+                self.settings.id,
+                len(self.devices),
+            )
+            for allocation_id in welcome.stop_allocation_ids:
+                await self.runner.stop(allocation_id, "the master no longer knows it", 5.0)
+            tasks = [
+                asyncio.create_task(self._heartbeats(), name="heartbeats"),
+                asyncio.create_task(self._ship_logs(), name="logs"),
+            ]
+            try:
+                while True:
+                    message = await call.read()
+                    if message is grpc.aio.EOF:
+                        raise ConnectionError("the master closed the stream")
+                    self._last_from_master = time.monotonic()
+                    await self._handle(message)
+            finally:
+                self._outbox = None
+                outbox.put_nowait(None)
+                for task in tasks:
+                    task.cancel()
+                for task in tasks:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                call.cancel()
+
+    def _hello(self) -> pb.Hello:
+        return pb.Hello(
+            agent_id=self.settings.id,
+            resource_pool=self.settings.resource_pool,
+            version=__version__,
+            hostname=socket.gethostname(),
+            join_token=self.settings.join_token,
+            devices=self.devices,
+            interfaces=self.interfaces,
+            running=self.runner.running(),
+            exited=list(self.runner.unacked.values()),
+        )
+
+    async def _handle(self, message: pb.MasterMessage) -> None:
+        kind = message.WhichOneof("body")
+        if kind == "heartbeat_ack":
+            return
+        if kind == "prepare":
+            self._emit(pb.AgentMessage(prepared=self.runner.prepare(message.prepare.allocation_id)))
+        elif kind == "start":
+            self.runner.spawn_task(self.runner.start(message.start))
+        elif kind == "stop":
+            stop = message.stop
+            self.runner.spawn_task(self.runner.stop(stop.allocation_id, stop.reason, stop.grace_s))
+        elif kind == "exit_ack":
+            self.runner.ack(message.exit_ack.allocation_id)
+        elif kind == "refused":
+            raise Refused(message.refused.reason)
+        else:
+            log.warning("unexpected %s message from the master", kind)
+
+    # -- outgoing ------------------------------------------------------------------------------
+
+    def _emit(self, message: pb.AgentMessage) -> None:
+        """Send now if connected; exits are kept by the runner until acked anyway.
+
+        An exit goes after every log line queued before it, so a follower of the trial's
+        logs, which stops when the trial ends, has seen the last lines."""
+        if self._outbox is None:
+            return
+        if message.WhichOneof("body") == "exited":
+            self._flush_logs()
+        self._outbox.put_nowait(message)
+
+    def _flush_logs(self) -> None:
+        while self._logs and self._outbox is not None:
+            batch = [self._logs.popleft() for _ in range(min(LOG_BATCH_LINES, len(self._logs)))]
+            self._outbox.put_nowait(pb.AgentMessage(logs=pb.LogBatch(entries=batch)))
+
+    def _log(self, entry: pb.LogEntry) -> None:
+        self._logs.append(entry)
+
+    async def _heartbeats(self) -> None:
+        silence_limit = max(30.0, 10 * self._heartbeat_s)
+        while True:
+            await asyncio.sleep(self._heartbeat_s)
+            if time.monotonic() - self._last_from_master > silence_limit:
+                raise ConnectionError(f"no word from the master for {silence_limit:.0f}s")
+            self._seq += 1
+            samples = list(self._samples)
+            self._samples.clear()
+            self._emit(
+                pb.AgentMessage(
+                    heartbeat=pb.Heartbeat(
+                        seq=self._seq, sent_unix_nanos=time.time_ns(), samples=samples
+                    )
+                )
+            )
+
+    async def _ship_logs(self) -> None:
+        while True:
+            await asyncio.sleep(LOG_FLUSH_S)
+            self._flush_logs()
+
+    async def _sample_forever(self) -> None:
+        while True:
+            try:
+                self._samples.append(await asyncio.to_thread(self.sampler.sample))
+            except Exception:
+                log.exception("sampling system metrics failed")
+            await asyncio.sleep(self._metrics_period_s)
+
+
+async def _drain(outbox: asyncio.Queue[pb.AgentMessage | None]) -> AsyncIterator[pb.AgentMessage]:
+    while True:
+        message = await outbox.get()
+        if message is None:
+            return
+        yield message
+
+
+def _short(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return str(exc) or type(exc).__name__

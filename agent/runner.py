@@ -1,0 +1,319 @@
+"""Rank processes on this agent: unpack, spawn one process per rank, pump logs, gang exits.
+
+Gang rule on one agent: when a rank exits non-zero on its own, every other local rank is
+stopped (SIGTERM to its process group, SIGKILL after the grace period) and the master is
+told FAILED, so it stops the ranks on the other agents too. Ranks die with the agent:
+each is started with PR_SET_PDEATHSIG, so `kill -9` of the agent leaves no orphan holding
+a GPU or the rendezvous port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tarfile
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from resolute_proto.agent.v1 import agent_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+MAX_LINE = 64 * 1024
+
+
+# Ranks die with the agent: setpriv (util-linux) sets PR_SET_PDEATHSIG and execs the rank.
+# Doing it in a preexec_fn instead forces a real fork() of a process running gRPC threads,
+# which crashed children here (SIGSEGV); without preexec_fn Python spawns with vfork.
+SETPRIV = shutil.which("setpriv")
+
+
+def _die_with_agent(argv: list[str]) -> list[str]:
+    if SETPRIV is None:
+        return argv
+    return [SETPRIV, "--pdeathsig", "KILL", "--", *argv]
+
+
+class LaunchFailed(Exception):
+    pass
+
+
+@dataclass
+class AllocationRun:
+    allocation_id: str
+    work_dir: Path
+    grace_s: float
+    processes: dict[int, asyncio.subprocess.Process] = field(default_factory=dict)
+    exit_codes: dict[int, int] = field(default_factory=dict)
+    kind: pb.ExitKind = pb.EXIT_KIND_UNSPECIFIED
+    message: str = ""
+    stopping: bool = False
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+Emit = Callable[[pb.AgentMessage], None]
+LogSink = Callable[[pb.LogEntry], None]
+
+
+class Runner:
+    def __init__(
+        self, agent_id: str, work_dir: Path, devices: list[pb.Device], emit: Emit, logs: LogSink
+    ) -> None:
+        self.agent_id = agent_id
+        self.work_dir = work_dir
+        self.devices = {d.slot_id: d for d in devices}
+        self.emit = emit
+        self.logs = logs
+        self.runs: dict[str, AllocationRun] = {}
+        self.unacked: dict[str, pb.AllocationExited] = {}
+        self.ports: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def spawn_task(self, work: Coroutine[Any, Any, None]) -> None:
+        """Fire and forget, keeping a reference so the task is not collected mid-way."""
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- what the master asks ----------------------------------------------------------------
+
+    def prepare(self, allocation_id: str) -> pb.AllocationPrepared:
+        """Reserve a rendezvous port for the chief (the same one if asked twice)."""
+        if allocation_id not in self.ports:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("", 0))
+                self.ports[allocation_id] = int(sock.getsockname()[1])
+        return pb.AllocationPrepared(
+            allocation_id=allocation_id, master_port=self.ports[allocation_id]
+        )
+
+    async def start(self, start: pb.StartAllocation) -> None:
+        allocation_id = start.allocation_id
+        if allocation_id in self.runs or allocation_id in self.unacked:
+            return  # a repeat after a reconnect
+        run = AllocationRun(
+            allocation_id, self.work_dir / "allocations" / allocation_id, start.stop_grace_s
+        )
+        self.runs[allocation_id] = run
+        try:
+            await asyncio.to_thread(_unpack, start.model_definition, run.work_dir)
+            for spec in start.ranks:
+                run.processes[spec.rank] = await self._spawn(start, spec, run)
+        except (LaunchFailed, OSError) as exc:
+            run.kind, run.message = pb.EXIT_KIND_FAILED, f"could not start: {exc}"
+            self._note(run, -1, run.message)
+            await self._stop_processes(run)
+            await self._finish(run)
+            return
+        self.emit(
+            pb.AgentMessage(
+                started=pb.AllocationStarted(
+                    allocation_id=allocation_id, pids=[p.pid for p in run.processes.values()]
+                )
+            )
+        )
+        log.info("allocation %s: started ranks %s", allocation_id, sorted(run.processes))
+        for rank, process in run.processes.items():
+            run.tasks.append(asyncio.create_task(self._watch(run, rank, process)))
+
+    async def stop(self, allocation_id: str, reason: str, grace_s: float) -> None:
+        run = self.runs.get(allocation_id)
+        if run is None:
+            self.ports.pop(allocation_id, None)
+            return
+        if run.stopping:
+            return
+        run.stopping = True
+        run.grace_s = grace_s
+        if run.kind == pb.EXIT_KIND_UNSPECIFIED:
+            run.kind, run.message = pb.EXIT_KIND_STOPPED, reason
+        self._note(run, -1, f"stopping: {reason}")
+        await self._stop_processes(run)
+
+    def ack(self, allocation_id: str) -> None:
+        self.unacked.pop(allocation_id, None)
+
+    def running(self) -> list[pb.RunningAllocation]:
+        return [
+            pb.RunningAllocation(allocation_id=a, ranks=sorted(r.processes))
+            for a, r in self.runs.items()
+        ]
+
+    async def shutdown(self) -> None:
+        for allocation_id in list(self.runs):
+            await self.stop(allocation_id, "agent shutting down", 5.0)
+        for run in list(self.runs.values()):
+            await asyncio.gather(*run.tasks, return_exceptions=True)
+
+    # -- processes -------------------------------------------------------------------------
+
+    async def _spawn(
+        self, start: pb.StartAllocation, spec: pb.RankSpec, run: AllocationRun
+    ) -> asyncio.subprocess.Process:
+        env = self._rank_env(start, spec, run)
+        argv = list(start.argv)
+        if not argv:
+            raise LaunchFailed("the entrypoint is empty")
+        if (
+            shutil.which(argv[0], path=env["PATH"]) is None
+            and not (run.work_dir / argv[0]).exists()
+        ):
+            raise LaunchFailed(f"entrypoint command {argv[0]!r} not found on PATH")
+        process = await asyncio.create_subprocess_exec(
+            *_die_with_agent(argv),
+            cwd=run.work_dir,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # one process group per rank: stop kills its children too
+            limit=MAX_LINE,
+        )
+        assert process.stdout is not None and process.stderr is not None
+        run.tasks.append(asyncio.create_task(self._pump(run, spec.rank, process.stdout, "stdout")))
+        run.tasks.append(asyncio.create_task(self._pump(run, spec.rank, process.stderr, "stderr")))
+        return process
+
+    def _rank_env(
+        self, start: pb.StartAllocation, spec: pb.RankSpec, run: AllocationRun
+    ) -> dict[str, str]:
+        # The agent's own DET_* settings (its join token above all) never reach user code.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DET_")}
+        # `python3` in an entrypoint is the interpreter the agent runs on, with its packages.
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        env.update(start.env)
+        devices = [self.devices[s] for s in spec.slot_ids if s in self.devices]
+        gpus = [str(d.index) for d in devices if d.type == "cuda"]
+        env.update(
+            {
+                "RANK": str(spec.rank),
+                "LOCAL_RANK": str(spec.local_rank),
+                "LOCAL_WORLD_SIZE": str(len(start.ranks)),
+                "LOCAL_SIZE": str(len(start.ranks)),
+                "DET_AGENT_ID": self.agent_id,
+                "DET_SLOT_IDS": json.dumps(list(spec.slot_ids)),
+                "DET_CONTAINER_ID": f"{start.allocation_id}.{spec.rank}",
+                "DET_RESOURCES_ID": f"{start.allocation_id}.{self.agent_id}",
+                "DET_WORKDIR": str(run.work_dir),
+                # CPU slots see no GPU, so a CPU trial never grabs one by accident.
+                "CUDA_VISIBLE_DEVICES": ",".join(gpus),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        return env
+
+    async def _pump(
+        self, run: AllocationRun, rank: int, stream: asyncio.StreamReader, stdtype: str
+    ) -> None:
+        while True:
+            try:
+                line = await stream.readline()
+            except ValueError:  # a line over MAX_LINE: pass it on in pieces
+                line = await stream.read(MAX_LINE)
+            if not line:
+                return
+            self.logs(
+                pb.LogEntry(
+                    allocation_id=run.allocation_id,
+                    rank=rank,
+                    stdtype=stdtype,
+                    unix_micros=time.time_ns() // 1000,
+                    message=line.decode("utf-8", errors="replace"),
+                )
+            )
+
+    async def _watch(
+        self, run: AllocationRun, rank: int, process: asyncio.subprocess.Process
+    ) -> None:
+        code = await process.wait()
+        run.exit_codes[rank] = code
+        if code != 0 and not run.stopping and run.kind == pb.EXIT_KIND_UNSPECIFIED:
+            run.kind = pb.EXIT_KIND_FAILED
+            run.message = f"rank {rank} exited with code {code}"
+            self._note(run, rank, f"{run.message}; stopping the other ranks")
+            run.stopping = True
+            self.spawn_task(self._stop_processes(run))
+        if len(run.exit_codes) == len(run.processes):
+            await self._finish(run)
+
+    async def _stop_processes(self, run: AllocationRun) -> None:
+        alive = [p for r, p in run.processes.items() if r not in run.exit_codes]
+        for process in alive:
+            _signal_group(process, signal.SIGTERM)
+        if alive:
+            await asyncio.wait(
+                [asyncio.ensure_future(p.wait()) for p in alive], timeout=run.grace_s
+            )
+        for process in alive:
+            if process.returncode is None:
+                _signal_group(process, signal.SIGKILL)
+
+    async def _finish(self, run: AllocationRun) -> None:
+        if run.allocation_id not in self.runs:
+            return
+        # Let the log pumps drain what the ranks wrote last.
+        pumps = [t for t in run.tasks if t is not asyncio.current_task()]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*pumps, return_exceptions=True), 5.0)
+        del self.runs[run.allocation_id]
+        self.ports.pop(run.allocation_id, None)
+        if run.kind == pb.EXIT_KIND_UNSPECIFIED:
+            run.kind = pb.EXIT_KIND_COMPLETED
+        exited = pb.AllocationExited(
+            allocation_id=run.allocation_id,
+            kind=run.kind,
+            exits=[pb.RankExit(rank=r, exit_code=c) for r, c in sorted(run.exit_codes.items())],
+            message=run.message,
+        )
+        self.unacked[run.allocation_id] = exited
+        self.emit(pb.AgentMessage(exited=exited))
+        log.info(
+            "allocation %s: every local rank exited (%s) %s",
+            run.allocation_id,
+            pb.ExitKind.Name(run.kind),
+            run.message,
+        )
+        await asyncio.to_thread(shutil.rmtree, run.work_dir, True)
+
+    def _note(self, run: AllocationRun, rank: int, message: str) -> None:
+        """A line in the trial's logs from the agent itself."""
+        self.logs(
+            pb.LogEntry(
+                allocation_id=run.allocation_id,
+                rank=rank,
+                stdtype="agent",
+                unix_micros=time.time_ns() // 1000,
+                message=f"[agent {self.agent_id}] {message}\n",
+            )
+        )
+
+
+def _signal_group(process: asyncio.subprocess.Process, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, sig)
+
+
+def _unpack(archive: bytes, target: Path) -> None:
+    """Unpack the model definition. The master checked every path already; the "data"
+    filter checks again here (absolute paths, "..", links leaving the directory, devices)."""
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    if not archive:
+        return
+    try:
+        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+            tar.extractall(target, filter="data")
+    except (tarfile.TarError, OSError) as exc:
+        raise LaunchFailed(f"the model definition cannot be unpacked: {exc}") from None

@@ -1,0 +1,761 @@
+"""The master's side of the agent link: connected agents, resync, liveness, launches, exits.
+
+One `AgentHub` per master process. The gRPC servicer (master/grpc_server.py) hands it each
+stream's messages; `HubLoop` calls `tick()` a few times a second to launch assigned
+allocations, pass on stop requests and declare silent agents lost. Database changes go
+through the same services the REST API uses (register_agent, release_allocation, states),
+each in its own short transaction.
+
+Allocation lifecycle on the agents (AllocationModel.state, written only here after the
+scheduler's ASSIGNED): ASSIGNED -> PULLING (the chief reserves the rendezvous port) ->
+STARTING (every agent was sent its ranks) -> RUNNING (every agent started them) ->
+TERMINATED (release_allocation, once every agent reported its ranks gone, or one was lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from master.core import launch
+from master.core.interfaces import InterfaceChoice, choose_interface
+from master.db.models import (
+    AgentModel,
+    AllocationModel,
+    AllocationSlotModel,
+    AllocationState,
+    ExperimentModel,
+    ModelDefinitionModel,
+    SlotModel,
+    TrialModel,
+    TrialState,
+    UserModel,
+)
+from master.db.session import session_scope
+from master.errors import InvalidArgument
+from master.services import agents as agent_service
+from master.services import allocations, states
+from master.services import auth as auth_service
+from master.services import logs as log_service
+from master.services import metrics as metric_service
+from master.services.allocations import HELD_STATES, ReleaseOutcome
+from master.services.loops import Loop
+from master.settings import MasterSettings
+from resolute_proto.agent.v1 import agent_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+NO_COMMON_INTERFACE = "NO_COMMON_INTERFACE"
+PREPARE_TIMEOUT_S = 30.0
+TASK_TOKEN_TTL = timedelta(days=7)
+_SENDS = "agent_link_sends"
+
+
+@dataclass(eq=False)
+class Connection:
+    agent_id: str
+    stream_id: str
+    outbox: asyncio.Queue[pb.MasterMessage | None] = field(default_factory=asyncio.Queue)
+    last_heartbeat: float = field(default_factory=time.monotonic)
+    closed: bool = False
+
+    def send(self, message: pb.MasterMessage) -> None:
+        if not self.closed:
+            self.outbox.put_nowait(message)
+
+    def close(self) -> None:
+        """End the stream from the master's side (the servicer's writer stops on None)."""
+        if not self.closed:
+            self.closed = True
+            self.outbox.put_nowait(None)
+
+
+@dataclass
+class Gang:
+    """What the master knows of one allocation's ranks on its agents."""
+
+    allocation_id: str
+    members: list[launch.GangMember]  # chief first
+    phase: str = "assigned"  # assigned | preparing | starting | running
+    prepare_sent_at: float = 0.0
+    started: set[str] = field(default_factory=set)
+    exits: dict[str, pb.AllocationExited] = field(default_factory=dict)
+    failure: str = ""
+    stop_sent: bool = False
+
+    @property
+    def agent_ids(self) -> list[str]:
+        return [m.agent_id for m in self.members]
+
+    @property
+    def chief(self) -> str:
+        return self.members[0].agent_id
+
+
+class Refusal(Exception):
+    """The agent may not join; the reason is sent to it before the stream closes."""
+
+
+class AgentHub:
+    def __init__(
+        self,
+        factory: async_sessionmaker[AsyncSession],
+        settings: MasterSettings,
+        *,
+        master_id: str,
+        cluster_id: str,
+        join_token: str,
+        metrics: metric_service.MetricsBuffer,
+        wake_scheduler: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.factory = factory
+        self.settings = settings
+        self.link = settings.agent_link
+        self.master_id = master_id
+        self.cluster_id = cluster_id
+        self.join_token = join_token
+        self.metrics = metrics
+        self.wake_scheduler = wake_scheduler
+        self.connections: dict[str, Connection] = {}
+        self.gangs: dict[str, Gang] = {}
+        # Agents that hold allocations but have no stream: since when (monotonic).
+        self.absent_since: dict[str, float] = {}
+        self.heartbeats = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @contextlib.asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[AsyncSession]:
+        """A session whose messages to agents (`_send`) go out only after it commits, so
+        an agent's answer never races the state change that asked for it."""
+        async with session_scope(self.factory) as session:
+            sends: list[tuple[Connection, pb.MasterMessage]] = []
+            session.info[_SENDS] = sends
+            yield session
+        for connection, message in sends:
+            connection.send(message)
+
+    def _send(self, session: AsyncSession, agent_id: str, message: pb.MasterMessage) -> None:
+        connection = self.connections.get(agent_id)
+        if connection is not None:
+            session.info[_SENDS].append((connection, message))
+
+    # -- start-up ------------------------------------------------------------------------
+
+    async def recover(self) -> None:
+        """After a (re)start no agent is connected yet: every agent is marked disconnected,
+        and those holding allocations get the reconnect window before they count as lost."""
+        now = time.monotonic()
+        async with self._transaction() as session:
+            holders = await _agents_holding_allocations(session)
+            await session.execute(
+                update(AgentModel)
+                .where(AgentModel.connected.is_(True))
+                .values(connected=False)
+                .execution_options(synchronize_session=False)
+            )
+            allocations.request_scheduling(session)
+        for agent_id in holders:
+            self.absent_since[agent_id] = now
+        if holders:
+            log.info(
+                "waiting up to %.0fs for %d agents to reconnect",
+                self.link.lost_after_s,
+                len(holders),
+            )
+
+    # -- connections -----------------------------------------------------------------------
+
+    async def open(self, hello: pb.Hello) -> tuple[Connection, pb.Welcome]:
+        """Authenticate and register the agent, reconcile what it runs; raise Refusal."""
+        if not secrets.compare_digest(hello.join_token.encode(), self.join_token.encode()):
+            raise Refusal("join token missing or wrong; start the agent with --join-token")
+        registration = agent_service.AgentRegistration(
+            id=hello.agent_id,
+            resource_pool=hello.resource_pool or self.settings.default_compute_pool,
+            devices=tuple(
+                agent_service.Device(
+                    slot_id=d.slot_id,
+                    type=d.type,
+                    brand=d.brand,
+                    uuid=d.uuid,
+                    memory_bytes=d.memory_bytes or None,
+                )
+                for d in hello.devices
+            ),
+            addresses=tuple(sorted({a for i in hello.interfaces for a in i.ipv4})),
+            version=hello.version,
+            hostname=hello.hostname,
+        )
+        stop_ids: list[str] = []
+        try:
+            async with self._transaction() as session:
+                agent = await agent_service.register_agent(session, self.settings, registration)
+                agent.interfaces = [
+                    {"name": i.name, "ipv4": list(i.ipv4)} for i in hello.interfaces
+                ]
+                stop_ids = await self._reconcile(session, hello)
+        except InvalidArgument as exc:
+            raise Refusal(str(exc)) from None
+        old = self.connections.get(hello.agent_id)
+        if old is not None:
+            old.close()
+        connection = Connection(hello.agent_id, str(uuid.uuid4()))
+        self.connections[hello.agent_id] = connection
+        self.absent_since.pop(hello.agent_id, None)
+        self.wake_scheduler()
+        log.info(
+            "agent %s connected (stream %s, %d slots, running %d, exited %d)",
+            hello.agent_id,
+            connection.stream_id,
+            len(hello.devices),
+            len(hello.running),
+            len(hello.exited),
+        )
+        welcome = pb.Welcome(
+            stream_id=connection.stream_id,
+            master_id=self.master_id,
+            heartbeat_interval_s=self.link.heartbeat_interval_s,
+            metrics_period_s=self.link.metrics_period_s,
+            stop_allocation_ids=stop_ids,
+        )
+        return connection, welcome
+
+    async def after_welcome(self, connection: Connection, hello: pb.Hello) -> None:
+        for exited in hello.exited:
+            await self.on_exited(connection, exited)
+
+    async def _reconcile(self, session: AsyncSession, hello: pb.Hello) -> list[str]:
+        """Match the agent's running allocations with ours. Returns those it must stop."""
+        agent_id = hello.agent_id
+        running = {r.allocation_id for r in hello.running}
+        exited = {e.allocation_id for e in hello.exited}
+        held = await _held_on_agent(session, agent_id)
+        lost: list[str] = []
+        for allocation_id, state in held.items():
+            gang = self.gangs.get(allocation_id)
+            if allocation_id in running:
+                if gang is None:
+                    gang = await self._gang_from_db(session, allocation_id)
+                gang.started.add(agent_id)
+                if gang.phase in ("assigned", "preparing"):
+                    gang.phase = "starting"
+            elif allocation_id in exited:
+                continue
+            elif state in (AllocationState.ASSIGNED, AllocationState.PULLING):
+                # Not started anywhere yet: the next tick prepares it afresh.
+                self.gangs.pop(allocation_id, None)
+            else:
+                lost.append(allocation_id)
+        for allocation_id in lost:
+            await self._fail_gang(
+                session,
+                allocation_id,
+                ReleaseOutcome.AGENT_LOST,
+                f"agent {agent_id} came back without the allocation's ranks",
+            )
+        return sorted(running - held.keys())
+
+    def close(self, connection: Connection) -> None:
+        """The stream ended (either side). Running ranks keep their window to come back."""
+        connection.close()
+        if self.connections.get(connection.agent_id) is connection:
+            del self.connections[connection.agent_id]
+            self.absent_since[connection.agent_id] = connection.last_heartbeat
+            task = asyncio.get_running_loop().create_task(
+                self._mark_disconnected(connection.agent_id)
+            )
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            log.info("agent %s disconnected (stream %s)", connection.agent_id, connection.stream_id)
+
+    async def _mark_disconnected(self, agent_id: str) -> None:
+        try:
+            async with self._transaction() as session:
+                if agent_id not in self.connections:
+                    await agent_service.set_connected(session, agent_id, False)
+        except Exception:
+            log.exception("could not mark agent %s disconnected", agent_id)
+
+    # -- messages --------------------------------------------------------------------------
+
+    async def on_message(self, connection: Connection, message: pb.AgentMessage) -> None:
+        kind = message.WhichOneof("body")
+        if kind == "heartbeat":
+            self.on_heartbeat(connection, message.heartbeat)
+        elif kind == "logs":
+            await self.on_logs(connection, message.logs)
+        elif kind == "prepared":
+            await self.on_prepared(connection, message.prepared)
+        elif kind == "started":
+            await self.on_started(connection, message.started)
+        elif kind == "exited":
+            await self.on_exited(connection, message.exited)
+        else:
+            log.warning("agent %s sent an unexpected %s message", connection.agent_id, kind)
+
+    def on_heartbeat(self, connection: Connection, heartbeat: pb.Heartbeat) -> None:
+        connection.last_heartbeat = time.monotonic()
+        self.heartbeats += 1
+        if heartbeat.samples:
+            self.metrics.add(connection.agent_id, [_reading(s) for s in heartbeat.samples])
+        connection.send(
+            pb.MasterMessage(
+                heartbeat_ack=pb.HeartbeatAck(
+                    seq=heartbeat.seq, sent_unix_nanos=heartbeat.sent_unix_nanos
+                )
+            )
+        )
+
+    async def on_logs(self, connection: Connection, batch: pb.LogBatch) -> None:
+        lines = [
+            log_service.LogLine(
+                allocation_id=e.allocation_id,
+                rank=e.rank if e.rank >= 0 else None,
+                stdtype=e.stdtype or "stdout",
+                timestamp=datetime.fromtimestamp(e.unix_micros / 1e6, UTC),
+                message=e.message,
+            )
+            for e in batch.entries
+        ]
+        async with self._transaction() as session:
+            await log_service.append_logs(session, connection.agent_id, lines)
+
+    async def on_prepared(self, connection: Connection, prepared: pb.AllocationPrepared) -> None:
+        gang = self.gangs.get(prepared.allocation_id)
+        if gang is None or gang.phase != "preparing" or connection.agent_id != gang.chief:
+            return
+        async with self._transaction() as session:
+            if prepared.error:
+                gang.failure = f"agent {connection.agent_id}: {prepared.error}"
+                await self._fail_gang(
+                    session, gang.allocation_id, ReleaseOutcome.FAILED, gang.failure
+                )
+                return
+            await self._start(session, gang, prepared.master_port)
+
+    async def on_started(self, connection: Connection, started: pb.AllocationStarted) -> None:
+        gang = self.gangs.get(started.allocation_id)
+        if gang is None:
+            return
+        gang.started.add(connection.agent_id)
+        if gang.phase == "starting" and gang.started >= set(gang.agent_ids):
+            gang.phase = "running"
+            async with self._transaction() as session:
+                allocation = await session.get(AllocationModel, gang.allocation_id)
+                if allocation is None or allocation.state != AllocationState.STARTING:
+                    return
+                allocation.state = AllocationState.RUNNING
+                trial = await session.get(TrialModel, allocation.trial_id)
+                if trial is not None and TrialState(trial.state) in (
+                    TrialState.PULLING,
+                    TrialState.STARTING,
+                ):
+                    states.set_trial_state(session, trial, TrialState.RUNNING, "every rank started")
+            log.info("allocation %s running on %s", gang.allocation_id, ", ".join(gang.agent_ids))
+
+    async def on_exited(self, connection: Connection, exited: pb.AllocationExited) -> None:
+        agent_id = connection.agent_id
+        allocation_id = exited.allocation_id
+        async with self._transaction() as session:
+            # Acked once the outcome has committed: a crash before that gets the exit again.
+            self._send(
+                session,
+                agent_id,
+                pb.MasterMessage(exit_ack=pb.ExitAck(allocation_id=allocation_id)),
+            )
+            allocation = await session.get(AllocationModel, allocation_id)
+            if allocation is None or allocation.state not in HELD_STATES:
+                self.gangs.pop(allocation_id, None)
+                return
+            gang = self.gangs.get(allocation_id) or await self._gang_from_db(session, allocation_id)
+            gang.exits[agent_id] = exited
+            log.info(
+                "allocation %s: ranks on %s exited (%s) %s",
+                allocation_id,
+                agent_id,
+                pb.ExitKind.Name(exited.kind),
+                exited.message,
+            )
+            if exited.kind == pb.EXIT_KIND_FAILED and not gang.failure:
+                gang.failure = f"agent {agent_id}: {exited.message or 'a rank failed'}"
+            if gang.failure and not gang.stop_sent:
+                self._send_stop(session, gang, f"stopping the gang: {gang.failure}")
+            if set(gang.exits) >= set(gang.agent_ids):
+                outcome, message = self._outcome(gang, allocation)
+                await self._release(session, gang, outcome, message)
+
+    def _outcome(self, gang: Gang, allocation: AllocationModel) -> tuple[ReleaseOutcome, str]:
+        kinds = {e.kind for e in gang.exits.values()}
+        if gang.failure:
+            return ReleaseOutcome.FAILED, gang.failure
+        if kinds == {pb.EXIT_KIND_COMPLETED}:
+            return ReleaseOutcome.COMPLETED, ""
+        if allocation.state == AllocationState.TERMINATING:
+            return ReleaseOutcome.KILLED, "stopped on request"
+        if allocation.preempt_requested:
+            return ReleaseOutcome.PREEMPTED, "stopped for preemption"
+        if pb.EXIT_KIND_COMPLETED in kinds:
+            # Some ranks finished and the others were stopped: the work is done.
+            return ReleaseOutcome.COMPLETED, ""
+        return ReleaseOutcome.FAILED, "ranks stopped without a request"
+
+    # -- the periodic tick -----------------------------------------------------------------
+
+    async def tick(self) -> None:
+        await self._declare_lost()
+        async with self._transaction() as session:
+            rows = (
+                (
+                    await session.execute(
+                        select(AllocationModel).where(AllocationModel.state.in_(HELD_STATES))
+                    )
+                )
+                .scalars()
+                .all()
+            )
+            for allocation in rows:
+                await self._advance(session, allocation)
+
+    async def _advance(self, session: AsyncSession, allocation: AllocationModel) -> None:
+        state = AllocationState(allocation.state)
+        gang = self.gangs.get(allocation.id)
+        stop_wanted = state == AllocationState.TERMINATING or allocation.preempt_requested
+        not_started = state in (AllocationState.ASSIGNED, AllocationState.PULLING) and (
+            gang is None or gang.phase in ("assigned", "preparing")
+        )
+        if not_started and stop_wanted:
+            outcome = (
+                ReleaseOutcome.KILLED
+                if state == AllocationState.TERMINATING
+                else ReleaseOutcome.PREEMPTED
+            )
+            if gang is None:
+                gang = await self._gang_from_db(session, allocation.id)
+            await self._release(session, gang, outcome, "stopped before it started")
+            return
+        if gang is None:
+            if not not_started:
+                return  # running ranks: the gang is rebuilt when its agents reconnect
+            gang = await self._gang_from_db(session, allocation.id)
+        if stop_wanted and not gang.stop_sent:
+            self._send_stop(session, gang, "stop requested")
+            return
+        if gang.phase == "assigned":
+            await self._prepare(session, gang, allocation)
+        elif gang.phase == "preparing" and (
+            time.monotonic() - gang.prepare_sent_at > PREPARE_TIMEOUT_S
+        ):
+            gang.phase = "assigned"  # the chief never answered: ask again
+
+    async def _prepare(
+        self, session: AsyncSession, gang: Gang, allocation: AllocationModel
+    ) -> None:
+        if any(a not in self.connections for a in gang.agent_ids):
+            return  # an agent is away; it reconnects or is declared lost
+        choice = await self._choose_interface(session, gang, allocation)
+        if choice.name is None:
+            if allocation.pending_code != NO_COMMON_INTERFACE:
+                allocation.pending_code = NO_COMMON_INTERFACE
+                allocation.pending_reason = f"cannot start: {choice.reason}"
+                log.warning("allocation %s cannot start: %s", allocation.id, choice.reason)
+            return
+        allocation.pending_code = allocation.pending_reason = ""
+        allocation.network_interface = choice.name
+        allocation.chief_address = choice.addresses[gang.chief]
+        allocation.state = AllocationState.PULLING
+        gang.phase = "preparing"
+        gang.prepare_sent_at = time.monotonic()
+        self._send(
+            session,
+            gang.chief,
+            pb.MasterMessage(prepare=pb.PrepareAllocation(allocation_id=gang.allocation_id)),
+        )
+
+    async def _choose_interface(
+        self, session: AsyncSession, gang: Gang, allocation: AllocationModel
+    ) -> InterfaceChoice:
+        experiment = await session.get(ExperimentModel, allocation.experiment_id)
+        environment = (experiment.config.get("environment") if experiment else None) or {}
+        explicit = (
+            environment.get("dtrain_network_interface")
+            or self.settings.task_container_defaults.dtrain_network_interface
+        )
+        rows = (
+            await session.execute(
+                select(AgentModel.id, AgentModel.interfaces).where(
+                    AgentModel.id.in_(gang.agent_ids)
+                )
+            )
+        ).all()
+        reported = {
+            agent_id: {i["name"]: list(i.get("ipv4", [])) for i in interfaces or []}
+            for agent_id, interfaces in rows
+        }
+        return choose_interface({a: reported.get(a, {}) for a in gang.agent_ids}, explicit)
+
+    async def _start(self, session: AsyncSession, gang: Gang, master_port: int) -> None:
+        allocation = await session.get(AllocationModel, gang.allocation_id)
+        if allocation is None or allocation.state != AllocationState.PULLING:
+            return
+        trial = await session.get(TrialModel, allocation.trial_id)
+        experiment = await session.get(ExperimentModel, allocation.experiment_id)
+        model_definition = await session.get(ModelDefinitionModel, allocation.experiment_id)
+        assert trial is not None and experiment is not None  # foreign keys
+        owner = await session.get(UserModel, experiment.owner_id)
+        token = await auth_service.issue_task_token(session, experiment.owner_id, TASK_TOKEN_TTL)
+        info = launch.TrialInfo(
+            experiment_id=experiment.id,
+            trial_id=trial.id,
+            run_id=trial.run_id,
+            task_id=allocations.task_id(trial),
+            allocation_id=allocation.id,
+            seed=trial.seed,
+            hparams=trial.hparams,
+            config=experiment.config,
+            steps_completed=trial.total_batches_processed,
+            user=owner.username if owner else "",
+            session_token=token,
+        )
+        device_type = await _device_type(session, gang)
+        try:
+            argv = launch.entrypoint_argv(experiment.config)
+            launches = launch.build_launches(
+                gang.members,
+                info,
+                launch.Rendezvous(
+                    allocation.network_interface, allocation.chief_address, master_port
+                ),
+                master_url=self.settings.master_url,
+                cluster_id=self.cluster_id,
+                master_id=self.master_id,
+                device_type=device_type,
+            )
+        except launch.LaunchError as exc:
+            await self._fail_gang(session, gang.allocation_id, ReleaseOutcome.FAILED, str(exc))
+            return
+        allocation.master_port = master_port
+        allocation.state = AllocationState.STARTING
+        gang.phase = "starting"
+        archive = model_definition.archive if model_definition else b""
+        for agent_launch in launches:
+            self._send(
+                session,
+                agent_launch.agent_id,
+                pb.MasterMessage(
+                    start=pb.StartAllocation(
+                        allocation_id=allocation.id,
+                        trial_id=trial.id,
+                        experiment_id=experiment.id,
+                        ranks=[
+                            pb.RankSpec(rank=r.rank, local_rank=r.local_rank, slot_ids=r.slot_ids)
+                            for r in agent_launch.ranks
+                        ],
+                        argv=argv,
+                        env=agent_launch.env,
+                        model_definition=archive,
+                        stop_grace_s=self.link.stop_grace_s,
+                    )
+                ),
+            )
+        log.info(
+            "allocation %s starting: %d ranks on %s, rendezvous %s:%d over %s",
+            allocation.id,
+            sum(len(x.ranks) for x in launches),
+            ", ".join(gang.agent_ids),
+            allocation.chief_address,
+            master_port,
+            allocation.network_interface,
+        )
+
+    # -- stopping, failing, releasing --------------------------------------------------------
+
+    def _send_stop(self, session: AsyncSession, gang: Gang, reason: str) -> None:
+        gang.stop_sent = True
+        for agent_id in gang.agent_ids:
+            if agent_id not in gang.exits:
+                self._send(
+                    session,
+                    agent_id,
+                    pb.MasterMessage(
+                        stop=pb.StopAllocation(
+                            allocation_id=gang.allocation_id,
+                            reason=reason,
+                            grace_s=self.link.stop_grace_s,
+                        )
+                    ),
+                )
+
+    async def _fail_gang(
+        self, session: AsyncSession, allocation_id: str, outcome: ReleaseOutcome, message: str
+    ) -> None:
+        """Stop whatever still runs of the gang and release the allocation at once."""
+        gang = self.gangs.get(allocation_id) or await self._gang_from_db(session, allocation_id)
+        gang.failure = gang.failure or message
+        if not gang.stop_sent:
+            self._send_stop(session, gang, message)
+        await self._release(session, gang, outcome, message)
+
+    async def _release(
+        self, session: AsyncSession, gang: Gang, outcome: ReleaseOutcome, message: str
+    ) -> None:
+        self.gangs.pop(gang.allocation_id, None)
+        await allocations.release_allocation(session, gang.allocation_id, outcome, message)
+        self.wake_scheduler()
+
+    async def _declare_lost(self) -> None:
+        now = time.monotonic()
+        window = self.link.lost_after_s
+        for connection in list(self.connections.values()):
+            if now - connection.last_heartbeat > window:
+                log.warning(
+                    "agent %s sent no heartbeat for %.1fs; closing its stream",
+                    connection.agent_id,
+                    now - connection.last_heartbeat,
+                )
+                self.close(connection)
+        lost = [a for a, since in self.absent_since.items() if now - since > window]
+        for agent_id in lost:
+            del self.absent_since[agent_id]
+            async with self._transaction() as session:
+                held = await _held_on_agent(session, agent_id)
+                for allocation_id in held:
+                    await self._fail_gang(
+                        session,
+                        allocation_id,
+                        ReleaseOutcome.AGENT_LOST,
+                        f"agent {agent_id} lost (no heartbeat for {window:.0f}s)",
+                    )
+                if await session.get(AgentModel, agent_id) is not None:
+                    await agent_service.set_connected(session, agent_id, False)
+            log.warning("agent %s lost; %d allocations requeued", agent_id, len(held))
+
+    async def _gang_from_db(self, session: AsyncSession, allocation_id: str) -> Gang:
+        slots = (
+            await session.execute(
+                select(AllocationSlotModel.agent_id, AllocationSlotModel.slot_id).where(
+                    AllocationSlotModel.allocation_id == allocation_id
+                )
+            )
+        ).all()
+        by_agent: dict[str, list[int]] = {}
+        for agent_id, slot_id in slots:
+            by_agent.setdefault(agent_id, []).append(slot_id)
+        if not by_agent:
+            zero_agent = await session.scalar(
+                select(AllocationModel.zero_slot_agent_id).where(
+                    AllocationModel.id == allocation_id
+                )
+            )
+            if zero_agent is not None:
+                by_agent[zero_agent] = []
+        members = launch.order_gang([launch.GangMember(a, tuple(s)) for a, s in by_agent.items()])
+        gang = Gang(allocation_id, members)
+        self.gangs[allocation_id] = gang
+        return gang
+
+
+def _reading(sample: pb.MetricSample) -> metric_service.MetricReading:
+    return metric_service.MetricReading(
+        unix_millis=sample.unix_millis,
+        cpu_util_simple=sample.cpu_util_simple,
+        memory_free=sample.memory_free,
+        memory_used=sample.memory_used,
+        disk_throughput_read=sample.disk_throughput_read,
+        disk_throughput_write=sample.disk_throughput_write,
+        disk_iops=sample.disk_iops,
+        net_throughput_sent=sample.net_throughput_sent,
+        net_throughput_recv=sample.net_throughput_recv,
+        gpus=tuple(
+            metric_service.GpuReading(
+                index=g.index,
+                uuid=g.uuid,
+                gpu_util=g.gpu_util,
+                gpu_memory_used=g.gpu_memory_used,
+                gpu_free_memory=g.gpu_free_memory,
+                temperature_c=g.temperature_c,
+                power_w=g.power_w,
+            )
+            for g in sample.gpus
+        ),
+    )
+
+
+async def _held_on_agent(session: AsyncSession, agent_id: str) -> dict[str, AllocationState]:
+    on_slots = select(AllocationSlotModel.allocation_id).where(
+        AllocationSlotModel.agent_id == agent_id
+    )
+    rows = await session.execute(
+        select(AllocationModel.id, AllocationModel.state).where(
+            or_(AllocationModel.id.in_(on_slots), AllocationModel.zero_slot_agent_id == agent_id),
+            AllocationModel.state.in_(HELD_STATES),
+        )
+    )
+    return {allocation_id: AllocationState(state) for allocation_id, state in rows.all()}
+
+
+async def _agents_holding_allocations(session: AsyncSession) -> set[str]:
+    held = select(AllocationModel.id).where(AllocationModel.state.in_(HELD_STATES))
+    on_slots = await session.scalars(
+        select(AllocationSlotModel.agent_id).where(AllocationSlotModel.allocation_id.in_(held))
+    )
+    zero = await session.scalars(
+        select(AllocationModel.zero_slot_agent_id).where(
+            AllocationModel.state.in_(HELD_STATES), AllocationModel.zero_slot_agent_id.is_not(None)
+        )
+    )
+    return {a for a in on_slots.all()} | {a for a in zero.all() if a is not None}
+
+
+async def _device_type(session: AsyncSession, gang: Gang) -> str:
+    for member in gang.members:
+        if member.slot_ids:
+            device_type = await session.scalar(
+                select(SlotModel.device_type).where(
+                    SlotModel.agent_id == member.agent_id,
+                    SlotModel.slot_id == member.slot_ids[0],
+                )
+            )
+            return device_type or "cpu"
+    return "cpu"
+
+
+class HubLoop(Loop):
+    """Drives `AgentHub.tick`: launches, stop requests, lost agents."""
+
+    name = "agent-hub"
+
+    def __init__(self, hub: AgentHub, interval: float = 0.25) -> None:
+        super().__init__(interval)
+        self.hub = hub
+
+    async def run_once(self) -> None:
+        await self.hub.tick()
+
+
+def read_or_create_join_token(settings: MasterSettings) -> str:
+    """The configured token, or one generated once and kept in the data dir (mode 0600)."""
+    if settings.agent_link.join_token:
+        return settings.agent_link.join_token
+    path = settings.data_dir / "agent_join_token"
+    try:
+        token = path.read_text().strip()
+        if token:
+            return token
+    except FileNotFoundError:
+        pass
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(32)
+    path.touch(mode=0o600)
+    path.write_text(token + "\n")
+    log.info("generated the agent join token in %s", path)
+    return token

@@ -1,0 +1,251 @@
+"""Real det-master and det-agent processes over loopback: registration, refusal, launch,
+gang failure, agent loss, master restart, metrics. Agents offer artificial CPU slots."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.agents import (
+    AgentProcess,
+    create_experiment,
+    pid_alive,
+    trial_logs,
+    wait_trial_state,
+    wait_until,
+    write_experiment,
+)
+from tests.e2e.conftest import BACKENDS, MasterProcess, running_master
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(params=BACKENDS)
+def cluster_master(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[MasterProcess]:
+    with running_master(request, tmp_path_factory, "agents") as proc:
+        yield proc
+
+
+@pytest.fixture
+def sqlite_master(tmp_path: Path) -> Iterator[MasterProcess]:
+    proc = MasterProcess(tmp_path / "data", label="agents-sqlite")
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def agents(tmp_path: Path) -> Iterator[list[AgentProcess]]:
+    started: list[AgentProcess] = []
+    yield started
+    for agent in started:
+        agent.stop()
+
+
+def start_agent(
+    master: MasterProcess, agents: list[AgentProcess], tmp_path: Path, agent_id: str, **kw: object
+) -> AgentProcess:
+    agent = AgentProcess(master, agent_id, tmp_path / agent_id, **kw)  # type: ignore[arg-type]
+    agents.append(agent.start())
+    return agent
+
+
+ENV_SCRIPT = """
+import json, os, urllib.request
+keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+        "MASTER_PORT", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "DET_TRIAL_ID",
+        "DET_EXPERIMENT_ID", "DET_SLOT_IDS", "DET_AGENT_ID", "CUDA_VISIBLE_DEVICES",
+        "DET_GLOBAL_BATCH_SIZE", "DET_PER_SLOT_BATCH_SIZE", "DET_TRIAL_SEED", "MY_VAR"]
+print("ENV " + json.dumps({k: os.environ.get(k) for k in keys}, sort_keys=True))
+print("JOIN_TOKEN_LEAKED" if any("JOIN" in k for k in os.environ) else "no join token")
+request = urllib.request.Request(os.environ["DET_MASTER"] + "/api/v1/me",
+    headers={"Authorization": "Bearer " + os.environ["DET_SESSION_TOKEN"]})
+print("ME " + json.loads(urllib.request.urlopen(request).read())["user"]["username"])
+"""
+
+
+def rank_envs(logs: str) -> list[dict[str, str]]:
+    import json
+
+    found = [json.loads(m) for m in re.findall(r"^ENV (\{.*\})$", logs, re.M)]
+    return sorted(found, key=lambda e: int(e["RANK"]))
+
+
+def test_agent_registers_runs_a_gang_and_reports_metrics(
+    cluster_master: MasterProcess, agents: list[AgentProcess], tmp_path: Path
+) -> None:
+    master = cluster_master
+    agent = start_agent(master, agents, tmp_path, "alpha", slots=2)
+    registered = agent.wait_connected()
+    assert [s["device"]["type"] for s in registered["slots"].values()] == ["TYPE_CPU"] * 2
+
+    config, model = write_experiment(
+        tmp_path,
+        ENV_SCRIPT,
+        slots=2,
+        extra={
+            "hyperparameters": {"global_batch_size": 64},
+            "environment": {"environment_variables": ["MY_VAR=hello", "RANK=99"]},
+        },
+    )
+    experiment_id = create_experiment(master, config, model)
+    trial = wait_trial_state(master, experiment_id, {"COMPLETED", "ERROR"})
+    logs = trial_logs(master, trial["id"])
+    assert trial["state"] == "COMPLETED", logs
+    envs = rank_envs(logs)
+    assert [e["RANK"] for e in envs] == ["0", "1"]
+    assert [e["LOCAL_RANK"] for e in envs] == ["0", "1"]
+    assert [e["DET_SLOT_IDS"] for e in envs] == ["[0]", "[1]"]
+    for env in envs:
+        assert env["WORLD_SIZE"] == "2" and env["LOCAL_WORLD_SIZE"] == "2"
+        assert env["GROUP_RANK"] == "0"
+        assert env["MASTER_ADDR"] == "127.0.0.1" and int(env["MASTER_PORT"]) > 0
+        assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "lo"
+        assert env["DET_TRIAL_ID"] == str(trial["id"])
+        assert env["DET_EXPERIMENT_ID"] == str(experiment_id)
+        assert env["DET_AGENT_ID"] == "alpha"
+        assert env["CUDA_VISIBLE_DEVICES"] == ""  # CPU slots hide every GPU
+        assert env["DET_GLOBAL_BATCH_SIZE"] == "64" and env["DET_PER_SLOT_BATCH_SIZE"] == "32"
+        assert env["DET_TRIAL_SEED"] == str(trial["seed"])
+        assert env["MY_VAR"] == "hello"
+    assert logs.count("ME determined") == 2  # DET_SESSION_TOKEN works against the API
+    assert "JOIN_TOKEN_LEAKED" not in logs
+
+    samples = master.wait_for(
+        "agent metrics to be stored",
+        lambda: master.api("GET", "/api/v1/agents/alpha/metrics")["samples"][1:],
+    )
+    assert samples[-1]["memory_free"] > 0
+    assert 0 <= samples[-1]["cpu_util_simple"] <= 100
+
+
+def test_agent_without_the_join_token_is_refused(
+    sqlite_master: MasterProcess, agents: list[AgentProcess], tmp_path: Path
+) -> None:
+    master = sqlite_master
+    intruder = start_agent(master, agents, tmp_path, "intruder", join_token="not-the-token")
+    assert intruder.proc is not None
+    assert intruder.proc.wait(timeout=30) == 3
+    assert "refused" in intruder.output() and "join token" in intruder.output()
+    assert master.http("GET", "/api/v1/agents/intruder").status_code == 404
+
+    tokenless = start_agent(master, agents, tmp_path, "tokenless", join_token="")
+    assert tokenless.proc is not None
+    assert tokenless.proc.wait(timeout=30) == 2
+    assert "no join token" in tokenless.output()
+
+
+FAIL_SCRIPT = """
+import os, sys, time
+print("PID", os.environ["RANK"], os.getpid(), flush=True)
+if os.environ["RANK"] == "3":
+    time.sleep(1)
+    sys.exit(1)
+time.sleep(120)
+"""
+
+
+def test_a_failing_rank_stops_the_gang_on_every_agent_and_the_trial_restarts(
+    sqlite_master: MasterProcess, agents: list[AgentProcess], tmp_path: Path
+) -> None:
+    master = sqlite_master
+    for name in ("left", "right"):
+        start_agent(master, agents, tmp_path, name, slots=2).wait_connected()
+    config, model = write_experiment(tmp_path, FAIL_SCRIPT, slots=4, max_restarts=1)
+    started = time.monotonic()
+    experiment_id = create_experiment(master, config, model)
+    trial = wait_trial_state(master, experiment_id, {"ERROR", "COMPLETED"}, timeout=90)
+    elapsed = time.monotonic() - started
+    logs = trial_logs(master, trial["id"])
+    assert trial["state"] == "ERROR", logs
+    assert trial["restarts"] == 2, trial  # the first failure restarted it; the second ended it
+    # Every other rank was stopped long before its 120 s sleep ended.
+    assert elapsed < 60, logs
+    pids = [int(p) for p in re.findall(r"^PID \d+ (\d+)$", logs, re.M)]
+    assert len(pids) == 8, logs  # 4 ranks, 2 runs
+    assert not [p for p in pids if pid_alive(p)]
+    assert "rank 3 exited with code 1" in logs
+    for name in ("left", "right"):
+        assert f"[agent {name}] stopping" in logs or f"[agent {name}] rank 3 exited" in logs
+
+
+LONG_FIRST_RUN = """
+import os, time
+print("PID", os.environ["DET_AGENT_ID"], os.getpid(), flush=True)
+if os.environ["DET_TRIAL_RUN_ID"] == "1":
+    time.sleep(300)
+"""
+
+
+def test_a_killed_agent_has_its_trial_requeued_elsewhere(
+    sqlite_master: MasterProcess, agents: list[AgentProcess], tmp_path: Path
+) -> None:
+    master = sqlite_master
+    by_id = {}
+    for name in ("first", "second"):
+        by_id[name] = start_agent(master, agents, tmp_path, name, slots=1)
+        by_id[name].wait_connected()
+    config, model = write_experiment(tmp_path, LONG_FIRST_RUN, slots=1)
+    experiment_id = create_experiment(master, config, model)
+    trial = wait_trial_state(master, experiment_id, {"RUNNING"})
+    line = wait_until(
+        "the rank to print its pid",
+        lambda: re.search(r"^PID (\w+) (\d+)$", trial_logs(master, trial["id"]), re.M),
+    )
+    victim, rank_pid = line.group(1), int(line.group(2))
+    survivor = "second" if victim == "first" else "first"
+
+    by_id[victim].kill()
+    killed_at = time.monotonic()
+    wait_until("the rank to die with its agent", lambda: not pid_alive(rank_pid), timeout=5)
+
+    def rerun_started() -> bool:
+        logs = trial_logs(master, trial["id"])
+        return f"PID {survivor} " in logs
+
+    master.wait_for("the trial to run on the other agent", rerun_started, timeout=30)
+    requeued_after = time.monotonic() - killed_at
+    assert requeued_after < 12 + 3, f"requeued and restarted after {requeued_after:.1f}s"
+    done = wait_trial_state(master, experiment_id, {"COMPLETED", "ERROR"})
+    assert done["state"] == "COMPLETED"
+    assert done["restarts"] == 0  # an agent loss is not the trial's fault
+    agent = master.api("GET", f"/api/v1/agents/{victim}")["agent"]
+    assert agent["connected"] is False
+
+
+RESTART_SCRIPT = """
+import os, time
+print("PID", os.getpid(), flush=True)
+time.sleep(8)
+print("finished", flush=True)
+"""
+
+
+def test_ranks_survive_a_master_restart(
+    sqlite_master: MasterProcess, agents: list[AgentProcess], tmp_path: Path
+) -> None:
+    master = sqlite_master
+    start_agent(master, agents, tmp_path, "steady", slots=1).wait_connected()
+    config, model = write_experiment(tmp_path, RESTART_SCRIPT, slots=1)
+    experiment_id = create_experiment(master, config, model)
+    trial = wait_trial_state(master, experiment_id, {"RUNNING"})
+    wait_until("the rank to start", lambda: "PID" in trial_logs(master, trial["id"]))
+
+    master.stop()
+    time.sleep(1)
+    master.start()
+
+    done = wait_trial_state(master, experiment_id, {"COMPLETED", "ERROR"}, timeout=60)
+    logs = trial_logs(master, trial["id"])
+    assert done["state"] == "COMPLETED", logs
+    assert done["restarts"] == 0
+    assert logs.count("PID ") == 1  # the same process ran to the end
+    assert "finished" in logs
