@@ -13,6 +13,8 @@ $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 	$(BIN)/pip install -q -e . --group dev
+	# The multi-host tests run torch.distributed (Gloo); 2.13.0 is the CPU build on disk here.
+	$(BIN)/pip install -q torch==2.13.0
 	touch $@
 
 install: $(BIN)/.installed
@@ -28,7 +30,7 @@ $(DET_VENV)/bin/det:
 official-client: $(DET_VENV)/bin/det
 
 run: install
-	$(BIN)/det-master --port $(PORT) --data-dir $(DATA_DIR)
+	BIN=$(BIN) PORT=$(PORT) DATA_DIR=$(DATA_DIR) bash scripts/local-cluster.sh
 
 migrate: install
 	$(BIN)/det-master migrate --data-dir $(DATA_DIR)

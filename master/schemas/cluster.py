@@ -204,7 +204,9 @@ def task(view: TaskView, slots_by_agent: dict[str, dict[int, SlotModel]]) -> dic
             "message": a.pending_reason,
             "blockingJob": a.blocking_job,
         }
-        if a.state == AllocationState.PENDING
+        # Placed allocations have a reason only when they cannot start (no common
+        # network interface, say); the code is cleared once they do.
+        if a.state == AllocationState.PENDING or a.pending_code
         else None,
         "experimentId": a.experiment_id,
         "trialId": a.trial_id,

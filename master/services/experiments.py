@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.core import placement
@@ -329,7 +329,8 @@ class PendingReason:
 async def pending_reasons(
     session: AsyncSession, trial_ids: Sequence[int]
 ) -> dict[int, PendingReason]:
-    """Why each of these trials waits, for those in the queue (as the last pass said)."""
+    """Why each of these trials waits: those in the queue (as the last pass said), and
+    placed ones that cannot start (the agent link says why)."""
     if not trial_ids:
         return {}
     rows = await session.execute(
@@ -340,7 +341,11 @@ async def pending_reasons(
             AllocationModel.blocking_job,
         ).where(
             AllocationModel.trial_id.in_(list(trial_ids)),
-            AllocationModel.state == AllocationState.PENDING,
+            or_(
+                AllocationModel.state == AllocationState.PENDING,
+                AllocationModel.state.in_(allocations.HELD_STATES)
+                & (AllocationModel.pending_code != ""),
+            ),
         )
     )
     return {
