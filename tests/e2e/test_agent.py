@@ -249,3 +249,39 @@ def test_ranks_survive_a_master_restart(
     assert done["restarts"] == 0
     assert logs.count("PID ") == 1  # the same process ran to the end
     assert "finished" in logs
+
+
+SLEEPER = """
+import os, time
+print("PID", os.getpid(), flush=True)
+time.sleep(300)
+"""
+
+
+def test_pause_activate_and_kill_reach_the_running_ranks(
+    sqlite_master: MasterProcess, agents: list[AgentProcess], tmp_path: Path
+) -> None:
+    master = sqlite_master
+    start_agent(master, agents, tmp_path, "worker", slots=1).wait_connected()
+    config, model = write_experiment(tmp_path, SLEEPER, slots=1)
+    experiment_id = create_experiment(master, config, model)
+    trial = wait_trial_state(master, experiment_id, {"RUNNING"})
+
+    def pids() -> list[int]:
+        return [int(p) for p in re.findall(r"^PID (\d+)$", trial_logs(master, trial["id"]), re.M)]
+
+    first = wait_until("the first run to start", pids)[0]
+    assert master.det("experiment", "pause", str(experiment_id)).returncode == 0
+    paused = wait_trial_state(master, experiment_id, {"PAUSED"})
+    assert paused["restarts"] == 0  # a pause is not a failure
+    wait_until("the paused rank to be stopped", lambda: not pid_alive(first), timeout=15)
+
+    assert master.det("experiment", "activate", str(experiment_id)).returncode == 0
+    wait_trial_state(master, experiment_id, {"RUNNING"})
+    second = wait_until("the second run to start", lambda: pids()[1:])[0]
+    assert second != first
+
+    assert master.det("experiment", "kill", str(experiment_id)).returncode == 0
+    killed = wait_trial_state(master, experiment_id, {"CANCELED", "ERROR", "COMPLETED"})
+    assert killed["state"] == "CANCELED"
+    wait_until("the killed rank to be stopped", lambda: not pid_alive(second), timeout=15)
