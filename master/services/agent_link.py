@@ -429,9 +429,10 @@ class AgentHub:
         state = AllocationState(allocation.state)
         gang = self.gangs.get(allocation.id)
         stop_wanted = state == AllocationState.TERMINATING or allocation.preempt_requested
-        not_started = state in (AllocationState.ASSIGNED, AllocationState.PULLING) and (
-            gang is None or gang.phase in ("assigned", "preparing")
-        )
+        # Ranks exist only once StartAllocation has gone out, which is when the
+        # rendezvous port is recorded; before that a stop is a plain release. (A kill
+        # moves the state to TERMINATING, so the state alone cannot tell.)
+        not_started = allocation.master_port is None
         if not_started and stop_wanted:
             outcome = (
                 ReleaseOutcome.KILLED
@@ -440,6 +441,8 @@ class AgentHub:
             )
             if gang is None:
                 gang = await self._gang_from_db(session, allocation.id)
+            # The chief may hold a reserved port for it: the stop frees that.
+            self._send_stop(session, gang, "stopped before it started")
             await self._release(session, gang, outcome, "stopped before it started")
             return
         if gang is None:
