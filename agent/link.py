@@ -15,8 +15,10 @@ import logging
 import random
 import socket
 import time
+import uuid
 from collections import deque
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
@@ -60,6 +62,7 @@ class Agent:
         self._seq = 0
         self._last_from_master = time.monotonic()
         self.connected = asyncio.Event()
+        self.instance_id = uuid.uuid4().hex
 
     # -- public ------------------------------------------------------------------------------
 
@@ -120,18 +123,19 @@ class Agent:
                 len(self.devices),
             )
             for allocation_id in welcome.stop_allocation_ids:
-                await self.runner.stop(allocation_id, "the master no longer knows it", 5.0)
+                self.runner.spawn_task(
+                    self.runner.stop(allocation_id, "stopped by the master after a reconnect", 10.0)
+                )
             tasks = [
                 asyncio.create_task(self._heartbeats(), name="heartbeats"),
                 asyncio.create_task(self._ship_logs(), name="logs"),
+                asyncio.create_task(self._read(call), name="read"),
             ]
             try:
-                while True:
-                    message = await call.read()
-                    if message is grpc.aio.EOF:
-                        raise ConnectionError("the master closed the stream")
-                    self._last_from_master = time.monotonic()
-                    await self._handle(message)
+                # Whichever ends first (the master's silence, a broken stream) ends the session.
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+                for task in done:
+                    task.result()
             finally:
                 self._outbox = None
                 outbox.put_nowait(None)
@@ -141,6 +145,14 @@ class Agent:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
                 call.cancel()
+
+    async def _read(self, call: Any) -> None:
+        while True:
+            message = await call.read()
+            if message is grpc.aio.EOF:
+                raise ConnectionError("the master closed the stream")
+            self._last_from_master = time.monotonic()
+            await self._handle(message)
 
     def _hello(self) -> pb.Hello:
         return pb.Hello(
@@ -153,6 +165,7 @@ class Agent:
             interfaces=self.interfaces,
             running=self.runner.running(),
             exited=list(self.runner.unacked.values()),
+            instance_id=self.instance_id,
         )
 
     async def _handle(self, message: pb.MasterMessage) -> None:
@@ -190,6 +203,10 @@ class Agent:
         while self._logs and self._outbox is not None:
             batch = [self._logs.popleft() for _ in range(min(LOG_BATCH_LINES, len(self._logs)))]
             self._outbox.put_nowait(pb.AgentMessage(logs=pb.LogBatch(entries=batch)))
+
+    async def drained(self) -> None:
+        """Returns once the master has acknowledged every exit."""
+        await self.runner.all_acked.wait()
 
     def _log(self, entry: pb.LogEntry) -> None:
         self._logs.append(entry)

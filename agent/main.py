@@ -119,19 +119,30 @@ async def _serve(settings: AgentSettings) -> int:
         settings.master,
     )
     serving = asyncio.create_task(agent.run())
+    stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, serving.cancel)
-    try:
+        loop.add_signal_handler(sig, stopping.set)
+    waiting = asyncio.create_task(stopping.wait())
+    await asyncio.wait([serving, waiting], return_when=asyncio.FIRST_COMPLETED)
+    waiting.cancel()
+    if serving.done():
+        try:
+            serving.result()
+        except Refused as exc:
+            log.error("the master refused this agent: %s", exc)
+            return EXIT_REFUSED
+        return 0
+    # Stop the ranks while the link is up, so the master hears how they ended instead of
+    # waiting out the lost-agent window.
+    log.info("stopping: stopping every rank")
+    with contextlib.suppress(Exception):
+        await agent.runner.shutdown()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(agent.drained(), timeout=3.0)
+    serving.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Refused):
         await serving
-    except Refused as exc:
-        log.error("the master refused this agent: %s", exc)
-        return EXIT_REFUSED
-    except asyncio.CancelledError:
-        log.info("stopping: stopping every rank")
-    finally:
-        with contextlib.suppress(Exception):
-            await agent.runner.shutdown()
     return 0
 
 

@@ -79,6 +79,8 @@ class Runner:
         self.unacked: dict[str, pb.AllocationExited] = {}
         self.ports: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self.all_acked = asyncio.Event()
+        self.all_acked.set()
 
     def spawn_task(self, work: Coroutine[Any, Any, None]) -> None:
         """Fire and forget, keeping a reference so the task is not collected mid-way."""
@@ -91,9 +93,14 @@ class Runner:
     def prepare(self, allocation_id: str) -> pb.AllocationPrepared:
         """Reserve a rendezvous port for the chief (the same one if asked twice)."""
         if allocation_id not in self.ports:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                sock.bind(("", 0))
-                self.ports[allocation_id] = int(sock.getsockname()[1])
+            try:
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                    sock.bind(("", 0))
+                    self.ports[allocation_id] = int(sock.getsockname()[1])
+            except OSError as exc:
+                return pb.AllocationPrepared(
+                    allocation_id=allocation_id, error=f"no free port for the rendezvous: {exc}"
+                )
         return pb.AllocationPrepared(
             allocation_id=allocation_id, master_port=self.ports[allocation_id]
         )
@@ -109,10 +116,14 @@ class Runner:
         try:
             await asyncio.to_thread(_unpack, start.model_definition, run.work_dir)
             for spec in start.ranks:
+                if run.stopping:
+                    break  # a stop arrived while we were starting: start no more ranks
                 run.processes[spec.rank] = await self._spawn(start, spec, run)
-        except (LaunchFailed, OSError) as exc:
+        except Exception as exc:  # anything: a run must never stay half-started
             run.kind, run.message = pb.EXIT_KIND_FAILED, f"could not start: {exc}"
             self._note(run, -1, run.message)
+            run.stopping = True
+        if run.stopping:
             await self._stop_processes(run)
             await self._finish(run)
             return
@@ -130,7 +141,15 @@ class Runner:
     async def stop(self, allocation_id: str, reason: str, grace_s: float) -> None:
         run = self.runs.get(allocation_id)
         if run is None:
-            self.ports.pop(allocation_id, None)
+            if self.ports.pop(allocation_id, None) is None and allocation_id not in self.unacked:
+                # The master thinks ranks run here that do not (a start lost on the way):
+                # say they are gone, or it would wait for them forever.
+                exited = pb.AllocationExited(
+                    allocation_id=allocation_id,
+                    kind=pb.EXIT_KIND_STOPPED,
+                    message="no ranks of it run on this agent",
+                )
+                self._remember_exit(exited)
             return
         if run.stopping:
             return
@@ -139,10 +158,19 @@ class Runner:
         if run.kind == pb.EXIT_KIND_UNSPECIFIED:
             run.kind, run.message = pb.EXIT_KIND_STOPPED, reason
         self._note(run, -1, f"stopping: {reason}")
-        await self._stop_processes(run)
+        if run.tasks:  # started: otherwise start() sees `stopping` and winds it up
+            await self._stop_processes(run)
 
     def ack(self, allocation_id: str) -> None:
         self.unacked.pop(allocation_id, None)
+        if not self.unacked:
+            self.all_acked.set()
+
+    def _remember_exit(self, exited: pb.AllocationExited) -> None:
+        """Kept (and repeated in every Hello) until the master acknowledges it."""
+        self.unacked[exited.allocation_id] = exited
+        self.all_acked.clear()
+        self.emit(pb.AgentMessage(exited=exited))
 
     def running(self) -> list[pb.RunningAllocation]:
         return [
@@ -208,6 +236,9 @@ class Runner:
                 "DET_WORKDIR": str(run.work_dir),
                 # CPU slots see no GPU, so a CPU trial never grabs one by accident.
                 "CUDA_VISIBLE_DEVICES": ",".join(gpus),
+                # NVML numbers GPUs in PCI bus order; make CUDA agree, or a rank may be
+                # handed another rank's GPU.
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
                 "PYTHONUNBUFFERED": "1",
             }
         )
@@ -216,22 +247,28 @@ class Runner:
     async def _pump(
         self, run: AllocationRun, rank: int, stream: asyncio.StreamReader, stdtype: str
     ) -> None:
+        pending = b""
         while True:
-            try:
-                line = await stream.readline()
-            except ValueError:  # a line over MAX_LINE: pass it on in pieces
-                line = await stream.read(MAX_LINE)
-            if not line:
-                return
-            self.logs(
-                pb.LogEntry(
-                    allocation_id=run.allocation_id,
-                    rank=rank,
-                    stdtype=stdtype,
-                    unix_micros=time.time_ns() // 1000,
-                    message=line.decode("utf-8", errors="replace"),
+            chunk = await stream.read(MAX_LINE)
+            pending += chunk
+            lines = pending.split(b"\n")
+            pending = lines.pop()
+            # The stream ended without a final newline, or a line never ends (progress bars).
+            if (pending and not chunk) or len(pending) >= MAX_LINE:
+                lines.append(pending)
+                pending = b""
+            for line in lines:
+                self.logs(
+                    pb.LogEntry(
+                        allocation_id=run.allocation_id,
+                        rank=rank,
+                        stdtype=stdtype,
+                        unix_micros=time.time_ns() // 1000,
+                        message=line.decode("utf-8", errors="replace") + "\n",
+                    )
                 )
-            )
+            if not chunk:
+                return
 
     async def _watch(
         self, run: AllocationRun, rank: int, process: asyncio.subprocess.Process
@@ -268,6 +305,9 @@ class Runner:
             await asyncio.wait_for(asyncio.gather(*pumps, return_exceptions=True), 5.0)
         del self.runs[run.allocation_id]
         self.ports.pop(run.allocation_id, None)
+        # A rank's own children (data loader workers, a shell's jobs) must not outlive it.
+        for process in run.processes.values():
+            _signal_group(process, signal.SIGKILL)
         if run.kind == pb.EXIT_KIND_UNSPECIFIED:
             run.kind = pb.EXIT_KIND_COMPLETED
         exited = pb.AllocationExited(
@@ -276,8 +316,7 @@ class Runner:
             exits=[pb.RankExit(rank=r, exit_code=c) for r, c in sorted(run.exit_codes.items())],
             message=run.message,
         )
-        self.unacked[run.allocation_id] = exited
-        self.emit(pb.AgentMessage(exited=exited))
+        self._remember_exit(exited)
         log.info(
             "allocation %s: every local rank exited (%s) %s",
             run.allocation_id,

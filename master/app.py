@@ -123,6 +123,12 @@ def create_app(settings: MasterSettings) -> FastAPI:
             grpc_server, app.state.agent_port = await start_server(hub, settings.agent_link)
             for loop in loops:
                 loop.start()
+        if settings.host in ("0.0.0.0", "::") and not settings.external_url:
+            log.warning(
+                "listening on all addresses but external_url is unset: ranks are told the "
+                "master is at %s, which agents on other machines cannot reach",
+                settings.master_url,
+            )
         log.info(
             "master %s ready on %s (database %s)",
             app.state.master_id,

@@ -10,7 +10,7 @@ from typing import Any
 
 import grpc
 
-from master.services.agent_link import AgentHub, Refusal
+from master.services.agent_link import AgentHub, Refusal, StateMessageFailed
 from master.settings import AgentLinkSettings
 from resolute_proto.agent.v1 import agent_pb2 as pb
 from resolute_proto.agent.v1 import agent_pb2_grpc
@@ -64,6 +64,10 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 async for message in request_iterator:
                     try:
                         await self.hub.on_message(connection, message)
+                    except StateMessageFailed:
+                        # The agent resyncs on a new stream and repeats what it reported.
+                        log.exception("agent %s: closing its stream", connection.agent_id)
+                        break
                     except Exception:
                         log.exception(
                             "agent %s: handling %s failed",
@@ -72,6 +76,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                         )
             except (asyncio.CancelledError, grpc.aio.AioRpcError):
                 pass
+            except Exception:
+                log.exception("agent %s: stream reader failed", connection.agent_id)
             finally:
                 self.hub.close(connection)
 

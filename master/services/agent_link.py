@@ -60,12 +60,19 @@ PREPARE_TIMEOUT_S = 30.0
 TASK_TOKEN_TTL = timedelta(days=7)
 _SENDS = "agent_link_sends"
 _LAUNCHING = (AllocationState.ASSIGNED, AllocationState.PULLING)
+# A gang rebuilt from the database (after a failure or a restart) resumes where it stood.
+_PHASE_OF_STATE = {
+    AllocationState.ASSIGNED: "assigned",
+    AllocationState.PULLING: "assigned",  # the chief's answer may be lost: prepare again
+    AllocationState.STARTING: "starting",
+}
 
 
 @dataclass(eq=False)
 class Connection:
     agent_id: str
     stream_id: str
+    instance_id: str = ""
     outbox: asyncio.Queue[pb.MasterMessage | None] = field(default_factory=asyncio.Queue)
     last_heartbeat: float = field(default_factory=time.monotonic)
     closed: bool = False
@@ -103,6 +110,14 @@ class Gang:
         return self.members[0].agent_id
 
 
+class StateMessageFailed(Exception):
+    """Handling an agent's prepared/started/exited message failed; the stream must end."""
+
+
+def _exit_ack(allocation_id: str) -> pb.MasterMessage:
+    return pb.MasterMessage(exit_ack=pb.ExitAck(allocation_id=allocation_id))
+
+
 class Refusal(Exception):
     """The agent may not join; the reason is sent to it before the stream closes."""
 
@@ -133,6 +148,10 @@ class AgentHub:
         self.absent_since: dict[str, float] = {}
         self.heartbeats = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        # One state machine: a connect, a prepared/started/exited message, a tick and a
+        # loss declaration each run alone, so none acts on a gang another is changing.
+        # Heartbeats and logs stay outside it.
+        self._lock = asyncio.Lock()
 
     @contextlib.asynccontextmanager
     async def _transaction(self) -> AsyncIterator[AsyncSession]:
@@ -197,6 +216,22 @@ class AgentHub:
             version=hello.version,
             hostname=hello.hostname,
         )
+        old = self.connections.get(hello.agent_id)
+        if (
+            old is not None
+            and old.instance_id != hello.instance_id
+            and time.monotonic() - old.last_heartbeat < self.link.lost_after_s
+        ):
+            raise Refusal(
+                f"agent id {hello.agent_id!r} is already connected from another process "
+                f"(stream {old.stream_id}); give each agent its own --id"
+            )
+        async with self._lock:
+            return await self._open(hello, registration)
+
+    async def _open(
+        self, hello: pb.Hello, registration: agent_service.AgentRegistration
+    ) -> tuple[Connection, pb.Welcome]:
         stop_ids: list[str] = []
         try:
             async with self._transaction() as session:
@@ -210,7 +245,7 @@ class AgentHub:
         old = self.connections.get(hello.agent_id)
         if old is not None:
             old.close()
-        connection = Connection(hello.agent_id, str(uuid.uuid4()))
+        connection = Connection(hello.agent_id, str(uuid.uuid4()), hello.instance_id)
         self.connections[hello.agent_id] = connection
         self.absent_since.pop(hello.agent_id, None)
         self.wake_scheduler()
@@ -233,7 +268,8 @@ class AgentHub:
 
     async def after_welcome(self, connection: Connection, hello: pb.Hello) -> None:
         for exited in hello.exited:
-            await self.on_exited(connection, exited)
+            async with self._lock:
+                await self.on_exited(connection, exited)
 
     async def _reconcile(self, session: AsyncSession, hello: pb.Hello) -> list[str]:
         """Match the agent's running allocations with ours. Returns those it must stop."""
@@ -242,14 +278,19 @@ class AgentHub:
         exited = {e.allocation_id for e in hello.exited}
         held = await _held_on_agent(session, agent_id)
         lost: list[str] = []
-        for allocation_id, state in held.items():
+        stops: set[str] = set()
+        for allocation_id, (state, stop_wanted) in held.items():
             gang = self.gangs.get(allocation_id)
             if allocation_id in running:
                 if gang is None:
-                    gang = await self._gang_from_db(session, allocation_id)
+                    gang = await self._gang_from_db(session, allocation_id, state)
                 gang.started.add(agent_id)
                 if gang.phase in ("assigned", "preparing"):
                     gang.phase = "starting"
+                if stop_wanted or gang.stop_sent:
+                    stops.add(allocation_id)  # a stop sent before the break may be lost
+                else:
+                    await self._mark_running_if_started(session, gang)
             elif allocation_id in exited:
                 continue
             elif state in (AllocationState.ASSIGNED, AllocationState.PULLING):
@@ -264,7 +305,7 @@ class AgentHub:
                 ReleaseOutcome.AGENT_LOST,
                 f"agent {agent_id} came back without the allocation's ranks",
             )
-        return sorted(running - held.keys())
+        return sorted((running - held.keys()) | stops)
 
     def close(self, connection: Connection) -> None:
         """The stream ended (either side). Running ranks keep their window to come back."""
@@ -281,28 +322,53 @@ class AgentHub:
 
     async def _mark_disconnected(self, agent_id: str) -> None:
         try:
-            async with self._transaction() as session:
+            async with self._lock, self._transaction() as session:
                 if agent_id not in self.connections:
                     await agent_service.set_connected(session, agent_id, False)
+                    # What has not started there has nothing to wait for: place it again
+                    # now rather than after the lost-agent window.
+                    for allocation_id, (state, _) in (
+                        await _held_on_agent(session, agent_id)
+                    ).items():
+                        if state in _LAUNCHING:
+                            await self._fail_gang(
+                                session,
+                                allocation_id,
+                                ReleaseOutcome.AGENT_LOST,
+                                f"agent {agent_id} disconnected before the ranks started",
+                            )
         except Exception:
             log.exception("could not mark agent %s disconnected", agent_id)
 
     # -- messages --------------------------------------------------------------------------
 
     async def on_message(self, connection: Connection, message: pb.AgentMessage) -> None:
+        """Handle one message. A state message that fails raises StateMessageFailed after
+        dropping what memory held of its gang (rebuilt from the database by the next tick);
+        the servicer then ends the stream, so the agent resyncs and repeats its exits."""
+        connection.last_heartbeat = time.monotonic()  # any message shows the agent alive
         kind = message.WhichOneof("body")
         if kind == "heartbeat":
             self.on_heartbeat(connection, message.heartbeat)
-        elif kind == "logs":
+            return
+        if kind == "logs":
             await self.on_logs(connection, message.logs)
-        elif kind == "prepared":
-            await self.on_prepared(connection, message.prepared)
-        elif kind == "started":
-            await self.on_started(connection, message.started)
-        elif kind == "exited":
-            await self.on_exited(connection, message.exited)
-        else:
+            return
+        if kind not in ("prepared", "started", "exited"):
             log.warning("agent %s sent an unexpected %s message", connection.agent_id, kind)
+            return
+        body = getattr(message, kind)
+        async with self._lock:
+            try:
+                if kind == "prepared":
+                    await self.on_prepared(connection, body)
+                elif kind == "started":
+                    await self.on_started(connection, body)
+                else:
+                    await self.on_exited(connection, body)
+            except Exception as exc:
+                self.gangs.pop(body.allocation_id, None)
+                raise StateMessageFailed(f"{kind} for {body.allocation_id}") from exc
 
     def on_heartbeat(self, connection: Connection, heartbeat: pb.Heartbeat) -> None:
         connection.last_heartbeat = time.monotonic()
@@ -349,34 +415,35 @@ class AgentHub:
         if gang is None:
             return
         gang.started.add(connection.agent_id)
-        if gang.phase == "starting" and gang.started >= set(gang.agent_ids):
-            gang.phase = "running"
-            async with self._transaction() as session:
-                allocation = await session.get(AllocationModel, gang.allocation_id)
-                if allocation is None or allocation.state != AllocationState.STARTING:
-                    return
-                allocation.state = AllocationState.RUNNING
-                trial = await session.get(TrialModel, allocation.trial_id)
-                if trial is not None and TrialState(trial.state) in (
-                    TrialState.PULLING,
-                    TrialState.STARTING,
-                ):
-                    states.set_trial_state(session, trial, TrialState.RUNNING, "every rank started")
-            log.info("allocation %s running on %s", gang.allocation_id, ", ".join(gang.agent_ids))
+        async with self._transaction() as session:
+            await self._mark_running_if_started(session, gang)
+
+    async def _mark_running_if_started(self, session: AsyncSession, gang: Gang) -> None:
+        if not gang.started >= set(gang.agent_ids):
+            return
+        # The scheduler's lock first, in the same order as kill and pause take it.
+        await allocations.hold_scheduler(session)
+        allocation = await session.get(AllocationModel, gang.allocation_id, populate_existing=True)
+        if allocation is None or allocation.state != AllocationState.STARTING:
+            return
+        allocation.state = AllocationState.RUNNING
+        gang.phase = "running"
+        trial = await session.get(TrialModel, allocation.trial_id)
+        if trial is not None and TrialState(trial.state) in (
+            TrialState.PULLING,
+            TrialState.STARTING,
+        ):
+            states.set_trial_state(session, trial, TrialState.RUNNING, "every rank started")
+        log.info("allocation %s running on %s", gang.allocation_id, ", ".join(gang.agent_ids))
 
     async def on_exited(self, connection: Connection, exited: pb.AllocationExited) -> None:
         agent_id = connection.agent_id
         allocation_id = exited.allocation_id
         async with self._transaction() as session:
-            # Acked once the outcome has committed: a crash before that gets the exit again.
-            self._send(
-                session,
-                agent_id,
-                pb.MasterMessage(exit_ack=pb.ExitAck(allocation_id=allocation_id)),
-            )
             allocation = await session.get(AllocationModel, allocation_id)
             if allocation is None or allocation.state not in HELD_STATES:
                 self.gangs.pop(allocation_id, None)
+                self._send(session, agent_id, _exit_ack(allocation_id))
                 return
             gang = self.gangs.get(allocation_id) or await self._gang_from_db(session, allocation_id)
             gang.exits[agent_id] = exited
@@ -408,11 +475,17 @@ class AgentHub:
         if pb.EXIT_KIND_COMPLETED in kinds:
             # Some ranks finished and the others were stopped: the work is done.
             return ReleaseOutcome.COMPLETED, ""
-        return ReleaseOutcome.FAILED, "ranks stopped without a request"
+        # Stopped by their agent, not by us: it is shutting down. Not the trial's fault.
+        messages = "; ".join(sorted({e.message for e in gang.exits.values() if e.message}))
+        return ReleaseOutcome.AGENT_LOST, f"ranks stopped by their agent ({messages})"
 
     # -- the periodic tick -----------------------------------------------------------------
 
     async def tick(self) -> None:
+        async with self._lock:
+            await self._tick()
+
+    async def _tick(self) -> None:
         await self._declare_lost()
         async with self._transaction() as session:
             # Running allocations need nothing from a tick unless asked to stop, so a busy
@@ -423,7 +496,15 @@ class AgentHub:
             )
             rows = (await session.scalars(select(AllocationModel).where(needs_work))).all()
             for allocation in rows:
-                await self._advance(session, allocation)
+                # One allocation that cannot advance must not hold up the others.
+                sends = len(session.info[_SENDS])
+                try:
+                    async with session.begin_nested():
+                        await self._advance(session, allocation)
+                except Exception:
+                    log.exception("allocation %s: advancing it failed", allocation.id)
+                    self.gangs.pop(allocation.id, None)
+                    del session.info[_SENDS][sends:]
 
     async def _advance(self, session: AsyncSession, allocation: AllocationModel) -> None:
         state = AllocationState(allocation.state)
@@ -440,15 +521,13 @@ class AgentHub:
                 else ReleaseOutcome.PREEMPTED
             )
             if gang is None:
-                gang = await self._gang_from_db(session, allocation.id)
+                gang = await self._gang_from_db(session, allocation.id, state)
             # The chief may hold a reserved port for it: the stop frees that.
             self._send_stop(session, gang, "stopped before it started")
             await self._release(session, gang, outcome, "stopped before it started")
             return
         if gang is None:
-            if not not_started:
-                return  # running ranks: the gang is rebuilt when its agents reconnect
-            gang = await self._gang_from_db(session, allocation.id)
+            gang = await self._gang_from_db(session, allocation.id, state)
         if stop_wanted and not gang.stop_sent:
             self._send_stop(session, gang, "stop requested")
             return
@@ -470,6 +549,8 @@ class AgentHub:
                 allocation.pending_code = NO_COMMON_INTERFACE
                 allocation.pending_reason = f"cannot start: {choice.reason}"
                 log.warning("allocation %s cannot start: %s", allocation.id, choice.reason)
+            return
+        if not await _still(session, allocation, AllocationState.ASSIGNED):
             return
         allocation.pending_code = allocation.pending_reason = ""
         allocation.network_interface = choice.name
@@ -507,8 +588,8 @@ class AgentHub:
 
     async def _start(self, session: AsyncSession, gang: Gang, master_port: int) -> None:
         allocation = await session.get(AllocationModel, gang.allocation_id)
-        if allocation is None or allocation.state != AllocationState.PULLING:
-            return
+        if allocation is None or not await _still(session, allocation, AllocationState.PULLING):
+            return  # stopped meanwhile: the next tick releases it
         trial = await session.get(TrialModel, allocation.trial_id)
         experiment = await session.get(ExperimentModel, allocation.experiment_id)
         model_definition = await session.get(ModelDefinitionModel, allocation.experiment_id)
@@ -602,6 +683,9 @@ class AgentHub:
     ) -> None:
         """Stop whatever still runs of the gang and release the allocation at once."""
         gang = self.gangs.get(allocation_id) or await self._gang_from_db(session, allocation_id)
+        if gang.failure and outcome == ReleaseOutcome.AGENT_LOST:
+            # A rank had already failed on its own: that is what counts against max_restarts.
+            outcome, message = ReleaseOutcome.FAILED, gang.failure
         gang.failure = gang.failure or message
         if not gang.stop_sent:
             self._send_stop(session, gang, message)
@@ -612,6 +696,11 @@ class AgentHub:
     ) -> None:
         self.gangs.pop(gang.allocation_id, None)
         await allocations.release_allocation(session, gang.allocation_id, outcome, message)
+        # Exits are acked only now, with the outcome committed: until then an agent that
+        # reconnects (or a restarted master) hears them again, so a recorded failure is
+        # never mistaken for lost ranks.
+        for agent_id in gang.exits:
+            self._send(session, agent_id, _exit_ack(gang.allocation_id))
         self.wake_scheduler()
 
     async def _declare_lost(self) -> None:
@@ -627,7 +716,6 @@ class AgentHub:
                 self.close(connection)
         lost = [a for a, since in self.absent_since.items() if now - since > window]
         for agent_id in lost:
-            del self.absent_since[agent_id]
             async with self._transaction() as session:
                 held = await _held_on_agent(session, agent_id)
                 for allocation_id in held:
@@ -639,9 +727,15 @@ class AgentHub:
                     )
                 if await session.get(AgentModel, agent_id) is not None:
                     await agent_service.set_connected(session, agent_id, False)
+            self.absent_since.pop(agent_id, None)
             log.warning("agent %s lost; %d allocations requeued", agent_id, len(held))
 
-    async def _gang_from_db(self, session: AsyncSession, allocation_id: str) -> Gang:
+    async def _gang_from_db(
+        self,
+        session: AsyncSession,
+        allocation_id: str,
+        state: AllocationState = AllocationState.ASSIGNED,
+    ) -> Gang:
         slots = (
             await session.execute(
                 select(AllocationSlotModel.agent_id, AllocationSlotModel.slot_id).where(
@@ -661,7 +755,7 @@ class AgentHub:
             if zero_agent is not None:
                 by_agent[zero_agent] = []
         members = launch.order_gang([launch.GangMember(a, tuple(s)) for a, s in by_agent.items()])
-        gang = Gang(allocation_id, members)
+        gang = Gang(allocation_id, members, phase=_PHASE_OF_STATE.get(state, "running"))
         self.gangs[allocation_id] = gang
         return gang
 
@@ -692,17 +786,37 @@ def _reading(sample: pb.MetricSample) -> metric_service.MetricReading:
     )
 
 
-async def _held_on_agent(session: AsyncSession, agent_id: str) -> dict[str, AllocationState]:
+async def _still(
+    session: AsyncSession, allocation: AllocationModel, state: AllocationState
+) -> bool:
+    """Lock out kill, pause and scheduling passes (the scheduler's row lock, without waking
+    the scheduler), then check that the allocation is still in `state` with no stop asked:
+    a kill committed after our read must not be overwritten by a launch."""
+    await allocations.hold_scheduler_for_pass(session)
+    await session.refresh(allocation)
+    return allocation.state == state and not allocation.preempt_requested
+
+
+async def _held_on_agent(
+    session: AsyncSession, agent_id: str
+) -> dict[str, tuple[AllocationState, bool]]:
+    """Allocations holding this agent: their state and whether a stop is wanted."""
     on_slots = select(AllocationSlotModel.allocation_id).where(
         AllocationSlotModel.agent_id == agent_id
     )
     rows = await session.execute(
-        select(AllocationModel.id, AllocationModel.state).where(
+        select(AllocationModel.id, AllocationModel.state, AllocationModel.preempt_requested).where(
             or_(AllocationModel.id.in_(on_slots), AllocationModel.zero_slot_agent_id == agent_id),
             AllocationModel.state.in_(HELD_STATES),
         )
     )
-    return {allocation_id: AllocationState(state) for allocation_id, state in rows.all()}
+    return {
+        allocation_id: (
+            AllocationState(state),
+            bool(preempt) or state == AllocationState.TERMINATING,
+        )
+        for allocation_id, state, preempt in rows.all()
+    }
 
 
 async def _agents_holding_allocations(session: AsyncSession) -> set[str]:

@@ -182,7 +182,9 @@ async def ask_to_stop(session: AsyncSession, trial_ids: Sequence[int], *, termin
 
 
 async def get_allocation(session: AsyncSession, allocation_id: str) -> AllocationModel:
-    allocation = await session.get(AllocationModel, allocation_id)
+    # Fresh from the database: callers take the scheduler's lock first, and a copy cached
+    # before it could say the allocation is still held when another release ended it.
+    allocation = await session.get(AllocationModel, allocation_id, populate_existing=True)
     if allocation is None:
         raise NotFound(f"allocation {allocation_id} not found")
     return allocation

@@ -285,3 +285,45 @@ def test_pause_activate_and_kill_reach_the_running_ranks(
     killed = wait_trial_state(master, experiment_id, {"CANCELED", "ERROR", "COMPLETED"})
     assert killed["state"] == "CANCELED"
     wait_until("the killed rank to be stopped", lambda: not pid_alive(second), timeout=15)
+
+
+def test_a_second_agent_with_the_same_id_is_refused(
+    sqlite_master: MasterProcess, agents: list[AgentProcess], tmp_path: Path
+) -> None:
+    master = sqlite_master
+    start_agent(master, agents, tmp_path, "twin", slots=1).wait_connected()
+    impostor = AgentProcess(master, "twin", tmp_path / "twin-2", slots=1)
+    agents.append(impostor.start())
+    assert impostor.proc is not None
+    assert impostor.proc.wait(timeout=30) == 3
+    assert "already connected from another process" in impostor.output()
+    assert master.api("GET", "/api/v1/agents/twin")["agent"]["connected"] is True
+
+
+def test_a_stopping_agent_hands_its_trial_on_without_a_restart(
+    sqlite_master: MasterProcess, agents: list[AgentProcess], tmp_path: Path
+) -> None:
+    master = sqlite_master
+    by_id = {}
+    for name in ("leaving", "staying"):
+        by_id[name] = start_agent(master, agents, tmp_path, name, slots=1)
+        by_id[name].wait_connected()
+    config, model = write_experiment(tmp_path, LONG_FIRST_RUN, slots=1)
+    experiment_id = create_experiment(master, config, model)
+    trial = wait_trial_state(master, experiment_id, {"RUNNING"})
+    line = wait_until(
+        "the rank to print its pid",
+        lambda: re.search(r"^PID (\w+) (\d+)$", trial_logs(master, trial["id"]), re.M),
+    )
+    first_agent = line.group(1)
+    other = "staying" if first_agent == "leaving" else "leaving"
+    stopped_at = time.monotonic()
+    by_id[first_agent].stop()  # SIGTERM: a clean shutdown
+    master.wait_for(
+        "the trial to move to the other agent",
+        lambda: f"PID {other} " in trial_logs(master, trial["id"]),
+    )
+    # Well inside the 10 s lost-agent window: the agent reported how its ranks ended.
+    assert time.monotonic() - stopped_at < 8
+    done = wait_trial_state(master, experiment_id, {"COMPLETED", "ERROR"})
+    assert (done["state"], done["restarts"]) == ("COMPLETED", 0)

@@ -67,7 +67,7 @@ class RunningAllocation(_message.Message):
     def __init__(self, allocation_id: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("agent_id", "resource_pool", "version", "hostname", "join_token", "devices", "interfaces", "running", "exited")
+    __slots__ = ("agent_id", "resource_pool", "version", "hostname", "join_token", "devices", "interfaces", "running", "exited", "instance_id")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_POOL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +77,7 @@ class Hello(_message.Message):
     INTERFACES_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     EXITED_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     resource_pool: str
     version: str
@@ -86,7 +87,8 @@ class Hello(_message.Message):
     interfaces: _containers.RepeatedCompositeFieldContainer[NetworkInterface]
     running: _containers.RepeatedCompositeFieldContainer[RunningAllocation]
     exited: _containers.RepeatedCompositeFieldContainer[AllocationExited]
-    def __init__(self, agent_id: _Optional[str] = ..., resource_pool: _Optional[str] = ..., version: _Optional[str] = ..., hostname: _Optional[str] = ..., join_token: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., interfaces: _Optional[_Iterable[_Union[NetworkInterface, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningAllocation, _Mapping]]] = ..., exited: _Optional[_Iterable[_Union[AllocationExited, _Mapping]]] = ...) -> None: ...
+    instance_id: str
+    def __init__(self, agent_id: _Optional[str] = ..., resource_pool: _Optional[str] = ..., version: _Optional[str] = ..., hostname: _Optional[str] = ..., join_token: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., interfaces: _Optional[_Iterable[_Union[NetworkInterface, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningAllocation, _Mapping]]] = ..., exited: _Optional[_Iterable[_Union[AllocationExited, _Mapping]]] = ..., instance_id: _Optional[str] = ...) -> None: ...
 
 class GpuSample(_message.Message):
     __slots__ = ("index", "uuid", "gpu_util", "gpu_memory_used", "gpu_free_memory", "temperature_c", "power_w")
