@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -161,7 +162,9 @@ def build_launches(
     ordered = order_gang(members)
     planned = plan_ranks(ordered)
     world_size = sum(len(p.ranks) for p in planned)
-    host, _, port = master_url.split("://", 1)[-1].partition(":")
+    url = urllib.parse.urlsplit(master_url)
+    host = url.hostname or ""
+    port = url.port or (443 if url.scheme == "https" else 80)
     common = config_variables(trial.config, device_type)
     for reserved in RESERVED_VARIABLES & common.keys():
         del common[reserved]
@@ -170,7 +173,7 @@ def build_launches(
             "DET_MASTER": master_url,
             "DET_MASTER_HOST": host,
             "DET_MASTER_ADDR": host,
-            "DET_MASTER_PORT": port.split("/", 1)[0] or "80",
+            "DET_MASTER_PORT": str(port),
             "DET_CLUSTER_ID": cluster_id,
             "DET_MASTER_ID": master_id,
             "DET_EXPERIMENT_ID": str(trial.experiment_id),

@@ -142,3 +142,24 @@ def test_the_example_deploy_config_is_valid(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("DET_MASTER_CONFIG_FILE", str(path))
     settings = MasterSettings()
     assert settings.agent_link.port == yaml.safe_load(path.read_text())["agent_link"]["port"]
+
+
+@pytest.mark.parametrize(
+    ("url", "host", "port"),
+    [
+        ("https://master.example", "master.example", "443"),
+        ("http://[fd00::1]:8080", "fd00::1", "8080"),
+        ("http://10.0.0.1", "10.0.0.1", "80"),
+    ],
+)
+def test_the_master_address_is_parsed_from_any_url(url: str, host: str, port: str) -> None:
+    env = launch.build_launches(
+        [GangMember("a", (0,))],
+        TRIAL,
+        RENDEZVOUS,
+        master_url=url,
+        cluster_id="c",
+        master_id="m",
+        device_type="cpu",
+    )[0].env
+    assert (env["DET_MASTER_HOST"], env["DET_MASTER_PORT"]) == (host, port)
