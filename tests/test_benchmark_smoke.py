@@ -11,9 +11,8 @@ import pytest
 
 from tests.conftest import PostgresServer, require
 
-pytestmark = pytest.mark.postgres
 
-
+@pytest.mark.postgres
 def test_quick_benchmark_runs_and_places_every_gang_whole(postgres: PostgresServer) -> None:
     require(postgres.error is None, postgres.error or "")
     root = Path(__file__).resolve().parent.parent
@@ -36,3 +35,40 @@ def test_quick_benchmark_runs_and_places_every_gang_whole(postgres: PostgresServ
         assert run["partial_gangs"]["violations"] == 0
         assert run["unplaced"] == 0 and not run["stuck"]
     assert s2["same_placements_in_both_variants"] is True
+
+
+@pytest.mark.e2e
+def test_quick_heartbeat_benchmark_loses_nothing_and_detects_the_silent_agent() -> None:
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_heartbeats", "--quick"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    agents = report["parameters"]["agents"]
+    registration = report["registration"]
+    assert registration["registered"] == registration["connected_in_api"] == agents
+    totals = report["totals"]
+    assert totals["sent"] > 0
+    assert totals["acked"] == totals["sent"] and totals["unacked"] == 0
+    assert totals["unexpected_acks"] == 0
+    window = report["window"]
+    assert window["of_those_acked"] == window["heartbeats_sent_in_window"] > 0
+    silent = report["silent_agent"]
+    assert silent["api_connected_false_seen"] is True
+    assert silent["from_last_heartbeat_to_api_disconnected_s"] <= silent["lost_after_s"] + 3
+    assert totals["closed_by_master"] == [silent["agent"]], "only the silent agent was dropped"
+    stored = report["persistence"]
+    assert stored["rows_in_sqlite_after_stop"] == stored["heartbeats_acked_in_all"] > 0
+    assert stored["agents_whose_rows_equal_their_acked_heartbeats"] == agents
+    assert stored["sample_agent_rows_through_api"] == stored["sample_agent_heartbeats_acked"] > 0
+    floor = report["grpc_floor_bare_echo_server"]["totals"]
+    assert floor["acked"] == floor["sent"] > 0
+    naive = report["persistence_naive_vs_ours"]
+    for variant in ("naive_one_transaction_per_heartbeat", "ours_buffer_and_bulk_insert"):
+        assert naive[variant]["rows_stored"] == naive["heartbeats"]
