@@ -105,10 +105,12 @@ class Agent:
             outbox.put_nowait(pb.AgentMessage(hello=self._hello()))
             call = stub.Connect(_drain(outbox))
             first = await asyncio.wait_for(call.read(), timeout=30)
-            if first is grpc.aio.EOF or first.WhichOneof("body") != "welcome":
-                reason = first.refused.reason if first is not grpc.aio.EOF else "stream closed"
+            if first is grpc.aio.EOF:  # not a refusal: the master may be restarting
                 call.cancel()
-                raise Refused(reason)
+                raise ConnectionError("the master closed the stream before welcoming us")
+            if first.WhichOneof("body") != "welcome":
+                call.cancel()
+                raise Refused(first.refused.reason or "no welcome from the master")
             welcome = first.welcome
             self._heartbeat_s = welcome.heartbeat_interval_s or 1.0
             self._metrics_period_s = welcome.metrics_period_s or 1.0
