@@ -353,6 +353,11 @@ class AllocationModel(Base):
     network_interface: Mapped[str] = mapped_column(String(64), default="")
     chief_address: Mapped[str] = mapped_column(String(64), default="")
     master_port: Mapped[int | None] = mapped_column(Integer)
+    # The login session behind the ranks' DET_SESSION_TOKEN; deleted when the allocation
+    # ends, so a token left in a finished job's environment opens nothing.
+    task_session_id: Mapped[int | None] = mapped_column(
+        ForeignKey("user_sessions.id", ondelete="SET NULL")
+    )
 
 
 class AllocationSlotModel(Base):

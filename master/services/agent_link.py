@@ -595,7 +595,9 @@ class AgentHub:
         model_definition = await session.get(ModelDefinitionModel, allocation.experiment_id)
         assert trial is not None and experiment is not None  # foreign keys
         owner = await session.get(UserModel, experiment.owner_id)
-        token = await auth_service.issue_task_token(session, experiment.owner_id, TASK_TOKEN_TTL)
+        token, allocation.task_session_id = await auth_service.issue_task_token(
+            session, experiment.owner_id, TASK_TOKEN_TTL
+        )
         info = launch.TrialInfo(
             experiment_id=experiment.id,
             trial_id=trial.id,

@@ -26,7 +26,7 @@ from master.db.models import (
     utcnow,
 )
 from master.errors import Conflict, NotFound
-from master.services import states
+from master.services import auth, states
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +211,9 @@ async def release_allocation(
     )
     allocation.state = AllocationState.TERMINATED
     allocation.ended_at = utcnow()
+    if allocation.task_session_id is not None:
+        await auth.revoke_session(session, allocation.task_session_id)
+        allocation.task_session_id = None
     allocation.exit_reason = f"{outcome}: {message}" if message else str(outcome)
     trial = await session.get(TrialModel, allocation.trial_id)
     experiment = await session.get(ExperimentModel, allocation.experiment_id)

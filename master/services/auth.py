@@ -93,17 +93,21 @@ async def login(
     return token, user
 
 
-async def issue_task_token(session: AsyncSession, user_id: int, ttl: timedelta) -> str:
-    """A token for a task's processes to call the API as the experiment's owner."""
+async def issue_task_token(session: AsyncSession, user_id: int, ttl: timedelta) -> tuple[str, int]:
+    """A token for a task's processes to call the API as the experiment's owner, and the
+    id of its session row (delete it with `revoke_session` when the task ends)."""
     token = secrets.token_urlsafe(32)
     now = datetime.now(UTC)
-    session.add(
-        UserSessionModel(
-            user_id=user_id, token_hash=_token_digest(token), created_at=now, expires_at=now + ttl
-        )
+    row = UserSessionModel(
+        user_id=user_id, token_hash=_token_digest(token), created_at=now, expires_at=now + ttl
     )
+    session.add(row)
     await session.flush()
-    return token
+    return token, row.id
+
+
+async def revoke_session(session: AsyncSession, session_id: int) -> None:
+    await session.execute(delete(UserSessionModel).where(UserSessionModel.id == session_id))
 
 
 async def user_for_token(session: AsyncSession, token: str) -> UserModel:

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.e2e.agents import (
@@ -69,6 +70,7 @@ print("JOIN_TOKEN_LEAKED" if any("JOIN" in k for k in os.environ) else "no join 
 request = urllib.request.Request(os.environ["DET_MASTER"] + "/api/v1/me",
     headers={"Authorization": "Bearer " + os.environ["DET_SESSION_TOKEN"]})
 print("ME " + json.loads(urllib.request.urlopen(request).read())["user"]["username"])
+print("TOKEN " + os.environ["DET_SESSION_TOKEN"])  # only so the test can try it afterwards
 """
 
 
@@ -117,6 +119,10 @@ def test_agent_registers_runs_a_gang_and_reports_metrics(
         assert env["DET_TRIAL_SEED"] == str(trial["seed"])
         assert env["MY_VAR"] == "hello"
     assert logs.count("ME determined") == 2  # DET_SESSION_TOKEN works against the API
+    # ... while the trial runs, and no longer once it has ended.
+    token = re.findall(r"^TOKEN (\S+)$", logs, re.M)[0]
+    me = httpx.get(f"{master.url}/api/v1/me", headers={"Authorization": f"Bearer {token}"})
+    assert me.status_code == 401
     assert "JOIN_TOKEN_LEAKED" not in logs
 
     samples = master.wait_for(
