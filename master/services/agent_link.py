@@ -412,7 +412,7 @@ class AgentHub:
 
     async def on_started(self, connection: Connection, started: pb.AllocationStarted) -> None:
         gang = self.gangs.get(started.allocation_id)
-        if gang is None:
+        if gang is None or connection.agent_id not in gang.agent_ids:
             return
         gang.started.add(connection.agent_id)
         async with self._transaction() as session:
@@ -446,6 +446,15 @@ class AgentHub:
                 self._send(session, agent_id, _exit_ack(allocation_id))
                 return
             gang = self.gangs.get(allocation_id) or await self._gang_from_db(session, allocation_id)
+            if agent_id not in gang.agent_ids:
+                # Only the gang's own agents may end it; anything else is ignored (not
+                # acked, so a confused agent keeps saying it and the log shows it).
+                log.warning(
+                    "agent %s reported an exit of %s, which it does not run",
+                    agent_id,
+                    allocation_id,
+                )
+                return
             gang.exits[agent_id] = exited
             log.info(
                 "allocation %s: ranks on %s exited (%s) %s",
