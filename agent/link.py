@@ -61,7 +61,6 @@ class Agent:
         self._metrics_period_s = 1.0
         self._seq = 0
         self._last_from_master = time.monotonic()
-        self.connected = asyncio.Event()
         self.instance_id = uuid.uuid4().hex
 
     # -- public ------------------------------------------------------------------------------
@@ -79,7 +78,6 @@ class Agent:
                     raise
                 except (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as exc:
                     log.warning("link to master %s broken: %s", self.settings.master, _short(exc))
-                self.connected.clear()
                 attempt = 0 if time.monotonic() - started > 10 else attempt + 1
                 delay = min(self.settings.reconnect_max_backoff_s, 0.25 * 2**attempt)
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
@@ -116,7 +114,6 @@ class Agent:
             self._metrics_period_s = welcome.metrics_period_s or 1.0
             self._outbox = outbox
             self._last_from_master = time.monotonic()
-            self.connected.set()
             log.info(
                 "connected to master %s (stream %s) as %s with %d slots",
                 self.settings.master,

@@ -61,9 +61,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import os
-import platform
 import random
 import signal
 import socket
@@ -76,7 +74,6 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +82,7 @@ import httpx
 import psutil
 from sqlalchemy import func, select
 
+from benchmarks.common import host_facts, percentile, progress, ratio, seconds_since_start
 from master.db.migrate import upgrade_to_head
 from master.db.models import AgentMetricModel
 from master.db.session import create_engine, create_session_factory, session_scope
@@ -112,20 +110,8 @@ TARGETS = {
 # The load counts as offered if the workers sent at least this share of the intended rate.
 OFFERED_LOAD_MIN_SHARE = 0.98
 
-_STARTED = time.perf_counter()
-
-
-def progress(message: str) -> None:
-    print(f"[{time.perf_counter() - _STARTED:7.1f}s] {message}", file=sys.stderr, flush=True)
-
 
 # --- statistics ----------------------------------------------------------------------------
-
-
-def percentile(ordered: Sequence[float], p: float) -> float:
-    """Nearest rank: the smallest sample with at least p% of the samples at or below it."""
-    rank = max(1, math.ceil(p / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 def ms_summary(seconds: Sequence[float]) -> dict[str, float]:
@@ -142,51 +128,7 @@ def ms_summary(seconds: Sequence[float]) -> dict[str, float]:
     }
 
 
-def ratio(a: float, b: float) -> float | None:
-    return round(a / b, 2) if b else None
-
-
 # --- the machine ---------------------------------------------------------------------------
-
-
-def _proc_field(text: str, name: str) -> str | None:
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == name:
-            return value.strip()
-    return None
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return ""
-
-
-def host_facts() -> dict[str, Any]:
-    cpuinfo = _read("/proc/cpuinfo")
-    mem_kib = _proc_field(_read("/proc/meminfo"), "MemTotal")  # "N kB"
-    libraries: dict[str, str] = {}
-    for package in ("grpcio", "protobuf", "sqlalchemy", "aiosqlite", "fastapi", "uvicorn"):
-        try:
-            libraries[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            libraries[package] = "not installed"
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "cpu_model": _proc_field(cpuinfo, "model name") or platform.processor(),
-        "cpu_processors_in_proc_cpuinfo": sum(
-            1 for line in cpuinfo.splitlines() if line.startswith("processor")
-        ),
-        "os_cpu_count": os.cpu_count(),
-        "cpus_usable_by_this_process": len(os.sched_getaffinity(0)),
-        "memory_gib": round(int(mem_kib.split()[0]) / 2**20, 1) if mem_kib else None,
-        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-        "libraries": libraries,
-    }
 
 
 # --- the simulated agents (worker processes) -----------------------------------------------
@@ -1143,7 +1085,7 @@ def compare(
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     params = params_of(args)
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
-    facts = host_facts()
+    facts = host_facts(("grpcio", "protobuf", "sqlalchemy", "aiosqlite", "fastapi", "uvicorn"))
     progress(f"{'quick' if args.quick else 'full'} run: {params}")
     with tempfile.TemporaryDirectory(prefix="resolute-bench-hb-") as tmp:
         result = await against_master(params, Path(tmp))
@@ -1154,7 +1096,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "mode": "quick" if args.quick else "full",
         "command": " ".join(["python -m benchmarks.bench_heartbeats", *sys.argv[1:]]),
         "started_at": started_at,
-        "total_seconds": round(time.perf_counter() - _STARTED, 1),
+        "total_seconds": round(seconds_since_start(), 1),
         "machine": facts,
         "parameters": asdict(params) | {"gpus_per_agent": GPUS_PER_AGENT},
         **result,

@@ -37,7 +37,6 @@ import json
 import logging
 import math
 import os
-import platform
 import random
 import sys
 import tempfile
@@ -48,7 +47,6 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +56,7 @@ from fastapi import FastAPI
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from benchmarks.common import host_facts, percentile, progress, ratio, seconds_since_start
 from master.app import create_app
 from master.core import placement
 from master.db.models import (
@@ -98,12 +97,6 @@ TARGETS = {
     "s2_gang_placements_per_s_min": 1_000,
     "s2_partial_gangs": 0,
 }
-
-_STARTED = time.perf_counter()
-
-
-def progress(message: str) -> None:
-    print(f"[{time.perf_counter() - _STARTED:7.1f}s] {message}", file=sys.stderr, flush=True)
 
 
 # --- workload sizes ------------------------------------------------------------------------
@@ -156,12 +149,6 @@ class Scale:
 # --- statistics ----------------------------------------------------------------------------
 
 
-def percentile(ordered: Sequence[float], p: float) -> float:
-    """Nearest rank: the smallest sample with at least p% of the samples at or below it."""
-    rank = max(1, math.ceil(p / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
 def ms_summary(seconds: Sequence[float]) -> dict[str, float]:
     ordered = sorted(seconds)
     if not ordered:
@@ -180,50 +167,7 @@ def rate(count: int, seconds: float) -> float:
     return round(count / seconds, 1) if seconds > 0 else 0.0
 
 
-def ratio(a: float, b: float) -> float | None:
-    return round(a / b, 2) if b else None
-
-
 # --- the machine ---------------------------------------------------------------------------
-
-
-def _proc_field(text: str, name: str) -> str | None:
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == name:
-            return value.strip()
-    return None
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return ""
-
-
-def host_facts() -> dict[str, Any]:
-    cpuinfo = _read("/proc/cpuinfo")
-    mem_kib = _proc_field(_read("/proc/meminfo"), "MemTotal")  # "N kB"
-    libraries: dict[str, str] = {}
-    for package in ("sqlalchemy", "asyncpg", "fastapi", "httpx", "pydantic"):
-        try:
-            libraries[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            libraries[package] = "not installed"
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "cpu_model": _proc_field(cpuinfo, "model name") or platform.processor(),
-        "cpu_processors_in_proc_cpuinfo": sum(
-            1 for line in cpuinfo.splitlines() if line.startswith("processor")
-        ),
-        "os_cpu_count": os.cpu_count(),
-        "cpus_usable_by_this_process": len(os.sched_getaffinity(0)),
-        "memory_gib": round(int(mem_kib.split()[0]) / 2**20, 1) if mem_kib else None,
-        "libraries": libraries,
-    }
 
 
 async def postgres_facts(admin_dsn: str) -> dict[str, Any]:
@@ -1121,7 +1065,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     scale = Scale.quick() if args.quick else Scale.full()
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     progress(f"{'quick' if args.quick else 'full'} run against {args.postgres}")
-    facts = host_facts()
+    facts = host_facts(("sqlalchemy", "asyncpg", "fastapi", "httpx", "pydantic"))
     try:
         facts["postgres"] = await postgres_facts(args.postgres)
     except (OSError, asyncpg.PostgresError) as exc:
@@ -1135,7 +1079,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "mode": "quick" if args.quick else "full",
         "command": " ".join(["python -m benchmarks.bench_scheduler", *sys.argv[1:]]),
         "started_at": started_at,
-        "total_seconds": round(time.perf_counter() - _STARTED, 1),
+        "total_seconds": round(seconds_since_start(), 1),
         "machine": facts,
         "scale": asdict(scale),
         "s1": s1_result,

@@ -6,26 +6,32 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import PostgresServer, require
 
 
-@pytest.mark.postgres
-def test_quick_benchmark_runs_and_places_every_gang_whole(postgres: PostgresServer) -> None:
-    require(postgres.error is None, postgres.error or "")
-    root = Path(__file__).resolve().parent.parent
+def run_quick(module: str) -> dict[str, Any]:
+    """Run a benchmark in --quick mode as a user would; its JSON report."""
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench_scheduler", "--quick"],
-        cwd=root,
+        [sys.executable, "-m", f"benchmarks.{module}", "--quick"],
+        cwd=Path(__file__).resolve().parent.parent,
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout)
+    report: dict[str, Any] = json.loads(result.stdout)
+    return report
+
+
+@pytest.mark.postgres
+def test_quick_benchmark_runs_and_places_every_gang_whole(postgres: PostgresServer) -> None:
+    require(postgres.error is None, postgres.error or "")
+    report = run_quick("bench_scheduler")
     assert report["machine"]["postgres"]["fsync"] == "on"
     s1, s2 = report["s1"], report["s2"]
     assert s1["a_committed_placements"]["db_check_violations"] == 0
@@ -39,17 +45,7 @@ def test_quick_benchmark_runs_and_places_every_gang_whole(postgres: PostgresServ
 
 @pytest.mark.e2e
 def test_quick_heartbeat_benchmark_loses_nothing_and_detects_the_silent_agent() -> None:
-    root = Path(__file__).resolve().parent.parent
-    result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench_heartbeats", "--quick"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout)
+    report = run_quick("bench_heartbeats")
     agents = report["parameters"]["agents"]
     registration = report["registration"]
     assert registration["registered"] == registration["connected_in_api"] == agents

@@ -146,7 +146,6 @@ class AgentHub:
         self.gangs: dict[str, Gang] = {}
         # Agents that hold allocations but have no stream: since when (monotonic).
         self.absent_since: dict[str, float] = {}
-        self.heartbeats = 0
         self._tasks: set[asyncio.Task[None]] = set()
         # One state machine: a connect, a prepared/started/exited message, a tick and a
         # loss declaration each run alone, so none acts on a gang another is changing.
@@ -372,7 +371,6 @@ class AgentHub:
 
     def on_heartbeat(self, connection: Connection, heartbeat: pb.Heartbeat) -> None:
         connection.last_heartbeat = time.monotonic()
-        self.heartbeats += 1
         if heartbeat.samples:
             self.metrics.add(connection.agent_id, [_reading(s) for s in heartbeat.samples])
         connection.send(

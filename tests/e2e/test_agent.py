@@ -7,6 +7,7 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -17,7 +18,6 @@ from tests.e2e.agents import (
     pid_alive,
     trial_logs,
     wait_trial_state,
-    wait_until,
     write_experiment,
 )
 from tests.e2e.conftest import BACKENDS, MasterProcess, running_master
@@ -191,27 +191,38 @@ if os.environ["DET_TRIAL_RUN_ID"] == "1":
 """
 
 
-def test_a_killed_agent_has_its_trial_requeued_elsewhere(
-    sqlite_master: MasterProcess, agents: list[AgentProcess], tmp_path: Path
-) -> None:
-    master = sqlite_master
+def run_on_one_of_two(
+    master: MasterProcess, agents: list[AgentProcess], tmp_path: Path, names: tuple[str, str]
+) -> tuple[dict[str, AgentProcess], int, dict[str, Any], re.Match[str]]:
+    """Two one-slot agents and a one-slot trial whose first run sleeps: returns the agents
+    by id, the experiment id, the trial, and the rank's "PID <agent> <pid>" line."""
     by_id = {}
-    for name in ("first", "second"):
+    for name in names:
         by_id[name] = start_agent(master, agents, tmp_path, name, slots=1)
         by_id[name].wait_connected()
     config, model = write_experiment(tmp_path, LONG_FIRST_RUN, slots=1)
     experiment_id = create_experiment(master, config, model)
     trial = wait_trial_state(master, experiment_id, {"RUNNING"})
-    line = wait_until(
+    line: re.Match[str] = master.wait_for(
         "the rank to print its pid",
         lambda: re.search(r"^PID (\w+) (\d+)$", trial_logs(master, trial["id"]), re.M),
+    )
+    return by_id, experiment_id, trial, line
+
+
+def test_a_killed_agent_has_its_trial_requeued_elsewhere(
+    sqlite_master: MasterProcess, agents: list[AgentProcess], tmp_path: Path
+) -> None:
+    master = sqlite_master
+    by_id, experiment_id, trial, line = run_on_one_of_two(
+        master, agents, tmp_path, ("first", "second")
     )
     victim, rank_pid = line.group(1), int(line.group(2))
     survivor = "second" if victim == "first" else "first"
 
     by_id[victim].kill()
     killed_at = time.monotonic()
-    wait_until("the rank to die with its agent", lambda: not pid_alive(rank_pid), timeout=5)
+    master.wait_for("the rank to die with its agent", lambda: not pid_alive(rank_pid), timeout=5)
 
     def rerun_started() -> bool:
         logs = trial_logs(master, trial["id"])
@@ -244,7 +255,7 @@ def test_ranks_survive_a_master_restart(
     config, model = write_experiment(tmp_path, RESTART_SCRIPT, slots=1)
     experiment_id = create_experiment(master, config, model)
     trial = wait_trial_state(master, experiment_id, {"RUNNING"})
-    wait_until("the rank to start", lambda: "PID" in trial_logs(master, trial["id"]))
+    master.wait_for("the rank to start", lambda: "PID" in trial_logs(master, trial["id"]))
 
     master.stop()
     time.sleep(1)
@@ -277,21 +288,21 @@ def test_pause_activate_and_kill_reach_the_running_ranks(
     def pids() -> list[int]:
         return [int(p) for p in re.findall(r"^PID (\d+)$", trial_logs(master, trial["id"]), re.M)]
 
-    first = wait_until("the first run to start", pids)[0]
+    first = master.wait_for("the first run to start", pids)[0]
     assert master.det("experiment", "pause", str(experiment_id)).returncode == 0
     paused = wait_trial_state(master, experiment_id, {"PAUSED"})
     assert paused["restarts"] == 0  # a pause is not a failure
-    wait_until("the paused rank to be stopped", lambda: not pid_alive(first), timeout=15)
+    master.wait_for("the paused rank to be stopped", lambda: not pid_alive(first), timeout=15)
 
     assert master.det("experiment", "activate", str(experiment_id)).returncode == 0
     wait_trial_state(master, experiment_id, {"RUNNING"})
-    second = wait_until("the second run to start", lambda: pids()[1:])[0]
+    second = master.wait_for("the second run to start", lambda: pids()[1:])[0]
     assert second != first
 
     assert master.det("experiment", "kill", str(experiment_id)).returncode == 0
     killed = wait_trial_state(master, experiment_id, {"CANCELED", "ERROR", "COMPLETED"})
     assert killed["state"] == "CANCELED"
-    wait_until("the killed rank to be stopped", lambda: not pid_alive(second), timeout=15)
+    master.wait_for("the killed rank to be stopped", lambda: not pid_alive(second), timeout=15)
 
 
 def test_a_second_agent_with_the_same_id_is_refused(
@@ -311,16 +322,8 @@ def test_a_stopping_agent_hands_its_trial_on_without_a_restart(
     sqlite_master: MasterProcess, agents: list[AgentProcess], tmp_path: Path
 ) -> None:
     master = sqlite_master
-    by_id = {}
-    for name in ("leaving", "staying"):
-        by_id[name] = start_agent(master, agents, tmp_path, name, slots=1)
-        by_id[name].wait_connected()
-    config, model = write_experiment(tmp_path, LONG_FIRST_RUN, slots=1)
-    experiment_id = create_experiment(master, config, model)
-    trial = wait_trial_state(master, experiment_id, {"RUNNING"})
-    line = wait_until(
-        "the rank to print its pid",
-        lambda: re.search(r"^PID (\w+) (\d+)$", trial_logs(master, trial["id"]), re.M),
+    by_id, experiment_id, trial, line = run_on_one_of_two(
+        master, agents, tmp_path, ("leaving", "staying")
     )
     first_agent = line.group(1)
     other = "staying" if first_agent == "leaving" else "leaving"

@@ -1,0 +1,75 @@
+"""What every benchmark reports the same way: progress lines, percentiles, ratios and the
+machine it ran on (the brief asks each result to name its machine)."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+_STARTED = time.perf_counter()
+
+
+def progress(message: str) -> None:
+    print(f"[{time.perf_counter() - _STARTED:7.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def seconds_since_start() -> float:
+    return time.perf_counter() - _STARTED
+
+
+def percentile(ordered: Sequence[float], p: float) -> float:
+    """Nearest rank: the smallest sample with at least p% of the samples at or below it."""
+    rank = max(1, math.ceil(p / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def ratio(a: float, b: float) -> float | None:
+    return round(a / b, 2) if b else None
+
+
+def _proc_field(text: str, name: str) -> str | None:
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == name:
+            return value.strip()
+    return None
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def host_facts(packages: Sequence[str]) -> dict[str, Any]:
+    """The machine, the interpreter and the versions of `packages`."""
+    cpuinfo = _read("/proc/cpuinfo")
+    mem_kib = _proc_field(_read("/proc/meminfo"), "MemTotal")  # "N kB"
+    libraries: dict[str, str] = {}
+    for package in packages:
+        try:
+            libraries[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            libraries[package] = "not installed"
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "cpu_model": _proc_field(cpuinfo, "model name") or platform.processor(),
+        "cpu_processors_in_proc_cpuinfo": sum(
+            1 for line in cpuinfo.splitlines() if line.startswith("processor")
+        ),
+        "os_cpu_count": os.cpu_count(),
+        "cpus_usable_by_this_process": len(os.sched_getaffinity(0)),
+        "memory_gib": round(int(mem_kib.split()[0]) / 2**20, 1) if mem_kib else None,
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "libraries": libraries,
+    }
