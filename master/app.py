@@ -12,7 +12,16 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from master.api.errors import error_response, install_error_handlers
-from master.api.routes import auth, cluster, experiments, info, logs, templates, workspaces
+from master.api.routes import (
+    auth,
+    cluster,
+    experiments,
+    info,
+    logs,
+    templates,
+    trials,
+    workspaces,
+)
 from master.db.migrate import upgrade_to_head
 from master.db.session import create_engine, create_session_factory, session_scope
 from master.grpc_server import start_server
@@ -21,6 +30,7 @@ from master.services import auth as auth_service
 from master.services import workspaces as workspace_service
 from master.services.agent_link import AgentHub, HubLoop, read_or_create_join_token
 from master.services.metrics import MetricsBuffer, MetricsLoop
+from master.services.preemption import PreemptionSignals
 from master.services.scheduler import SchedulerLoop
 from master.settings import MasterSettings
 from master.version import __version__
@@ -110,6 +120,7 @@ def create_app(settings: MasterSettings) -> FastAPI:
             join_token=read_or_create_join_token(settings),
             metrics=metrics,
             wake_scheduler=scheduler.wake,
+            preemption=app.state.preemption,
         )
         app.state.agent_hub = hub
         loops = [
@@ -158,7 +169,8 @@ def create_app(settings: MasterSettings) -> FastAPI:
     app.state.cluster_id = _cluster_id(settings)
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=request_body_limit(settings))
-    for module in (info, auth, workspaces, templates, experiments, cluster, logs):
+    app.state.preemption = PreemptionSignals()
+    for module in (info, auth, workspaces, templates, experiments, trials, cluster, logs):
         app.include_router(module.router)
     return app
 

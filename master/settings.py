@@ -92,6 +92,14 @@ class AgentLinkSettings(BaseModel):
     stop_grace_s: float = Field(
         default=10.0, ge=0, description="SIGTERM to SIGKILL delay when ranks are stopped."
     )
+    preemption_timeout_s: float = Field(
+        default=60.0,
+        ge=0,
+        description=(
+            "How long a trial that polls its preemption signal may take to checkpoint and "
+            "exit on its own before it gets SIGTERM."
+        ),
+    )
     max_message_mb: int = Field(
         default=160, ge=4, description="Largest gRPC message (the model definition rides in one)."
     )
@@ -148,6 +156,14 @@ class MasterSettings(BaseSettings):
     )
     agent_link: AgentLinkSettings = Field(default_factory=AgentLinkSettings)
     task_container_defaults: TaskContainerDefaults = Field(default_factory=TaskContainerDefaults)
+    checkpoint_storage: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "checkpoint_storage of experiments whose config has none (shared_fs or directory). "
+            "Empty: shared_fs in <data_dir>/checkpoints, which agents on other machines must "
+            "mount at the same path."
+        ),
+    )
     external_url: str = Field(
         default="",
         description=(
@@ -158,6 +174,11 @@ class MasterSettings(BaseSettings):
     migrate_on_start: bool = Field(
         default=True, description="Upgrade the database schema to head when the master starts."
     )
+
+    def default_checkpoint_storage(self) -> dict[str, Any]:
+        if self.checkpoint_storage:
+            return dict(self.checkpoint_storage)
+        return {"type": "shared_fs", "host_path": str(self.data_dir.resolve() / "checkpoints")}
 
     @field_validator("log_level")
     @classmethod

@@ -13,6 +13,7 @@ from master.db.session import session_scope
 from master.errors import Unauthenticated
 from master.services import auth
 from master.services.allocations import WAKE_SCHEDULER
+from master.services.preemption import PreemptionSignals
 from master.settings import MasterSettings
 
 
@@ -44,7 +45,10 @@ SessionDep = Annotated[AsyncSession, Depends(get_session, scope="function")]
 
 
 def bearer_token(request: Request) -> str:
-    header = request.headers.get("authorization", "")
+    # Determined's trial harness sends its allocation token in this header instead.
+    header = request.headers.get("authorization") or request.headers.get(
+        "grpc-metadata-x-allocation-token", ""
+    )
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthenticated("missing bearer token; log in with POST /api/v1/auth/login")
@@ -56,3 +60,11 @@ async def current_user(request: Request, session: SessionDep) -> UserModel:
 
 
 CurrentUser = Annotated[UserModel, Depends(current_user)]
+
+
+def preemption_signals(request: Request) -> PreemptionSignals:
+    signals: PreemptionSignals = request.app.state.preemption
+    return signals
+
+
+PreemptionDep = Annotated[PreemptionSignals, Depends(preemption_signals)]

@@ -69,6 +69,7 @@ class TrialInfo:
     hparams: Mapping[str, Any]
     config: Mapping[str, Any]
     steps_completed: int = 0
+    latest_checkpoint: str = ""  # the checkpoint this run resumes from, if any
     user: str = ""
     session_token: str = ""
 
@@ -135,6 +136,21 @@ def config_variables(config: Mapping[str, Any], device_type: str) -> dict[str, s
     return out
 
 
+# Seed doc 003's recipe: what must be set before the interpreter and CUDA start, so only
+# the launcher can do it. The training library applies the rest (torch flags, seeds).
+DETERMINISTIC_VARIABLES = {
+    "PYTHONHASHSEED": "0",
+    "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+    "NCCL_ALGO": "Ring",
+    "NCCL_LAUNCH_MODE": "GROUP",
+}
+
+
+def deterministic_variables(config: Mapping[str, Any]) -> dict[str, str]:
+    reproducibility = config.get("reproducibility") or {}
+    return dict(DETERMINISTIC_VARIABLES) if reproducibility.get("deterministic") else {}
+
+
 def batch_sizes(config: Mapping[str, Any], hparams: Mapping[str, Any]) -> dict[str, str]:
     """DET_GLOBAL_BATCH_SIZE and DET_PER_SLOT_BATCH_SIZE = global // slots_per_trial."""
     global_batch = hparams.get("global_batch_size")
@@ -165,7 +181,10 @@ def build_launches(
     url = urllib.parse.urlsplit(master_url)
     host = url.hostname or ""
     port = url.port or (443 if url.scheme == "https" else 80)
-    common = config_variables(trial.config, device_type)
+    common = {
+        **deterministic_variables(trial.config),
+        **config_variables(trial.config, device_type),
+    }
     for reserved in RESERVED_VARIABLES & common.keys():
         del common[reserved]
     common.update(
@@ -199,6 +218,8 @@ def build_launches(
             **batch_sizes(trial.config, trial.hparams),
         }
     )
+    if trial.latest_checkpoint:
+        common["DET_LATEST_CHECKPOINT"] = trial.latest_checkpoint
     # The interface a user set in environment_variables wins, as Determined's DeepSpeed
     # launcher lets it; otherwise ours.
     common.setdefault("NCCL_SOCKET_IFNAME", rendezvous.interface)

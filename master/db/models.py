@@ -36,6 +36,7 @@ NAMING_CONVENTION = {
 }
 
 JsonType = JSON().with_variant(JSONB(), "postgresql")
+_BIG_ID = BigInteger().with_variant(Integer(), "sqlite")  # SQLite autoincrements INTEGER only
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -251,8 +252,56 @@ class TrialModel(Base):
     # Number of allocations made so far; allocation ids are "<trial id>.<run_id>".
     run_id: Mapped[int] = mapped_column(Integer, default=0)
     total_batches_processed: Mapped[int] = mapped_column(Integer, default=0)
+    # What the trial's code last said about itself (POST .../progress, .../runner/metadata).
+    progress: Mapped[float | None] = mapped_column(Float)
+    runner_state: Mapped[str] = mapped_column(String(256), default="")
     start_time: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     end_time: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class TrialMetricModel(Base):
+    """One metrics report of a trial: a group ("training", "validation", ...) at a step.
+
+    A trial that resumes from a checkpoint reports the steps after it again; the new report
+    replaces the old one, so there is one row per (trial, group, steps) and a loss curve
+    reads straight off the table.
+    """
+
+    __tablename__ = "trial_metrics"
+    __table_args__ = (UniqueConstraint("trial_id", "group_name", "steps_completed"),)
+
+    id: Mapped[int] = mapped_column(_BIG_ID, primary_key=True, autoincrement=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
+    group_name: Mapped[str] = mapped_column(String(64))
+    steps_completed: Mapped[int] = mapped_column(Integer)
+    trial_run_id: Mapped[int] = mapped_column(Integer)
+    # {name: number | "NaN" | "Infinity" | "-Infinity" | null}
+    metrics: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    report_time: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class CheckpointModel(Base):
+    """A checkpoint a trial wrote to its checkpoint storage and then reported."""
+
+    __tablename__ = "checkpoints"
+    __table_args__ = (Index("ix_checkpoints_trial_steps", "trial_id", "steps_completed"),)
+
+    uuid: Mapped[str] = mapped_column(String(64), primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), index=True
+    )
+    task_id: Mapped[str] = mapped_column(String(64), default="")
+    allocation_id: Mapped[str] = mapped_column(String(64), default="")
+    trial_run_id: Mapped[int] = mapped_column(Integer, default=0)
+    steps_completed: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(32), default="COMPLETED")
+    # {relative path: size in bytes as a string}, as Determined's harness reports it.
+    resources: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JsonType, default=dict)
+    # Where the files are: the storage directory resolved from the experiment config.
+    storage_path: Mapped[str] = mapped_column(Text, default="")
+    report_time: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class StateChangeModel(Base):
@@ -383,9 +432,6 @@ class SchedulerStateModel(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     epoch: Mapped[int] = mapped_column(Integer().with_variant(BigInteger(), "postgresql"))
-
-
-_BIG_ID = BigInteger().with_variant(Integer(), "sqlite")  # SQLite autoincrements INTEGER only
 
 
 class AgentMetricModel(Base):

@@ -5,9 +5,11 @@ from typing import Any
 
 from pydantic import Field
 
-from master.db.models import TrialModel
+from master.db.models import TrialMetricModel, TrialModel
 from master.schemas.common import Pagination, WireInput, WireModel
+from master.services.allocations import task_id
 from master.services.experiments import ExperimentView, PendingReason
+from master.services.trial_reports import TrialSummary, metrics_workload
 
 
 class ExperimentCreate(WireInput):
@@ -50,6 +52,7 @@ class Experiment(WireModel):
     # resolute additions (ignored by the official client).
     template_name: str | None
     experiment_seed: int
+    best_validation_metric: float | None = None
 
     @classmethod
     def of(cls, view: ExperimentView) -> Experiment:
@@ -111,11 +114,29 @@ class Trial(WireModel):
     end_time: datetime | None
     request_id: str
     seed: int
-    # resolute addition: why a queued trial waits, from the scheduler's last pass.
+    task_id: str
+    runner_state: str
+    latest_training: dict[str, Any] | None
+    latest_validation: dict[str, Any] | None
+    best_validation: dict[str, Any] | None
+    # resolute additions: why a queued trial waits, from the scheduler's last pass; the
+    # checkpoint the next run would resume from; what the trial said of its progress.
     pending_reason: dict[str, Any] | None = None
+    latest_checkpoint_uuid: str | None = None
+    progress: float | None = None
 
     @classmethod
-    def of(cls, row: TrialModel, reason: PendingReason | None = None) -> Trial:
+    def of(
+        cls,
+        row: TrialModel,
+        reason: PendingReason | None = None,
+        summary: TrialSummary | None = None,
+    ) -> Trial:
+        summary = summary or TrialSummary()
+
+        def workload(metrics: TrialMetricModel | None) -> dict[str, Any] | None:
+            return None if metrics is None else metrics_workload(metrics)
+
         return cls(
             pending_reason=None
             if reason is None
@@ -134,6 +155,13 @@ class Trial(WireModel):
             end_time=row.end_time,
             request_id=row.request_id,
             seed=row.seed,
+            task_id=task_id(row),
+            runner_state=row.runner_state,
+            latest_training=workload(summary.latest_training),
+            latest_validation=workload(summary.latest_validation),
+            best_validation=workload(summary.best_validation),
+            latest_checkpoint_uuid=summary.latest_checkpoint,
+            progress=row.progress,
         )
 
 
@@ -149,6 +177,101 @@ class TrialResponse(WireModel):
 class WorkloadList(WireModel):
     workloads: list[dict[str, Any]]
     pagination: Pagination
+
+
+class MetricValues(WireInput):
+    avg_metrics: dict[str, Any]
+    batch_metrics: list[Any] | None = None
+
+
+class TrialMetrics(WireInput):
+    trial_id: int = Field(ge=0, le=2**31 - 1)
+    trial_run_id: int = Field(ge=0, le=2**31 - 1)
+    steps_completed: int = Field(ge=0, le=2**31 - 1)
+    metrics: MetricValues
+    report_time: datetime | None = None
+
+
+class MetricsReport(WireInput):
+    """POST /api/v1/trials/{id}/metrics, as Determined's harness sends it."""
+
+    group: str
+    metrics: TrialMetrics
+
+
+class MetricRow(WireModel):
+    group: str
+    steps_completed: int
+    trial_run_id: int
+    report_time: datetime
+    metrics: dict[str, Any]
+
+
+class MetricRows(WireModel):
+    metrics: list[MetricRow]
+
+
+class ProgressReport(WireInput):
+    progress: float
+    is_raw: bool | None = Field(default=None, alias="is_raw")
+
+
+class RunnerMetadata(WireInput):
+    state: str = ""
+
+
+class RunStart(WireInput):
+    run_id: int | None = None
+    checkpoint_storage: dict[str, Any] | None = None
+
+
+class CheckpointIn(WireInput):
+    """POST /api/v1/checkpoints: the checkpoint itself, as the harness reports it."""
+
+    uuid: str
+    state: str = "STATE_COMPLETED"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    resources: dict[str, Any] = Field(default_factory=dict)
+    training: dict[str, Any] | None = None
+    task_id: str | None = None
+    allocation_id: str | None = None
+    report_time: datetime | None = None
+    storage_id: int | None = None
+    experiment_config: dict[str, Any] | None = None
+
+
+class Checkpoint(WireModel):
+    uuid: str
+    task_id: str
+    allocation_id: str
+    report_time: datetime
+    state: str
+    resources: dict[str, Any]
+    metadata: dict[str, Any]
+    training: dict[str, Any]
+    storage_id: int | None = None
+    # resolute additions.
+    trial_id: int
+    experiment_id: int
+    steps_completed: int
+    storage_path: str
+
+
+class CheckpointResponse(WireModel):
+    checkpoint: Checkpoint
+
+
+class CheckpointList(WireModel):
+    checkpoints: list[Checkpoint]
+    pagination: Pagination
+
+
+class PreemptionSignal(WireModel):
+    preempt: bool
+
+
+class BestMetric(WireModel):
+    metric: float
 
 
 class Empty(WireModel):

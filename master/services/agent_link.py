@@ -44,12 +44,13 @@ from master.db.models import (
 from master.db.session import session_scope
 from master.errors import InvalidArgument
 from master.services import agents as agent_service
-from master.services import allocations, states
+from master.services import allocations, states, trial_reports
 from master.services import auth as auth_service
 from master.services import logs as log_service
 from master.services import metrics as metric_service
 from master.services.allocations import HELD_STATES, ReleaseOutcome
 from master.services.loops import Loop
+from master.services.preemption import PreemptionSignals
 from master.settings import MasterSettings
 from resolute_proto.agent.v1 import agent_pb2 as pb
 
@@ -57,6 +58,8 @@ log = logging.getLogger(__name__)
 
 NO_COMMON_INTERFACE = "NO_COMMON_INTERFACE"
 PREPARE_TIMEOUT_S = 30.0
+# A trial whose code polled the preemption signal this recently is listening for it.
+PREEMPTION_POLL_WINDOW_S = 15.0
 TASK_TOKEN_TTL = timedelta(days=7)
 _SENDS = "agent_link_sends"
 _LAUNCHING = (AllocationState.ASSIGNED, AllocationState.PULLING)
@@ -100,6 +103,8 @@ class Gang:
     exits: dict[str, pb.AllocationExited] = field(default_factory=dict)
     failure: str = ""
     stop_sent: bool = False
+    # When the hub first saw the master wants the ranks to stop on their own (monotonic).
+    preempt_seen_at: float | None = None
 
     @property
     def agent_ids(self) -> list[str]:
@@ -133,6 +138,7 @@ class AgentHub:
         join_token: str,
         metrics: metric_service.MetricsBuffer,
         wake_scheduler: Callable[[], None] = lambda: None,
+        preemption: PreemptionSignals | None = None,
     ) -> None:
         self.factory = factory
         self.settings = settings
@@ -142,6 +148,7 @@ class AgentHub:
         self.join_token = join_token
         self.metrics = metrics
         self.wake_scheduler = wake_scheduler
+        self.preemption = preemption or PreemptionSignals()
         self.connections: dict[str, Connection] = {}
         self.gangs: dict[str, Gang] = {}
         # Agents that hold allocations but have no stream: since when (monotonic).
@@ -473,12 +480,14 @@ class AgentHub:
         kinds = {e.kind for e in gang.exits.values()}
         if gang.failure:
             return ReleaseOutcome.FAILED, gang.failure
-        if kinds == {pb.EXIT_KIND_COMPLETED}:
-            return ReleaseOutcome.COMPLETED, ""
         if allocation.state == AllocationState.TERMINATING:
             return ReleaseOutcome.KILLED, "stopped on request"
         if allocation.preempt_requested:
+            # Ranks that checkpoint and exit 0 when asked to stop have not finished their
+            # work: the trial runs again later from that checkpoint.
             return ReleaseOutcome.PREEMPTED, "stopped for preemption"
+        if kinds == {pb.EXIT_KIND_COMPLETED}:
+            return ReleaseOutcome.COMPLETED, ""
         if pb.EXIT_KIND_COMPLETED in kinds:
             # Some ranks finished and the others were stopped: the work is done.
             return ReleaseOutcome.COMPLETED, ""
@@ -503,6 +512,8 @@ class AgentHub:
             )
             rows = (await session.scalars(select(AllocationModel).where(needs_work))).all()
             for allocation in rows:
+                if allocation.preempt_requested or allocation.state == AllocationState.TERMINATING:
+                    self.preemption.raise_signal(allocation.id)
                 # One allocation that cannot advance must not hold up the others.
                 sends = len(session.info[_SENDS])
                 try:
@@ -536,6 +547,8 @@ class AgentHub:
         if gang is None:
             gang = await self._gang_from_db(session, allocation.id, state)
         if stop_wanted and not gang.stop_sent:
+            if state != AllocationState.TERMINATING and self._trial_may_stop_itself(gang):
+                return
             self._send_stop(session, gang, "stop requested")
             return
         if gang.phase == "assigned":
@@ -544,6 +557,16 @@ class AgentHub:
             time.monotonic() - gang.prepare_sent_at > PREPARE_TIMEOUT_S
         ):
             gang.phase = "assigned"  # the chief never answered: ask again
+
+    def _trial_may_stop_itself(self, gang: Gang) -> bool:
+        """A preempted trial whose code polls the preemption signal gets
+        `preemption_timeout_s` to checkpoint and exit; one that does not is stopped now."""
+        now = time.monotonic()
+        if gang.preempt_seen_at is None:
+            gang.preempt_seen_at = now
+        if not self.preemption.watched(gang.allocation_id, within_s=PREEMPTION_POLL_WINDOW_S):
+            return False
+        return now - gang.preempt_seen_at < self.link.preemption_timeout_s
 
     async def _prepare(
         self, session: AsyncSession, gang: Gang, allocation: AllocationModel
@@ -605,6 +628,8 @@ class AgentHub:
         token, allocation.task_session_id = await auth_service.issue_task_token(
             session, experiment.owner_id, TASK_TOKEN_TTL
         )
+        resume = await trial_reports.resume_point(session, trial, experiment)
+        steps_completed = await trial_reports.start_run_from(session, trial, resume)
         info = launch.TrialInfo(
             experiment_id=experiment.id,
             trial_id=trial.id,
@@ -614,7 +639,8 @@ class AgentHub:
             seed=trial.seed,
             hparams=trial.hparams,
             config=experiment.config,
-            steps_completed=trial.total_batches_processed,
+            steps_completed=steps_completed,
+            latest_checkpoint=resume.uuid if resume is not None else "",
             user=owner.username if owner else "",
             session_token=token,
         )
@@ -704,6 +730,7 @@ class AgentHub:
         self, session: AsyncSession, gang: Gang, outcome: ReleaseOutcome, message: str
     ) -> None:
         self.gangs.pop(gang.allocation_id, None)
+        self.preemption.forget(gang.allocation_id)
         await allocations.release_allocation(session, gang.allocation_id, outcome, message)
         # Exits are acked only now, with the outcome committed: until then an agent that
         # reconnects (or a restarted master) hears them again, so a recorded failure is

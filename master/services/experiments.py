@@ -30,7 +30,7 @@ from master.db.models import (
     UserModel,
 )
 from master.errors import Conflict, InvalidArgument, NotFound
-from master.services import allocations, states
+from master.services import allocations, states, trial_reports
 from master.services.configs import config_errors_as_invalid_argument
 from master.services.model_definitions import PackedModelDefinition, pack_model_definition
 from master.services.scheduler import load_agent_states, policy_of
@@ -99,6 +99,10 @@ async def prepare_experiment(
         template_config = (await get_template(session, request.template)).config
         merged = merge_template(template_config, user_raw)
 
+    if merged.get("checkpoint_storage") is None:
+        # As Determined does, the master's storage goes into the stored config, so the
+        # experiment keeps saying where its checkpoints are if the master's default changes.
+        merged = {**merged, "checkpoint_storage": settings.default_checkpoint_storage()}
     with config_errors_as_invalid_argument(
         "experiment config" + (" after the template merge" if template_config is not None else "")
     ):
@@ -112,6 +116,13 @@ async def prepare_experiment(
             reproducibility["experiment_seed"] = secrets.randbelow(MAX_EXPERIMENT_SEED + 1)
         seed = int(reproducibility["experiment_seed"])
         trial_count = count_trials(effective["searcher"], effective.get("hyperparameters") or {})
+    storage_type = effective["checkpoint_storage"].get("type")
+    if storage_type not in trial_reports.SUPPORTED_STORAGE:
+        raise InvalidArgument(
+            f"checkpoint_storage.type: {storage_type} is not supported by resolute's agents; "
+            "use shared_fs or directory"
+        )
+    await trial_reports.check_source_checkpoint(session, effective["searcher"])
     resources = effective.setdefault("resources", {})
     pool = settings.pool(resources.get("resource_pool") or settings.default_compute_pool)
     if pool is None:

@@ -20,9 +20,8 @@ from master.schemas.experiments import (
     Trial,
     TrialList,
     TrialResponse,
-    WorkloadList,
 )
-from master.services import experiments
+from master.services import experiments, trial_reports
 
 router = APIRouter(prefix="/api/v1", tags=["Experiments"])
 
@@ -108,7 +107,10 @@ async def get_experiment(
     experiment_id: ObjectId, session: SessionDep, _user: CurrentUser
 ) -> ExperimentResponse:
     view = await experiments.get_experiment(session, experiment_id)
-    return ExperimentResponse(experiment=Experiment.of(view))
+    best = await trial_reports.best_validation_metric(session, view.experiment)
+    return ExperimentResponse(
+        experiment=Experiment.of(view).model_copy(update={"best_validation_metric": best})
+    )
 
 
 @router.post("/experiments/{experiment_id}/kill")
@@ -143,8 +145,10 @@ async def list_trials(
 ) -> TrialList:
     rows, total = await experiments.list_trials(session, experiment_id, offset=offset, limit=limit)
     reasons = await experiments.pending_reasons(session, [r.id for r in rows])
+    experiment = (await experiments.get_experiment(session, experiment_id)).experiment
+    summaries = await trial_reports.trial_summaries(session, rows, experiment.config)
     return TrialList(
-        trials=[Trial.of(r, reasons.get(r.id)) for r in rows],
+        trials=[Trial.of(r, reasons.get(r.id), summaries[r.id]) for r in rows],
         pagination=Pagination.of(offset, limit, len(rows), total),
     )
 
@@ -153,18 +157,6 @@ async def list_trials(
 async def get_trial(trial_id: ObjectId, session: SessionDep, _user: CurrentUser) -> TrialResponse:
     trial = await experiments.get_trial(session, trial_id)
     reasons = await experiments.pending_reasons(session, [trial.id])
-    return TrialResponse(trial=Trial.of(trial, reasons.get(trial.id)))
-
-
-@router.get("/trials/{trial_id}/workloads")
-async def list_workloads(
-    trial_id: ObjectId,
-    session: SessionDep,
-    _user: CurrentUser,
-    offset: int = Query(0, ge=0, le=MAX_INT),
-    limit: int = Query(0, ge=0, le=MAX_INT),
-) -> WorkloadList:
-    await experiments.get_trial(session, trial_id)
-    # Workloads are built from reported metrics and checkpoints; until trials run
-    # (the trial runtime), no trial has reported any, so the list is truthfully empty.
-    return WorkloadList(workloads=[], pagination=Pagination.of(offset, limit, 0, 0))
+    experiment = (await experiments.get_experiment(session, trial.experiment_id)).experiment
+    summaries = await trial_reports.trial_summaries(session, [trial], experiment.config)
+    return TrialResponse(trial=Trial.of(trial, reasons.get(trial.id), summaries[trial.id]))

@@ -1,0 +1,273 @@
+"""What trial code reports and reads back: metrics, checkpoints, progress, preemption.
+
+Shapes follow Determined's Core API (det-wire-contract.md §5), so its harness works too.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+
+from master.api.deps import MAX_INT, CurrentUser, ObjectId, PreemptionDep, SessionDep
+from master.db.models import AllocationState, CheckpointModel, ExperimentModel
+from master.errors import InvalidArgument, NotFound
+from master.schemas.common import Pagination
+from master.schemas.experiments import (
+    BestMetric,
+    Checkpoint,
+    CheckpointIn,
+    CheckpointList,
+    CheckpointResponse,
+    Empty,
+    MetricRow,
+    MetricRows,
+    MetricsReport,
+    PreemptionSignal,
+    ProgressReport,
+    RunnerMetadata,
+    RunStart,
+    WorkloadList,
+)
+from master.services import allocations, experiments, trial_reports
+
+router = APIRouter(prefix="/api/v1", tags=["Trials"])
+
+# The harness asks with 60 s and gives up after 70 s; longer holds would outlive it.
+MAX_PREEMPTION_WAIT_S = 60
+
+
+@router.post("/trials/{trial_id}/metrics")
+async def report_metrics(
+    trial_id: ObjectId, body: MetricsReport, session: SessionDep, user: CurrentUser
+) -> Empty:
+    if body.metrics.trial_id != trial_id:
+        raise InvalidArgument(
+            f"metrics.trialId: {body.metrics.trial_id} does not match trial {trial_id} of the path"
+        )
+    await trial_reports.report_metrics(
+        session,
+        user,
+        trial_id,
+        group=body.group,
+        steps_completed=body.metrics.steps_completed,
+        trial_run_id=body.metrics.trial_run_id,
+        values=body.metrics.metrics.avg_metrics,
+        report_time=body.metrics.report_time,
+    )
+    return Empty()
+
+
+@router.get("/trials/{trial_id}/metrics")
+async def read_metrics(
+    trial_id: ObjectId,
+    session: SessionDep,
+    _user: CurrentUser,
+    group: Annotated[list[str], Query()] = [],  # noqa: B006 - FastAPI copies defaults
+) -> MetricRows:
+    """A trial's reported metrics by step (resolute addition): one row per group and step."""
+    await experiments.get_trial(session, trial_id)
+    rows = await trial_reports.metric_rows(session, trial_id, group)
+    return MetricRows(
+        metrics=[
+            MetricRow(
+                group=r.group_name,
+                steps_completed=r.steps_completed,
+                trial_run_id=r.trial_run_id,
+                report_time=r.report_time,
+                metrics=r.metrics,
+            )
+            for r in rows
+        ]
+    )
+
+
+@router.get("/trials/{trial_id}/workloads")
+async def list_workloads(
+    trial_id: ObjectId,
+    session: SessionDep,
+    _user: CurrentUser,
+    offset: int = Query(0, ge=0, le=MAX_INT),
+    limit: int = Query(0, ge=0, le=MAX_INT, description="0 returns every workload"),
+) -> WorkloadList:
+    await experiments.get_trial(session, trial_id)
+    everything = await trial_reports.workloads(session, trial_id)
+    page = everything[offset : offset + limit] if limit else everything[offset:]
+    return WorkloadList(
+        workloads=page, pagination=Pagination.of(offset, limit, len(page), len(everything))
+    )
+
+
+@router.post("/trials/{trial_id}/progress")
+async def report_progress(
+    trial_id: ObjectId, body: ProgressReport, session: SessionDep, user: CurrentUser
+) -> Empty:
+    await trial_reports.report_progress(session, user, trial_id, body.progress)
+    return Empty()
+
+
+@router.post("/trials/{trial_id}/runner/metadata")
+async def report_runner_state(
+    trial_id: ObjectId, body: RunnerMetadata, session: SessionDep, user: CurrentUser
+) -> Empty:
+    await trial_reports.report_runner_state(session, user, trial_id, body.state)
+    return Empty()
+
+
+@router.post("/runs/start")
+async def start_run(body: RunStart, session: SessionDep, user: CurrentUser) -> Empty:
+    """The harness announces itself here; resolute needs nothing from it but a known trial."""
+    if body.run_id is None:
+        raise InvalidArgument("runId: required")
+    await trial_reports.trial_for_report(session, body.run_id, user)
+    return Empty()
+
+
+# -- checkpoints ---------------------------------------------------------------------------
+
+
+async def _checkpoint_views(session: SessionDep, rows: list[CheckpointModel]) -> list[Checkpoint]:
+    metrics = await trial_reports.checkpoint_metrics(session, rows)
+    experiment_rows: dict[int, ExperimentModel] = {}
+    views = []
+    for row in rows:
+        experiment = experiment_rows.get(row.experiment_id)
+        if experiment is None:
+            experiment = await session.get(ExperimentModel, row.experiment_id)
+            assert experiment is not None  # foreign key
+            experiment_rows[row.experiment_id] = experiment
+        trial = await experiments.get_trial(session, row.trial_id)
+        at_step = metrics.get((row.trial_id, row.steps_completed), {})
+        validation = at_step.get(trial_reports.VALIDATION, {})
+        metric, _ = trial_reports.searcher_metric(experiment.config)
+        views.append(
+            Checkpoint(
+                uuid=row.uuid,
+                task_id=row.task_id,
+                allocation_id=row.allocation_id,
+                report_time=row.report_time,
+                state=f"STATE_{row.state}",
+                resources=row.resources,
+                metadata=row.metadata_,
+                training={
+                    "trialId": row.trial_id,
+                    "experimentId": row.experiment_id,
+                    "hparams": trial.hparams,
+                    "trainingMetrics": {"avgMetrics": at_step.get(trial_reports.TRAINING, {})},
+                    "validationMetrics": {"avgMetrics": validation},
+                    "searcherMetric": trial_reports.numeric(validation.get(metric))
+                    if metric
+                    else None,
+                },
+                trial_id=row.trial_id,
+                experiment_id=row.experiment_id,
+                steps_completed=row.steps_completed,
+                storage_path=row.storage_path,
+            )
+        )
+    return views
+
+
+async def _checkpoint_list(session: SessionDep, rows: list[CheckpointModel]) -> CheckpointList:
+    return CheckpointList(
+        checkpoints=await _checkpoint_views(session, rows),
+        pagination=Pagination.of(0, 0, len(rows), len(rows)),
+    )
+
+
+@router.post("/checkpoints")
+async def report_checkpoint(body: CheckpointIn, session: SessionDep, user: CurrentUser) -> Empty:
+    training_trial = (body.training or {}).get("trialId")
+    if training_trial is not None and (
+        isinstance(training_trial, bool) or not isinstance(training_trial, int)
+    ):
+        raise InvalidArgument("training.trialId: must be an integer")
+    await trial_reports.report_checkpoint(
+        session,
+        user,
+        trial_reports.CheckpointReport(
+            uuid=body.uuid,
+            state=body.state,
+            metadata=body.metadata,
+            resources=body.resources,
+            allocation_id=body.allocation_id or "",
+            task_id=body.task_id or "",
+            trial_id=training_trial,
+            report_time=body.report_time,
+        ),
+    )
+    return Empty()
+
+
+@router.get("/checkpoints/{uuid}")
+async def get_checkpoint(uuid: str, session: SessionDep, _user: CurrentUser) -> CheckpointResponse:
+    row = await trial_reports.get_checkpoint(session, uuid)
+    return CheckpointResponse(checkpoint=(await _checkpoint_views(session, [row]))[0])
+
+
+@router.get("/trials/{trial_id}/checkpoints")
+async def trial_checkpoints(
+    trial_id: ObjectId, session: SessionDep, _user: CurrentUser
+) -> CheckpointList:
+    await experiments.get_trial(session, trial_id)
+    rows = await trial_reports.list_checkpoints(session, trial_id=trial_id)
+    return await _checkpoint_list(session, rows)
+
+
+@router.get("/experiments/{experiment_id}/checkpoints")
+async def experiment_checkpoints(
+    experiment_id: ObjectId, session: SessionDep, _user: CurrentUser
+) -> CheckpointList:
+    await experiments.get_experiment(session, experiment_id)
+    rows = await trial_reports.list_checkpoints(session, experiment_id=experiment_id)
+    return await _checkpoint_list(session, rows)
+
+
+@router.get("/experiments/{experiment_id}/searcher/best_searcher_validation_metric")
+async def best_validation_metric(
+    experiment_id: ObjectId, session: SessionDep, _user: CurrentUser
+) -> BestMetric:
+    experiment = (await experiments.get_experiment(session, experiment_id)).experiment
+    best = await trial_reports.best_validation_metric(session, experiment)
+    if best is None:
+        raise NotFound(f"experiment {experiment_id} has no validation of its searcher metric yet")
+    return BestMetric(metric=best)
+
+
+# -- preemption ----------------------------------------------------------------------------
+
+
+@router.get("/allocations/{allocation_id}/signals/preemption")
+async def preemption_signal(
+    allocation_id: str,
+    session: SessionDep,
+    _user: CurrentUser,
+    signals: PreemptionDep,
+    timeout_seconds: int = Query(0, ge=0, le=MAX_INT),
+) -> PreemptionSignal:
+    """Long-poll: true at once when the master wants the allocation to stop, else false
+    after up to `timeout_seconds` (60 at most)."""
+    allocation = await allocations.get_allocation(session, allocation_id)
+    stop_wanted = allocation.preempt_requested or allocation.state in (
+        AllocationState.TERMINATING,
+        AllocationState.TERMINATED,
+    )
+    # The wait must not hold a database connection: end the transaction first.
+    await session.commit()
+    if stop_wanted or signals.is_raised(allocation_id):
+        return PreemptionSignal(preempt=True)
+    wait = min(timeout_seconds, MAX_PREEMPTION_WAIT_S)
+    return PreemptionSignal(preempt=await signals.wait(allocation_id, wait))
+
+
+@router.post("/allocations/{allocation_id}/signals/ack_preemption")
+async def ack_preemption(
+    allocation_id: str,
+    session: SessionDep,
+    _user: CurrentUser,
+    signals: PreemptionDep,
+    _body: dict[str, Any] | None = None,
+) -> Empty:
+    await allocations.get_allocation(session, allocation_id)
+    signals.acknowledge(allocation_id)
+    return Empty()

@@ -1,0 +1,517 @@
+"""What running trials report: metrics, checkpoints, progress; and the views built on them
+(workloads, best validation, the checkpoint a new run resumes from)."""
+
+from __future__ import annotations
+
+import math
+import re
+import uuid as uuidlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import PurePosixPath
+from typing import Any
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from master.db.models import (
+    AllocationModel,
+    CheckpointModel,
+    ExperimentModel,
+    TrialMetricModel,
+    TrialModel,
+    TrialState,
+    UserModel,
+    utcnow,
+)
+from master.errors import Conflict, InvalidArgument, NotFound, PermissionDenied
+
+MAX_INT = 2**31 - 1
+MAX_METRICS_PER_REPORT = 1000
+_GROUP = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+# JSON has no NaN or infinity; Determined's harness sends them as these strings.
+_NON_FINITE = {"NaN", "Infinity", "-Infinity"}
+TRAINING = "training"
+VALIDATION = "validation"
+SUPPORTED_STORAGE = ("shared_fs", "directory")
+
+
+# -- checks shared by every report ---------------------------------------------------------
+
+
+async def trial_for_report(session: AsyncSession, trial_id: int, user: UserModel) -> TrialModel:
+    """The trial, if this user may report for it: its experiment's owner (whose session
+    the ranks' token is) or an admin."""
+    trial = await session.get(TrialModel, trial_id)
+    if trial is None:
+        raise NotFound(f"trial {trial_id} not found")
+    experiment = await session.get(ExperimentModel, trial.experiment_id)
+    assert experiment is not None  # foreign key
+    if not user.admin and experiment.owner_id != user.id:
+        raise PermissionDenied(
+            f"trial {trial_id} belongs to another user's experiment; only its owner reports"
+        )
+    return trial
+
+
+def _check_int(value: int, path: str) -> int:
+    if not 0 <= value <= MAX_INT:
+        raise InvalidArgument(f"{path}: {value} is not between 0 and {MAX_INT}")
+    return value
+
+
+def clean_metric_values(values: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """Metric values as stored: JSON values, with non-finite floats as Determined's strings."""
+    if len(values) > MAX_METRICS_PER_REPORT:
+        raise InvalidArgument(
+            f"{path}: {len(values)} metrics in one report; at most {MAX_METRICS_PER_REPORT}"
+        )
+    cleaned: dict[str, Any] = {}
+    for name, value in values.items():
+        if not name or len(name) > 256:
+            raise InvalidArgument(f"{path}: metric names must have 1 to 256 characters")
+        if isinstance(value, float) and not math.isfinite(value):
+            value = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+        cleaned[name] = value
+    return cleaned
+
+
+def numeric(value: Any) -> float | None:
+    """A metric value as a number, when it is one (bools and strings are not)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+# -- metrics -------------------------------------------------------------------------------
+
+
+async def report_metrics(
+    session: AsyncSession,
+    user: UserModel,
+    trial_id: int,
+    *,
+    group: str,
+    steps_completed: int,
+    trial_run_id: int,
+    values: Mapping[str, Any],
+    report_time: datetime | None,
+) -> None:
+    if not _GROUP.match(group):
+        raise InvalidArgument(
+            f"group: {group!r} must be 1 to 64 letters, digits, '_', '.' or '-' "
+            "(training and validation are the usual groups)"
+        )
+    _check_int(steps_completed, "metrics.stepsCompleted")
+    trial = await trial_for_report(session, trial_id, user)
+    if trial_run_id != trial.run_id:
+        raise InvalidArgument(
+            f"metrics.trialRunId: run {trial_run_id} is not trial {trial_id}'s current run "
+            f"{trial.run_id}; a process of an earlier run is still reporting"
+        )
+    row = {
+        "trial_id": trial_id,
+        "group_name": group,
+        "steps_completed": steps_completed,
+        "trial_run_id": trial_run_id,
+        "metrics": clean_metric_values(values, "metrics.metrics.avgMetrics"),
+        "report_time": report_time or utcnow(),
+    }
+    # One statement, so two reports of the same step racing each other cannot fail on the
+    # unique key: the later one wins, as a rerun's report replaces the earlier run's.
+    dialect = session.get_bind().dialect.name
+    insert = (
+        postgresql.insert(TrialMetricModel)
+        if dialect == "postgresql"
+        else sqlite.insert(TrialMetricModel)
+    )
+    statement = insert.values(**row)
+    await session.execute(
+        statement.on_conflict_do_update(
+            index_elements=["trial_id", "group_name", "steps_completed"],
+            set_={
+                "trial_run_id": statement.excluded.trial_run_id,
+                "metrics": statement.excluded.metrics,
+                "report_time": statement.excluded.report_time,
+            },
+        )
+    )
+    if group == TRAINING and steps_completed > trial.total_batches_processed:
+        trial.total_batches_processed = steps_completed
+
+
+async def metric_rows(
+    session: AsyncSession, trial_id: int, groups: Sequence[str] = ()
+) -> list[TrialMetricModel]:
+    query = select(TrialMetricModel).where(TrialMetricModel.trial_id == trial_id)
+    if groups:
+        query = query.where(TrialMetricModel.group_name.in_(list(groups)))
+    query = query.order_by(TrialMetricModel.steps_completed, TrialMetricModel.group_name)
+    return list((await session.scalars(query)).all())
+
+
+# -- progress and runner state -------------------------------------------------------------
+
+
+async def report_progress(
+    session: AsyncSession, user: UserModel, trial_id: int, progress: float
+) -> None:
+    if not math.isfinite(progress) or not 0.0 <= progress <= 1.0:
+        raise InvalidArgument(f"progress: {progress} is not a fraction between 0 and 1")
+    trial = await trial_for_report(session, trial_id, user)
+    trial.progress = progress
+    await session.flush()
+    await refresh_experiment_progress(session, trial.experiment_id)
+
+
+async def refresh_experiment_progress(session: AsyncSession, experiment_id: int) -> None:
+    """The experiment's progress: the mean of its trials', a completed trial counting 1."""
+    rows = (
+        await session.execute(
+            select(TrialModel.state, TrialModel.progress).where(
+                TrialModel.experiment_id == experiment_id
+            )
+        )
+    ).all()
+    experiment = await session.get(ExperimentModel, experiment_id)
+    if experiment is None or not rows:
+        return
+    done = [1.0 if s == TrialState.COMPLETED else (p or 0.0) for s, p in rows]
+    experiment.progress = sum(done) / len(done)
+
+
+async def report_runner_state(
+    session: AsyncSession, user: UserModel, trial_id: int, state: str
+) -> None:
+    if len(state) > 256:
+        raise InvalidArgument("state: at most 256 characters")
+    trial = await trial_for_report(session, trial_id, user)
+    trial.runner_state = state
+
+
+# -- checkpoints ---------------------------------------------------------------------------
+
+
+def storage_directory(config: Mapping[str, Any]) -> str:
+    """Where the experiment's checkpoints live; each in `<directory>/<uuid>/`."""
+    storage = config.get("checkpoint_storage") or {}
+    kind = storage.get("type")
+    if kind == "directory":
+        return str(storage.get("container_path") or "")
+    if kind == "shared_fs":
+        host = PurePosixPath(str(storage.get("host_path") or ""))
+        sub = storage.get("storage_path")
+        return str(host / sub) if sub else str(host)
+    return ""
+
+
+@dataclass
+class CheckpointReport:
+    uuid: str
+    state: str
+    metadata: dict[str, Any]
+    resources: dict[str, Any]
+    allocation_id: str
+    task_id: str
+    trial_id: int | None
+    report_time: datetime | None
+
+
+async def report_checkpoint(
+    session: AsyncSession, user: UserModel, report: CheckpointReport
+) -> CheckpointModel:
+    try:
+        canonical = str(uuidlib.UUID(report.uuid))
+    except ValueError:
+        raise InvalidArgument(f"uuid: {report.uuid!r} is not a UUID") from None
+    if report.state not in ("STATE_COMPLETED", "COMPLETED"):
+        raise InvalidArgument(
+            f"state: {report.state!r}; only STATE_COMPLETED checkpoints can be reported"
+        )
+    steps = report.metadata.get("steps_completed")
+    if isinstance(steps, bool) or not isinstance(steps, int):
+        raise InvalidArgument("metadata.steps_completed: required, an integer")
+    _check_int(steps, "metadata.steps_completed")
+    for path, size in report.resources.items():
+        if not isinstance(size, str | int) or not str(size).isdigit():
+            raise InvalidArgument(f"resources.{path}: must be a size in bytes, got {size!r}")
+    trial_id = report.trial_id
+    if report.allocation_id:
+        allocation = await session.get(AllocationModel, report.allocation_id)
+        if allocation is None:
+            raise NotFound(f"allocationId: allocation {report.allocation_id} not found")
+        if trial_id is not None and trial_id != allocation.trial_id:
+            raise InvalidArgument(
+                f"training.trialId: {trial_id} is not the trial of allocation "
+                f"{report.allocation_id}"
+            )
+        trial_id = allocation.trial_id
+    if trial_id is None:
+        raise InvalidArgument("allocationId: required (or training.trialId)")
+    trial = await trial_for_report(session, trial_id, user)
+    existing = await session.get(CheckpointModel, canonical)
+    if existing is not None:
+        if existing.trial_id != trial.id or existing.steps_completed != steps:
+            raise Conflict(f"checkpoint {canonical} was already reported by another trial/step")
+        return existing  # the harness retries; the same report again changes nothing
+    experiment = await session.get(ExperimentModel, trial.experiment_id)
+    assert experiment is not None
+    directory = storage_directory(experiment.config)
+    checkpoint = CheckpointModel(
+        uuid=canonical,
+        trial_id=trial.id,
+        experiment_id=trial.experiment_id,
+        task_id=report.task_id or "",
+        allocation_id=report.allocation_id or "",
+        trial_run_id=trial.run_id,
+        steps_completed=steps,
+        state="COMPLETED",
+        resources={k: str(v) for k, v in report.resources.items()},
+        metadata_=report.metadata,
+        storage_path=str(PurePosixPath(directory) / canonical) if directory else "",
+        report_time=report.report_time or utcnow(),
+    )
+    session.add(checkpoint)
+    await session.flush()
+    return checkpoint
+
+
+async def get_checkpoint(session: AsyncSession, uuid: str) -> CheckpointModel:
+    checkpoint = await session.get(CheckpointModel, uuid)
+    if checkpoint is None:
+        raise NotFound(f"checkpoint {uuid} not found")
+    return checkpoint
+
+
+async def list_checkpoints(
+    session: AsyncSession, *, trial_id: int | None = None, experiment_id: int | None = None
+) -> list[CheckpointModel]:
+    query = select(CheckpointModel)
+    if trial_id is not None:
+        query = query.where(CheckpointModel.trial_id == trial_id)
+    if experiment_id is not None:
+        query = query.where(CheckpointModel.experiment_id == experiment_id)
+    query = query.order_by(
+        CheckpointModel.trial_id, CheckpointModel.steps_completed, CheckpointModel.report_time
+    )
+    return list((await session.scalars(query)).all())
+
+
+async def latest_checkpoint(session: AsyncSession, trial_id: int) -> CheckpointModel | None:
+    return await session.scalar(
+        select(CheckpointModel)
+        .where(CheckpointModel.trial_id == trial_id, CheckpointModel.state == "COMPLETED")
+        .order_by(CheckpointModel.steps_completed.desc(), CheckpointModel.report_time.desc())
+        .limit(1)
+    )
+
+
+async def resume_point(
+    session: AsyncSession, trial: TrialModel, experiment: ExperimentModel
+) -> CheckpointModel | None:
+    """The checkpoint a new run of the trial starts from: its own latest, else the
+    searcher's source_checkpoint_uuid (a warm start), else none."""
+    own = await latest_checkpoint(session, trial.id)
+    if own is not None:
+        return own
+    source = (experiment.config.get("searcher") or {}).get("source_checkpoint_uuid")
+    return await session.get(CheckpointModel, source) if source else None
+
+
+async def start_run_from(
+    session: AsyncSession, trial: TrialModel, checkpoint: CheckpointModel | None
+) -> int:
+    """A new run continues the timeline of its checkpoint: what an earlier run reported
+    after it belongs to a timeline that was lost, and the steps count restarts there."""
+    steps = checkpoint.steps_completed if checkpoint is not None else 0
+    own = checkpoint is not None and checkpoint.trial_id == trial.id
+    await session.execute(
+        delete(TrialMetricModel).where(
+            TrialMetricModel.trial_id == trial.id,
+            TrialMetricModel.steps_completed > (steps if own else -1),
+        )
+    )
+    trial.total_batches_processed = steps
+    return steps
+
+
+async def check_source_checkpoint(session: AsyncSession, searcher: Mapping[str, Any]) -> None:
+    source = searcher.get("source_checkpoint_uuid")
+    if source and await session.get(CheckpointModel, str(source)) is None:
+        raise InvalidArgument(f"searcher.source_checkpoint_uuid: checkpoint {source} not found")
+    trial_id = searcher.get("source_trial_id")
+    if trial_id is not None:
+        raise InvalidArgument(
+            "searcher.source_trial_id: not supported; name the checkpoint with "
+            "searcher.source_checkpoint_uuid"
+        )
+
+
+# -- summaries: workloads, best and latest -------------------------------------------------
+
+
+def searcher_metric(config: Mapping[str, Any]) -> tuple[str | None, bool]:
+    searcher = config.get("searcher") or {}
+    return searcher.get("metric"), bool(searcher.get("smaller_is_better", True))
+
+
+def metrics_workload(row: TrialMetricModel) -> dict[str, Any]:
+    return {
+        "metrics": {"avgMetrics": row.metrics, "batchMetrics": []},
+        "numInputs": 0,
+        "totalBatches": row.steps_completed,
+        "endTime": row.report_time,
+    }
+
+
+def checkpoint_workload(checkpoint: CheckpointModel) -> dict[str, Any]:
+    return {
+        "uuid": checkpoint.uuid,
+        "state": f"STATE_{checkpoint.state}",
+        "totalBatches": checkpoint.steps_completed,
+        "endTime": checkpoint.report_time,
+        "resources": checkpoint.resources,
+        "metadata": checkpoint.metadata_,
+    }
+
+
+async def workloads(session: AsyncSession, trial_id: int) -> list[dict[str, Any]]:
+    """Determined's workloads: training, validation and checkpoint entries by step."""
+    order = {TRAINING: 0, VALIDATION: 1}
+    entries: list[tuple[int, int, dict[str, Any]]] = [
+        (row.steps_completed, order[row.group_name], {row.group_name: metrics_workload(row)})
+        for row in await metric_rows(session, trial_id, (TRAINING, VALIDATION))
+    ]
+    entries += [
+        (c.steps_completed, 2, {"checkpoint": checkpoint_workload(c)})
+        for c in await list_checkpoints(session, trial_id=trial_id)
+    ]
+    entries.sort(key=lambda e: (e[0], e[1]))
+    return [entry for _, _, entry in entries]
+
+
+@dataclass
+class TrialSummary:
+    latest_training: TrialMetricModel | None = None
+    latest_validation: TrialMetricModel | None = None
+    best_validation: TrialMetricModel | None = None
+    latest_checkpoint: str | None = None
+
+
+def best_of(
+    rows: Sequence[TrialMetricModel], metric: str | None, smaller_is_better: bool
+) -> TrialMetricModel | None:
+    scored = [(numeric(r.metrics.get(metric)), r) for r in rows] if metric else []
+    valid = [(value, r) for value, r in scored if value is not None and math.isfinite(value)]
+    if not valid:
+        return None
+    pick = min if smaller_is_better else max
+    return pick(valid, key=lambda pair: pair[0])[1]
+
+
+async def trial_summaries(
+    session: AsyncSession, trials: Sequence[TrialModel], config: Mapping[str, Any]
+) -> dict[int, TrialSummary]:
+    """Latest training and validation, best validation and latest checkpoint per trial,
+    in three queries whatever the number of trials."""
+    ids = [t.id for t in trials]
+    summaries = {trial_id: TrialSummary() for trial_id in ids}
+    if not ids:
+        return summaries
+    latest = (
+        select(
+            TrialMetricModel.trial_id,
+            TrialMetricModel.group_name,
+            func.max(TrialMetricModel.steps_completed).label("steps"),
+        )
+        .where(
+            TrialMetricModel.trial_id.in_(ids),
+            TrialMetricModel.group_name == TRAINING,
+        )
+        .group_by(TrialMetricModel.trial_id, TrialMetricModel.group_name)
+        .subquery()
+    )
+    training = await session.scalars(
+        select(TrialMetricModel).join(
+            latest,
+            (TrialMetricModel.trial_id == latest.c.trial_id)
+            & (TrialMetricModel.group_name == latest.c.group_name)
+            & (TrialMetricModel.steps_completed == latest.c.steps),
+        )
+    )
+    for row in training:
+        summaries[row.trial_id].latest_training = row
+    validation: dict[int, list[TrialMetricModel]] = {}
+    rows = await session.scalars(
+        select(TrialMetricModel)
+        .where(TrialMetricModel.trial_id.in_(ids), TrialMetricModel.group_name == VALIDATION)
+        .order_by(TrialMetricModel.steps_completed)
+    )
+    for row in rows:
+        validation.setdefault(row.trial_id, []).append(row)
+    metric, smaller = searcher_metric(config)
+    for trial_id, trial_rows in validation.items():
+        summaries[trial_id].latest_validation = trial_rows[-1]
+        summaries[trial_id].best_validation = best_of(trial_rows, metric, smaller)
+    newest = (
+        select(CheckpointModel.trial_id, func.max(CheckpointModel.steps_completed).label("steps"))
+        .where(CheckpointModel.trial_id.in_(ids))
+        .group_by(CheckpointModel.trial_id)
+        .subquery()
+    )
+    checkpoints = await session.execute(
+        select(CheckpointModel.trial_id, CheckpointModel.uuid)
+        .join(
+            newest,
+            (CheckpointModel.trial_id == newest.c.trial_id)
+            & (CheckpointModel.steps_completed == newest.c.steps),
+        )
+        .order_by(CheckpointModel.report_time)
+    )
+    for trial_id, uuid in checkpoints.all():
+        summaries[trial_id].latest_checkpoint = uuid
+    return summaries
+
+
+async def best_validation_metric(
+    session: AsyncSession, experiment: ExperimentModel
+) -> float | None:
+    """The searcher metric's best validation value over the experiment's trials."""
+    metric, smaller = searcher_metric(experiment.config)
+    if not metric:
+        return None
+    rows = (
+        await session.scalars(
+            select(TrialMetricModel)
+            .join(TrialModel, TrialModel.id == TrialMetricModel.trial_id)
+            .where(
+                TrialModel.experiment_id == experiment.id,
+                TrialMetricModel.group_name == VALIDATION,
+            )
+        )
+    ).all()
+    best = best_of(rows, metric, smaller)
+    return numeric(best.metrics.get(metric)) if best is not None else None
+
+
+async def checkpoint_metrics(
+    session: AsyncSession, checkpoints: Sequence[CheckpointModel]
+) -> dict[tuple[int, int], dict[str, dict[str, Any]]]:
+    """The training and validation metrics reported at each checkpoint's step."""
+    if not checkpoints:
+        return {}
+    trial_ids = {c.trial_id for c in checkpoints}
+    steps = {c.steps_completed for c in checkpoints}
+    rows = await session.scalars(
+        select(TrialMetricModel).where(
+            TrialMetricModel.trial_id.in_(trial_ids),
+            TrialMetricModel.steps_completed.in_(steps),
+            TrialMetricModel.group_name.in_((TRAINING, VALIDATION)),
+        )
+    )
+    found: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        found.setdefault((row.trial_id, row.steps_completed), {})[row.group_name] = row.metrics
+    return found
