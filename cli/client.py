@@ -71,6 +71,22 @@ class MasterClient:
     def post(self, path: str, **kwargs: Any) -> Any:
         return self._send("POST", path, **kwargs)
 
+    def get_all(
+        self, path: str, key: str, params: dict[str, Any] | None = None, limit: int = 500
+    ) -> list[Any]:
+        """Every item of a paginated list, page by page, as Determined's client reads them."""
+        query = {**(params or {}), "offset": 0, "limit": limit}
+        items: list[Any] = []
+        while True:
+            page = self.get(path, params=query)
+            items.extend(page[key])
+            pagination = page.get("pagination") or {}
+            end, total = pagination.get("endIndex", 0), pagination.get("total", 0)
+            # A page that adds nothing ends the walk too, so a miscounting server cannot loop us.
+            if end >= total or not page[key] or end <= query["offset"]:
+                return items
+            query["offset"] = end
+
     def _send(self, method: str, path: str, *, auth: bool = True, **kwargs: Any) -> Any:
         headers = dict(kwargs.pop("headers", {}) or {})
         if auth:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -10,22 +10,26 @@ import typer
 
 from cli.client import CliError
 from cli.context import read_model_dir
-from cli.output import cli_errors, print_json, print_table, print_yaml, stdout, warn
+from cli.output import (
+    cli_errors,
+    compact_json,
+    print_json,
+    print_table,
+    print_yaml,
+    short_time,
+    state_name,
+    stderr,
+    stdout,
+    warn,
+)
 from cli.state import client
+from cli.trials import fetch_workloads, print_workloads
 
 app = typer.Typer(help="Create and manage experiments.", no_args_is_help=True)
 
 
-def _state(value: str) -> str:
-    return value.removeprefix("STATE_")
-
-
-def _time(value: str | None) -> str:
-    return (value or "").replace("T", " ")[:19]
-
-
-def _hparams(value: dict[str, Any]) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+# Where `det e wait` stops; PAUSED stops it too, as Determined's client refuses to wait on it.
+TERMINAL_STATES = ("STATE_COMPLETED", "STATE_CANCELED", "STATE_ERROR", "STATE_DELETED")
 
 
 @app.command("create")
@@ -92,11 +96,11 @@ def list_experiments(
                 e["id"],
                 e["username"],
                 e["name"],
-                _state(e["state"]),
+                state_name(e["state"]),
                 e["numTrials"],
                 e.get("templateName") or "",
-                _time(e["startTime"]),
-                _time(e.get("endTime")),
+                short_time(e["startTime"]),
+                short_time(e.get("endTime")),
                 e.get("resourcePool") or "",
             ]
             for e in experiments
@@ -111,12 +115,18 @@ def describe(
     experiment_id: int = typer.Argument(..., help="Experiment ID."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON only."),
     show_config: bool = typer.Option(False, "--config", help="Also print the effective config."),
+    metrics: bool = typer.Option(
+        False, "--metrics", help="Also show each trial's reported metrics and checkpoints."
+    ),
 ) -> None:
     """Show an experiment, its seeds and its trials."""
     with cli_errors():
         api = client(ctx)
         experiment = api.get(f"/api/v1/experiments/{experiment_id}")["experiment"]
         trials = api.get(f"/api/v1/experiments/{experiment_id}/trials")["trials"]
+        if metrics:
+            for trial in trials:
+                trial["workloads"] = fetch_workloads(api, trial["id"])
         if as_json:
             print_json({"experiment": experiment, "trials": trials})
             return
@@ -125,14 +135,14 @@ def describe(
             [
                 ["ID", experiment["id"]],
                 ["Name", experiment["name"]],
-                ["State", _state(experiment["state"])],
+                ["State", state_name(experiment["state"])],
                 ["Owner", experiment["username"]],
                 ["Searcher", experiment["searcherType"]],
                 ["Template", experiment.get("templateName") or "-"],
                 ["Experiment seed", experiment["experimentSeed"]],
                 ["Slots per trial", experiment["config"]["resources"]["slots_per_trial"]],
-                ["Start Time", _time(experiment["startTime"])],
-                ["End Time", _time(experiment.get("endTime"))],
+                ["Start Time", short_time(experiment["startTime"])],
+                ["End Time", short_time(experiment.get("endTime"))],
             ],
         )
         stdout.print()
@@ -141,19 +151,61 @@ def describe(
             [
                 [
                     t["id"],
-                    _state(t["state"]),
+                    state_name(t["state"]),
                     t["seed"],
                     t["restarts"],
                     t["totalBatchesProcessed"],
-                    _hparams(t["hparams"]),
+                    compact_json(t["hparams"]),
                     (t.get("pendingReason") or {}).get("message", ""),
                 ]
                 for t in trials
             ],
         )
+        if metrics:
+            for trial in trials:
+                stdout.print()
+                print_workloads(trial["id"], trial["workloads"])
         if show_config:
             stdout.print()
             print_yaml(experiment["config"])
+
+
+@app.command("wait")
+def wait(
+    ctx: typer.Context,
+    experiment_id: int = typer.Argument(..., min=0, help="Experiment ID."),
+    interval: float = typer.Option(
+        5.0, "--interval", "--polling-interval", min=0.1, help="Seconds between polls."
+    ),
+) -> None:
+    """Wait for an experiment to end; exit 0 only if it COMPLETED."""
+    with cli_errors():
+        api = client(ctx)
+        started = time.monotonic()
+        next_note = started + 60
+        try:
+            while True:
+                state = api.get(f"/api/v1/experiments/{experiment_id}")["experiment"]["state"]
+                if state in TERMINAL_STATES:
+                    break
+                if state == "STATE_PAUSED":
+                    raise CliError(
+                        f"experiment {experiment_id} is paused; activate it, then wait again"
+                    )
+                if time.monotonic() >= next_note:
+                    minutes = (time.monotonic() - started) / 60
+                    stderr.print(
+                        f"Waiting for experiment {experiment_id} ({state_name(state)}): "
+                        f"{minutes:.0f} min so far",
+                        markup=False,
+                    )
+                    next_note += 60
+                time.sleep(interval)
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+        stdout.print(f"Experiment {experiment_id} ended: {state_name(state)}", markup=False)
+        if state != "STATE_COMPLETED":
+            raise typer.Exit(1)
 
 
 def _action(verb: str, past: str) -> Any:

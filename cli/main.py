@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from cli import cluster, experiments, logs, templates
+from cli import checkpoints, cluster, experiments, logs, templates, trials
 from cli.state import Globals
 from master.version import DETERMINED_COMPAT_VERSION, __version__
 
@@ -21,8 +21,14 @@ app.add_typer(templates.app, name="template")
 app.add_typer(templates.app, name="tpl", hidden=True)
 app.add_typer(experiments.app, name="experiment")
 app.add_typer(experiments.app, name="e", hidden=True)
+logs.trial_app.command("describe")(trials.describe)
 app.add_typer(logs.trial_app, name="trial")
 app.add_typer(logs.trial_app, name="t", hidden=True)
+# Determined 0.38's own spelling of `det checkpoint list`.
+experiments.app.command("list-checkpoints")(checkpoints.list_checkpoints)
+experiments.app.command("lc", hidden=True)(checkpoints.list_checkpoints)
+app.add_typer(checkpoints.app, name="checkpoint")
+app.add_typer(checkpoints.app, name="c", hidden=True)
 cluster.task_app.command("logs")(logs.task_logs)
 app.add_typer(cluster.task_app, name="task")
 app.add_typer(cluster.agent_app, name="agent")

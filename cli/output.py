@@ -37,6 +37,19 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     stdout.print(table)
 
 
+def state_name(value: str) -> str:
+    return value.removeprefix("STATE_")
+
+
+def short_time(value: str | None) -> str:
+    """An ISO timestamp to the second, as `YYYY-MM-DD HH:MM:SS`; empty for none."""
+    return (value or "").replace("T", " ")[:19]
+
+
+def compact_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
 def warn(message: str) -> None:
     stderr.print(f"[yellow]warning:[/yellow] {message}", markup=True)
 

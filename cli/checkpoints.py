@@ -1,0 +1,163 @@
+"""`det checkpoint` (`det c`): the checkpoints an experiment's trials reported."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import quote
+
+import typer
+
+from cli.client import CliError
+from cli.output import cli_errors, print_json, print_table, short_time, state_name
+from cli.state import client
+from cli.trials import format_metrics, format_value
+
+app = typer.Typer(help="Inspect checkpoints.", no_args_is_help=True)
+
+LIST_HEADERS = [
+    "Trial ID",
+    "Steps",
+    "UUID",
+    "Validation metric",
+    "State",
+    "Report time",
+    "Resources",
+    "Storage path",
+]
+
+
+def _size(total: int) -> str:
+    size = float(total)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{total} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_resources(resources: dict[str, Any] | None) -> str:
+    """`N files, SIZE`: Determined lists directories as keys ending in `/`; they are not files."""
+    files = {path: size for path, size in (resources or {}).items() if not path.endswith("/")}
+    total = 0
+    for size in files.values():
+        try:
+            total += int(size)
+        except (TypeError, ValueError):
+            continue
+    noun = "file" if len(files) == 1 else "files"
+    return f"{len(files)} {noun}, {_size(total)}"
+
+
+def _steps(checkpoint: dict[str, Any]) -> Any:
+    steps = checkpoint.get("stepsCompleted")
+    if steps is None:
+        steps = (checkpoint.get("metadata") or {}).get("steps_completed")
+    return steps
+
+
+def _trial_id(checkpoint: dict[str, Any]) -> Any:
+    return checkpoint.get("trialId") or (checkpoint.get("training") or {}).get("trialId")
+
+
+def _searcher_metric(checkpoint: dict[str, Any]) -> float | None:
+    value = (checkpoint.get("training") or {}).get("searcherMetric")
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def best_checkpoints(
+    checkpoints: list[dict[str, Any]], count: int, smaller_is_better: bool
+) -> list[dict[str, Any]]:
+    """The `count` best by searcher metric; those without one (no validation at their step)
+    sort last, as the master's SEARCHER_METRIC order puts them."""
+    sign = 1.0 if smaller_is_better else -1.0
+
+    def key(checkpoint: dict[str, Any]) -> tuple[int, float]:
+        metric = _searcher_metric(checkpoint)
+        return (1, 0.0) if metric is None else (0, sign * metric)
+
+    return sorted(checkpoints, key=key)[:count]
+
+
+@app.command("list")
+def list_checkpoints(
+    ctx: typer.Context,
+    experiment_id: int = typer.Argument(..., min=0, help="Experiment ID."),
+    best: int | None = typer.Option(
+        None, "--best", min=0, help="Only the N best by the searcher metric."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON only."),
+) -> None:
+    """List an experiment's checkpoints (by trial, then steps; with --best, best first)."""
+    with cli_errors():
+        api = client(ctx)
+        path = f"/api/v1/experiments/{experiment_id}/checkpoints"
+        checkpoints: list[dict[str, Any]] = api.get_all(path, "checkpoints")
+        checkpoints.sort(key=lambda c: (_trial_id(c) or 0, _steps(c) or 0))
+        if best is not None:
+            experiment = api.get(f"/api/v1/experiments/{experiment_id}")["experiment"]
+            searcher = (experiment.get("config") or {}).get("searcher") or {}
+            smaller = searcher.get("smaller_is_better")
+            checkpoints = best_checkpoints(checkpoints, best, True if smaller is None else smaller)
+        if as_json:
+            print_json(checkpoints)
+            return
+        rows = [
+            [
+                _trial_id(c),
+                _steps(c),
+                c["uuid"],
+                "" if _searcher_metric(c) is None else format_value(_searcher_metric(c)),
+                state_name(c.get("state") or ""),
+                short_time(c.get("reportTime")),
+                format_resources(c.get("resources")),
+                c.get("storagePath") or "",
+            ]
+            for c in checkpoints
+        ]
+        print_table(LIST_HEADERS, rows)
+
+
+app.command("ls", hidden=True)(list_checkpoints)
+
+
+@app.command("describe")
+def describe(
+    ctx: typer.Context,
+    uuid: str = typer.Argument(..., help="Checkpoint UUID."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON only."),
+) -> None:
+    """Show one checkpoint: where it is, its metrics and its metadata."""
+    with cli_errors():
+        if not uuid.strip():
+            raise CliError("a checkpoint UUID is required")
+        reply = client(ctx).get(f"/api/v1/checkpoints/{quote(uuid, safe='')}")
+        checkpoint: dict[str, Any] = reply["checkpoint"]
+        if as_json:
+            print_json(checkpoint)
+            return
+        training = checkpoint.get("training") or {}
+        metric = _searcher_metric(checkpoint)
+        print_table(
+            ["Field", "Value"],
+            [
+                ["UUID", checkpoint["uuid"]],
+                ["Experiment ID", checkpoint.get("experimentId") or training.get("experimentId")],
+                ["Trial ID", _trial_id(checkpoint)],
+                ["Steps completed", _steps(checkpoint)],
+                ["State", state_name(checkpoint.get("state") or "")],
+                ["Report time", short_time(checkpoint.get("reportTime"))],
+                ["Storage path", checkpoint.get("storagePath") or ""],
+                ["Resources", format_resources(checkpoint.get("resources"))],
+                ["Searcher metric", "" if metric is None else format_value(metric)],
+                [
+                    "Training metrics",
+                    format_metrics((training.get("trainingMetrics") or {}).get("avgMetrics")),
+                ],
+                [
+                    "Validation metrics",
+                    format_metrics((training.get("validationMetrics") or {}).get("avgMetrics")),
+                ],
+                ["Metadata", json.dumps(checkpoint.get("metadata") or {}, sort_keys=True)],
+            ],
+        )
