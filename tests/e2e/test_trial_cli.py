@@ -475,3 +475,31 @@ def test_official_describe_metrics_and_wait(reported: Reported) -> None:
 
     waited = ok(master.official("experiment", "wait", experiment_id))
     assert "Traceback" not in waited.stderr, describe_run(waited)
+
+
+@pytest.mark.official_client
+def test_official_checkpoint_listing_and_describe(reported: Reported) -> None:
+    require(
+        official_client_path() is not None,
+        "official det client not installed: run `make official-client`",
+    )
+    master, experiment_id = reported.master, str(reported.experiment_id)
+    listed = ok(master.official("experiment", "list-checkpoints", experiment_id))
+    assert "Traceback" not in listed.stderr, describe_run(listed)
+    for steps, uuid in reported.checkpoints.items():
+        row = next(line for line in lines(listed.stdout) if uuid in line)
+        cells = [cell.strip() for cell in row.split("|")]
+        # Trial ID | # of Batches | State | Validation Metric | UUID | ...
+        assert cells[1:4] == [str(steps), "COMPLETED", str(VALIDATION[steps]["loss"])], row
+
+    # --best asks the master for the best checkpoint by searcher.metric (loss, smaller).
+    best = ok(master.official("experiment", "list-checkpoints", experiment_id, "--best", "1"))
+    shown = [
+        line for line in lines(best.stdout) if any(u in line for u in reported.checkpoints.values())
+    ]
+    assert len(shown) == 1 and reported.checkpoints[20] in shown[0], describe_run(best)
+
+    described = ok(master.official("checkpoint", "describe", reported.checkpoints[10]))
+    assert "Traceback" not in described.stderr, describe_run(described)
+    assert reported.checkpoints[10] in described.stdout, describe_run(described)
+    assert "0.5625" in described.stdout, describe_run(described)

@@ -152,6 +152,8 @@ async def _checkpoint_views(session: SessionDep, rows: list[CheckpointModel]) ->
                 training={
                     "trialId": row.trial_id,
                     "experimentId": row.experiment_id,
+                    # The official client reads searcher.metric from here.
+                    "experimentConfig": experiment.config,
                     "hparams": trial.hparams,
                     "trainingMetrics": {"avgMetrics": at_step.get(trial_reports.TRAINING, {})},
                     "validationMetrics": {"avgMetrics": validation},
@@ -168,10 +170,63 @@ async def _checkpoint_views(session: SessionDep, rows: list[CheckpointModel]) ->
     return views
 
 
-async def _checkpoint_list(session: SessionDep, rows: list[CheckpointModel]) -> CheckpointList:
+CHECKPOINT_SORTS = (
+    "SORT_BY_UNSPECIFIED",
+    "SORT_BY_UUID",
+    "SORT_BY_TRIAL_ID",
+    "SORT_BY_BATCH_NUMBER",
+    "SORT_BY_END_TIME",
+    "SORT_BY_STATE",
+    "SORT_BY_SEARCHER_METRIC",
+)
+
+
+def _sort_checkpoints(
+    views: list[Checkpoint], sort_by: str, order_by: str, smaller_is_better: bool
+) -> list[Checkpoint]:
+    if sort_by not in CHECKPOINT_SORTS:
+        raise InvalidArgument(
+            f"sortByAttr: {sort_by!r} is not one of {', '.join(CHECKPOINT_SORTS)}"
+        )
+    if order_by not in ("ORDER_BY_UNSPECIFIED", "ORDER_BY_ASC", "ORDER_BY_DESC"):
+        raise InvalidArgument(
+            f"orderBy: {order_by!r} is not one of ORDER_BY_UNSPECIFIED, ORDER_BY_ASC, ORDER_BY_DESC"
+        )
+    descending = order_by == "ORDER_BY_DESC"
+    if sort_by == "SORT_BY_SEARCHER_METRIC":
+        # Best first unless an order is asked for; checkpoints without the metric go last.
+        if order_by == "ORDER_BY_UNSPECIFIED":
+            descending = not smaller_is_better
+        scored = [v for v in views if v.training.get("searcherMetric") is not None]
+        unscored = [v for v in views if v.training.get("searcherMetric") is None]
+        scored.sort(key=lambda v: float(v.training["searcherMetric"]), reverse=descending)
+        return scored + unscored
+    keys: dict[str, Any] = {
+        "SORT_BY_UUID": lambda v: v.uuid,
+        "SORT_BY_TRIAL_ID": lambda v: (v.trial_id, v.steps_completed),
+        "SORT_BY_END_TIME": lambda v: v.report_time,
+        "SORT_BY_STATE": lambda v: v.state,
+    }
+    key = keys.get(sort_by, lambda v: (v.trial_id, v.steps_completed))
+    return sorted(views, key=key, reverse=descending)
+
+
+async def _checkpoint_list(
+    session: SessionDep,
+    rows: list[CheckpointModel],
+    *,
+    offset: int = 0,
+    limit: int = 0,
+    sort_by: str = "SORT_BY_UNSPECIFIED",
+    order_by: str = "ORDER_BY_UNSPECIFIED",
+    smaller_is_better: bool = True,
+) -> CheckpointList:
+    views = _sort_checkpoints(
+        await _checkpoint_views(session, rows), sort_by, order_by, smaller_is_better
+    )
+    page = views[offset : offset + limit] if limit else views[offset:]
     return CheckpointList(
-        checkpoints=await _checkpoint_views(session, rows),
-        pagination=Pagination.of(0, 0, len(rows), len(rows)),
+        checkpoints=page, pagination=Pagination.of(offset, limit, len(page), len(views))
     )
 
 
@@ -216,11 +271,26 @@ async def trial_checkpoints(
 
 @router.get("/experiments/{experiment_id}/checkpoints")
 async def experiment_checkpoints(
-    experiment_id: ObjectId, session: SessionDep, _user: CurrentUser
+    experiment_id: ObjectId,
+    session: SessionDep,
+    _user: CurrentUser,
+    offset: int = Query(0, ge=0, le=MAX_INT),
+    limit: int = Query(0, ge=0, le=MAX_INT, description="0 returns every checkpoint"),
+    sort_by: Annotated[str, Query(alias="sortByAttr")] = "SORT_BY_UNSPECIFIED",
+    order_by: Annotated[str, Query(alias="orderBy")] = "ORDER_BY_UNSPECIFIED",
 ) -> CheckpointList:
-    await experiments.get_experiment(session, experiment_id)
+    experiment = (await experiments.get_experiment(session, experiment_id)).experiment
     rows = await trial_reports.list_checkpoints(session, experiment_id=experiment_id)
-    return await _checkpoint_list(session, rows)
+    _, smaller_is_better = trial_reports.searcher_metric(experiment.config)
+    return await _checkpoint_list(
+        session,
+        rows,
+        offset=offset,
+        limit=limit,
+        sort_by=sort_by,
+        order_by=order_by,
+        smaller_is_better=smaller_is_better,
+    )
 
 
 @router.get("/experiments/{experiment_id}/searcher/best_searcher_validation_metric")
