@@ -37,6 +37,7 @@ from master.services.scheduler import load_agent_states, policy_of
 from master.services.templates import get_template
 from master.services.workspaces import resolve_project
 from master.settings import MasterSettings, ResourcePoolSettings
+from resolute.checkpoint import SUPPORTED_STORAGE
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ async def prepare_experiment(
         seed = int(reproducibility["experiment_seed"])
         trial_count = count_trials(effective["searcher"], effective.get("hyperparameters") or {})
     storage_type = effective["checkpoint_storage"].get("type")
-    if storage_type not in trial_reports.SUPPORTED_STORAGE:
+    if storage_type not in SUPPORTED_STORAGE:
         raise InvalidArgument(
             f"checkpoint_storage.type: {storage_type} is not supported by resolute's agents; "
             "use shared_fs or directory"

@@ -27,6 +27,7 @@ from master.db.models import (
     utcnow,
 )
 from master.errors import Conflict, InvalidArgument, NotFound, PermissionDenied
+from resolute.checkpoint import storage_directory
 
 MAX_INT = 2**31 - 1
 MAX_METRICS_PER_REPORT = 1000
@@ -35,7 +36,6 @@ _GROUP = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _NON_FINITE = {"NaN", "Infinity", "-Infinity"}
 TRAINING = "training"
 VALIDATION = "validation"
-SUPPORTED_STORAGE = ("shared_fs", "directory")
 
 
 # -- checks shared by every report ---------------------------------------------------------
@@ -194,19 +194,6 @@ async def report_runner_state(
 # -- checkpoints ---------------------------------------------------------------------------
 
 
-def storage_directory(config: Mapping[str, Any]) -> str:
-    """Where the experiment's checkpoints live; each in `<directory>/<uuid>/`."""
-    storage = config.get("checkpoint_storage") or {}
-    kind = storage.get("type")
-    if kind == "directory":
-        return str(storage.get("container_path") or "")
-    if kind == "shared_fs":
-        host = PurePosixPath(str(storage.get("host_path") or ""))
-        sub = storage.get("storage_path")
-        return str(host / sub) if sub else str(host)
-    return ""
-
-
 @dataclass
 class CheckpointReport:
     uuid: str
@@ -258,7 +245,10 @@ async def report_checkpoint(
         return existing  # the harness retries; the same report again changes nothing
     experiment = await session.get(ExperimentModel, trial.experiment_id)
     assert experiment is not None
-    directory = storage_directory(experiment.config)
+    try:
+        directory = str(storage_directory(experiment.config.get("checkpoint_storage") or {}))
+    except ValueError:  # refused at submit; an old row may still hold another type
+        directory = ""
     checkpoint = CheckpointModel(
         uuid=canonical,
         trial_id=trial.id,
