@@ -30,6 +30,7 @@ RESERVED_VARIABLES = frozenset(
         "MASTER_ADDR",
         "MASTER_PORT",
         "CUDA_VISIBLE_DEVICES",
+        "DET_LATEST_CHECKPOINT",
     }
 )
 

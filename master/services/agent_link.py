@@ -105,6 +105,7 @@ class Gang:
     stop_sent: bool = False
     # When the hub first saw the master wants the ranks to stop on their own (monotonic).
     preempt_seen_at: float | None = None
+    preempt_listening: bool = False
 
     @property
     def agent_ids(self) -> list[str]:
@@ -564,7 +565,11 @@ class AgentHub:
         now = time.monotonic()
         if gang.preempt_seen_at is None:
             gang.preempt_seen_at = now
-        if not self.preemption.watched(gang.allocation_id, within_s=PREEMPTION_POLL_WINDOW_S):
+        # Once told, a trial stops polling: the decision that it listens is kept.
+        gang.preempt_listening = gang.preempt_listening or self.preemption.watched(
+            gang.allocation_id, within_s=PREEMPTION_POLL_WINDOW_S
+        )
+        if not gang.preempt_listening:
             return False
         return now - gang.preempt_seen_at < self.link.preemption_timeout_s
 

@@ -26,7 +26,7 @@ from master.db.models import (
     utcnow,
 )
 from master.errors import Conflict, NotFound
-from master.services import auth, states
+from master.services import auth, states, trial_reports
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +220,7 @@ async def release_allocation(
     assert trial is not None and experiment is not None  # foreign keys guarantee both
     _move_trial_after_release(session, trial, experiment, outcome, message)
     await session.flush()
+    await trial_reports.refresh_experiment_progress(session, experiment.id)
     await finish_experiment_if_done(session, experiment)
     request_scheduling(session)
     log.info("allocation %s released: %s %s", allocation_id, outcome, message)

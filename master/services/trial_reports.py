@@ -62,6 +62,18 @@ def _check_int(value: int, path: str) -> int:
     return value
 
 
+def finite_json(value: Any) -> Any:
+    """`value` with every non-finite float, at any depth, as Determined's strings: JSON has
+    no NaN, so Postgres refuses it and SQLite would read it back as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {key: finite_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [finite_json(item) for item in value]
+    return value
+
+
 def clean_metric_values(values: Mapping[str, Any], path: str) -> dict[str, Any]:
     """Metric values as stored: JSON values, with non-finite floats as Determined's strings."""
     if len(values) > MAX_METRICS_PER_REPORT:
@@ -72,9 +84,7 @@ def clean_metric_values(values: Mapping[str, Any], path: str) -> dict[str, Any]:
     for name, value in values.items():
         if not name or len(name) > 256:
             raise InvalidArgument(f"{path}: metric names must have 1 to 256 characters")
-        if isinstance(value, float) and not math.isfinite(value):
-            value = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-        cleaned[name] = value
+        cleaned[name] = finite_json(value)
     return cleaned
 
 
@@ -259,7 +269,7 @@ async def report_checkpoint(
         steps_completed=steps,
         state="COMPLETED",
         resources={k: str(v) for k, v in report.resources.items()},
-        metadata_=report.metadata,
+        metadata_=finite_json(report.metadata),
         storage_path=str(PurePosixPath(directory) / canonical) if directory else "",
         report_time=report.report_time or utcnow(),
     )
@@ -268,8 +278,16 @@ async def report_checkpoint(
     return checkpoint
 
 
+def _stored_uuid(uuid: str) -> str:
+    """Checkpoints are stored under the canonical (lowercase) form of their uuid."""
+    try:
+        return str(uuidlib.UUID(uuid))
+    except ValueError:
+        return uuid
+
+
 async def get_checkpoint(session: AsyncSession, uuid: str) -> CheckpointModel:
-    checkpoint = await session.get(CheckpointModel, uuid)
+    checkpoint = await session.get(CheckpointModel, _stored_uuid(uuid))
     if checkpoint is None:
         raise NotFound(f"checkpoint {uuid} not found")
     return checkpoint
@@ -307,7 +325,7 @@ async def resume_point(
     if own is not None:
         return own
     source = (experiment.config.get("searcher") or {}).get("source_checkpoint_uuid")
-    return await session.get(CheckpointModel, source) if source else None
+    return await session.get(CheckpointModel, _stored_uuid(str(source))) if source else None
 
 
 async def start_run_from(
@@ -329,7 +347,7 @@ async def start_run_from(
 
 async def check_source_checkpoint(session: AsyncSession, searcher: Mapping[str, Any]) -> None:
     source = searcher.get("source_checkpoint_uuid")
-    if source and await session.get(CheckpointModel, str(source)) is None:
+    if source and await session.get(CheckpointModel, _stored_uuid(str(source))) is None:
         raise InvalidArgument(f"searcher.source_checkpoint_uuid: checkpoint {source} not found")
     trial_id = searcher.get("source_trial_id")
     if trial_id is not None:

@@ -3,6 +3,9 @@ with the protocol's own messages, without sockets (the e2e tests run it over rea
 
 from __future__ import annotations
 
+import asyncio
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -10,8 +13,9 @@ import pytest
 from fastapi import FastAPI
 
 from master.db.session import session_scope
-from master.services import scheduler
+from master.services import agent_link, scheduler
 from master.services.agent_link import AgentHub, Connection, Refusal
+from master.services.preemption import PreemptionSignals
 from resolute_proto.agent.v1 import agent_pb2 as pb
 
 CONFIG = """
@@ -158,3 +162,257 @@ async def test_a_wrong_join_token_is_refused_and_registers_nothing(
     with pytest.raises(Refusal, match="join token"):
         await hub.open(pb.Hello(agent_id="intruder", join_token="guess"))
     assert (await api.get("/api/v1/agents/intruder")).status_code == 404
+
+
+# -- preemption, resuming ------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def fresh_signals(app: FastAPI) -> Iterator[PreemptionSignals]:
+    """Preemption signals live in memory for the app's lifetime, and the cleared database
+    reuses allocation ids on SQLite: an earlier test's signal must not leak into this one."""
+    hub: AgentHub = app.state.agent_hub
+    before = app.state.preemption
+    # Set by hand: monkeypatch would delete the attribute from starlette's State on undo.
+    app.state.preemption = hub.preemption = PreemptionSignals()
+    yield hub.preemption
+    app.state.preemption = hub.preemption = before
+
+
+def stops(*connections: Connection) -> list[list[Any]]:
+    """The StopAllocation messages each connection was sent since the last look."""
+    return [of_kind(sent(c), "stop") for c in connections]
+
+
+async def long_poll(api: httpx.AsyncClient, allocation_id: str) -> asyncio.Task[httpx.Response]:
+    """The chief's preemption watcher, waiting in its long-poll."""
+    task = asyncio.create_task(
+        api.get(
+            f"/api/v1/allocations/{allocation_id}/signals/preemption",
+            params={"timeout_seconds": 5},
+            timeout=30,
+        )
+    )
+    await asyncio.sleep(0.1)
+    assert not task.done()
+    return task
+
+
+async def test_a_trial_watching_its_signal_gets_the_preemption_timeout_to_stop(
+    app: FastAPI, api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hub, a, b, experiment_id, allocation_id = await started_gang(app, api)
+    monkeypatch.setattr(hub.link, "preemption_timeout_s", 0.5)
+    watcher = await long_poll(api, allocation_id)
+    assert (await api.post(f"/api/v1/experiments/{experiment_id}/pause")).status_code == 200
+    await hub.tick()
+    assert (await watcher).json() == {"preempt": True}  # the tick raised the signal
+    ack = f"/api/v1/allocations/{allocation_id}/signals/ack_preemption"
+    assert (await api.post(ack, json={})).status_code == 200
+    assert stops(a, b) == [[], []]  # time to checkpoint and exit
+    await hub.tick()
+    assert stops(a, b) == [[], []]
+
+    await asyncio.sleep(0.6)
+    await hub.tick()
+    stop_a, stop_b = stops(a, b)
+    assert [s.allocation_id for s in stop_a + stop_b] == [allocation_id] * 2
+    for connection in (a, b):
+        await hub.on_message(connection, exited(allocation_id, pb.EXIT_KIND_STOPPED, "SIGTERM"))
+    trial = await trial_of(api, experiment_id)
+    assert (trial["state"], trial["restarts"]) == ("STATE_PAUSED", 0)
+
+
+async def test_a_trial_told_by_its_long_poll_keeps_the_whole_timeout_without_an_ack(
+    app: FastAPI, api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Determined's harness stops polling once told, and acknowledges only when user code
+    # next calls should_preempt(): it was listening, and must get preemption_timeout_s,
+    # however long ago its (last) poll was answered.
+    hub, a, b, experiment_id, allocation_id = await started_gang(app, api)
+    monkeypatch.setattr(hub.link, "preemption_timeout_s", 1.0)
+    monkeypatch.setattr(agent_link, "PREEMPTION_POLL_WINDOW_S", 0.2)
+    watcher = await long_poll(api, allocation_id)
+    assert (await api.post(f"/api/v1/experiments/{experiment_id}/pause")).status_code == 200
+    await hub.tick()
+    assert (await watcher).json() == {"preempt": True}
+    await asyncio.sleep(0.4)  # past the poll window, well within the timeout
+    await hub.tick()
+    assert stops(a, b) == [[], []]
+    await asyncio.sleep(0.7)
+    await hub.tick()
+    assert all(stops(a, b))
+
+
+async def test_a_trial_not_watching_its_signal_is_stopped_at_the_next_tick(
+    app: FastAPI, api: httpx.AsyncClient
+) -> None:
+    hub, a, b, experiment_id, allocation_id = await started_gang(app, api)
+    assert (await api.post(f"/api/v1/experiments/{experiment_id}/pause")).status_code == 200
+    await hub.tick()
+    stop_a, stop_b = stops(a, b)
+    assert [s.allocation_id for s in stop_a + stop_b] == [allocation_id] * 2
+
+
+async def test_a_kill_does_not_wait_for_a_watching_trial(
+    app: FastAPI, api: httpx.AsyncClient
+) -> None:
+    hub, a, b, experiment_id, allocation_id = await started_gang(app, api)
+    watcher = await long_poll(api, allocation_id)
+    assert (await api.post(f"/api/v1/experiments/{experiment_id}/pause")).status_code == 200
+    await hub.tick()
+    assert (await watcher).json() == {"preempt": True}
+    assert stops(a, b) == [[], []]
+    assert (await api.post(f"/api/v1/experiments/{experiment_id}/kill")).status_code == 200
+    await hub.tick()
+    assert all(stops(a, b))
+
+
+@pytest.mark.parametrize(
+    ("how", "after"),
+    [("pause", "STATE_PAUSED"), ("disable", "STATE_QUEUED")],
+)
+async def test_ranks_that_exit_0_when_asked_to_stop_have_not_completed(
+    app: FastAPI, api: httpx.AsyncClient, how: str, after: str
+) -> None:
+    hub, a, b, experiment_id, allocation_id = await started_gang(app, api)
+    if how == "pause":
+        reply = await api.post(f"/api/v1/experiments/{experiment_id}/pause")
+    else:  # an agent taken out of service asks its trials to stop and move elsewhere
+        reply = await api.post("/api/v1/agents/agent-b/disable", json={"drain": False})
+    assert reply.status_code == 200, reply.text
+    await api.post(f"/api/v1/allocations/{allocation_id}/signals/ack_preemption", json={})
+    await hub.tick()
+    assert stops(a, b) == [[], []]
+    # The trial saved a checkpoint and returned from training: exit code 0 on every rank.
+    for connection in (a, b):
+        await hub.on_message(connection, exited(allocation_id, pb.EXIT_KIND_COMPLETED))
+    trial = await trial_of(api, experiment_id)
+    assert (trial["state"], trial["restarts"]) == (after, 0)
+    experiment = (await api.get(f"/api/v1/experiments/{experiment_id}")).json()["experiment"]
+    assert experiment["state"] == ("STATE_PAUSED" if how == "pause" else "STATE_ACTIVE")
+
+
+async def report_training(
+    api: httpx.AsyncClient, trial_id: int, run_id: int, steps: int, headers: dict[str, str]
+) -> None:
+    body = {
+        "group": "training",
+        "metrics": {
+            "trialId": trial_id,
+            "trialRunId": run_id,
+            "stepsCompleted": steps,
+            "metrics": {"avgMetrics": {"loss": 1.0 / steps}, "batchMetrics": None},
+        },
+    }
+    reply = await api.post(f"/api/v1/trials/{trial_id}/metrics", json=body, headers=headers)
+    assert reply.status_code == 200, reply.text
+
+
+async def next_start(
+    app: FastAPI, hub: AgentHub, a: Connection, b: Connection
+) -> tuple[pb.StartAllocation, pb.StartAllocation]:
+    """Place the queued trial again and start its gang: each agent's StartAllocation."""
+    async with session_scope(app.state.session_factory) as session:
+        assert (await scheduler.run_pass(session, app.state.settings)).placed == 1
+    await hub.tick()
+    (prepare,) = of_kind(sent(a), "prepare")
+    await hub.on_message(
+        a,
+        pb.AgentMessage(
+            prepared=pb.AllocationPrepared(allocation_id=prepare.allocation_id, master_port=29501)
+        ),
+    )
+    (start_a,), (start_b,) = of_kind(sent(a), "start"), of_kind(sent(b), "start")
+    return start_a, start_b
+
+
+async def test_the_next_run_resumes_from_the_latest_checkpoint(
+    app: FastAPI, api: httpx.AsyncClient
+) -> None:
+    hub, a, b, experiment_id, allocation_id = await started_gang(app, api)
+    trial_id, run_id = (int(x) for x in allocation_id.split("."))
+    rank_auth = {"Authorization": api.headers["Authorization"]}
+    for steps in (10, 20, 30):
+        await report_training(api, trial_id, run_id, steps, rank_auth)
+    uuids = [str(uuid.uuid4()) for _ in range(2)]
+    for steps, checkpoint in zip((10, 20), uuids, strict=True):
+        body = {
+            "uuid": checkpoint,
+            "state": "STATE_COMPLETED",
+            "metadata": {"steps_completed": steps},
+            "resources": {"state.pt": "10"},
+            "allocationId": allocation_id,
+        }
+        reply = await api.post("/api/v1/checkpoints", json=body)
+        assert reply.status_code == 200, reply.text
+
+    await hub.on_message(b, exited(allocation_id, pb.EXIT_KIND_FAILED, "rank 1 exited with 1"))
+    await hub.on_message(a, exited(allocation_id, pb.EXIT_KIND_STOPPED))
+    assert (await trial_of(api, experiment_id))["state"] == "STATE_QUEUED"
+
+    start_a, start_b = await next_start(app, hub, a, b)
+    for start in (start_a, start_b):
+        assert start.env["DET_TRIAL_RUN_ID"] == str(run_id + 1)
+        assert start.env["DET_LATEST_CHECKPOINT"] == uuids[1]
+        assert start.env["DET_STEPS_COMPLETED"] == "20"
+    # What the failed run reported after its checkpoint belongs to a lost timeline.
+    metrics = (await api.get(f"/api/v1/trials/{trial_id}/metrics")).json()["metrics"]
+    assert [m["stepsCompleted"] for m in metrics] == [10, 20]
+    trial = await trial_of(api, experiment_id)
+    assert trial["totalBatchesProcessed"] == 20
+    assert trial["latestCheckpointUuid"] == uuids[1]
+    # The new run reports with its own token and run id; the old run's id is refused.
+    new_rank = {"Grpc-Metadata-x-allocation-token": f"Bearer {start_a.env['DET_SESSION_TOKEN']}"}
+    await report_training(api, trial_id, run_id + 1, 30, new_rank)
+    body = {
+        "group": "training",
+        "metrics": {
+            "trialId": trial_id,
+            "trialRunId": run_id,
+            "stepsCompleted": 40,
+            "metrics": {"avgMetrics": {"loss": 0.1}},
+        },
+    }
+    reply = await api.post(f"/api/v1/trials/{trial_id}/metrics", json=body, headers=new_rank)
+    assert reply.status_code == 400, reply.text
+
+
+async def test_a_fresh_run_of_a_trial_without_checkpoints_starts_from_zero(
+    app: FastAPI, api: httpx.AsyncClient
+) -> None:
+    hub, a, b, _, allocation_id = await started_gang(app, api)
+    trial_id, run_id = (int(x) for x in allocation_id.split("."))
+    await report_training(api, trial_id, run_id, 10, {})
+    await hub.on_message(b, exited(allocation_id, pb.EXIT_KIND_FAILED, "rank 1 exited with 1"))
+    await hub.on_message(a, exited(allocation_id, pb.EXIT_KIND_STOPPED))
+    start_a, start_b = await next_start(app, hub, a, b)
+    for start in (start_a, start_b):
+        assert "DET_LATEST_CHECKPOINT" not in start.env
+        assert start.env["DET_STEPS_COMPLETED"] == "0"
+    assert (await api.get(f"/api/v1/trials/{trial_id}/metrics")).json()["metrics"] == []
+
+
+async def test_a_warm_started_experiment_begins_from_its_source_checkpoint(
+    app: FastAPI, api: httpx.AsyncClient
+) -> None:
+    hub, a, b, experiment_id, allocation_id = await started_gang(app, api)
+    source = str(uuid.uuid4())
+    body = {
+        "uuid": source,
+        "metadata": {"steps_completed": 70},
+        "resources": {},
+        "allocationId": allocation_id,
+    }
+    assert (await api.post("/api/v1/checkpoints", json=body)).status_code == 200
+    await hub.on_message(a, exited(allocation_id, pb.EXIT_KIND_COMPLETED))
+    await hub.on_message(b, exited(allocation_id, pb.EXIT_KIND_COMPLETED))
+    assert (await trial_of(api, experiment_id))["state"] == "STATE_COMPLETED"
+
+    config = CONFIG.replace("metric: loss", f"metric: loss, source_checkpoint_uuid: '{source}'")
+    reply = await api.post("/api/v1/experiments", json={"config": config, "activate": True})
+    assert reply.status_code == 200, reply.text
+    start_a, start_b = await next_start(app, hub, a, b)
+    for start in (start_a, start_b):
+        assert start.env["DET_LATEST_CHECKPOINT"] == source
+        assert start.env["DET_STEPS_COMPLETED"] == "70"

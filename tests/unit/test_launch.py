@@ -163,3 +163,62 @@ def test_the_master_address_is_parsed_from_any_url(url: str, host: str, port: st
         device_type="cpu",
     )[0].env
     assert (env["DET_MASTER_HOST"], env["DET_MASTER_PORT"]) == (host, port)
+
+
+DETERMINISTIC = {
+    "PYTHONHASHSEED": "0",
+    "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+    "NCCL_ALGO": "Ring",
+    "NCCL_LAUNCH_MODE": "GROUP",
+}
+
+
+def test_deterministic_runs_get_the_variables_that_must_be_set_before_start() -> None:
+    config: dict[str, object] = {
+        **CONFIG,
+        "reproducibility": {"deterministic": True, "experiment_seed": 1},
+    }
+    for env in (x.env for x in launches([GangMember("a", (0,)), GangMember("b", (0,))], config)):
+        assert {k: env.get(k) for k in DETERMINISTIC} == DETERMINISTIC
+
+
+@pytest.mark.parametrize("reproducibility", [None, {}, {"deterministic": False}])
+def test_other_runs_get_none_of_them(reproducibility: object) -> None:
+    config: dict[str, object] = {**CONFIG, "reproducibility": reproducibility}
+    env = launches([GangMember("a", (0,))], config)[0].env
+    assert not DETERMINISTIC.keys() & env.keys()
+
+
+def test_the_users_own_variables_win_over_the_deterministic_ones() -> None:
+    config: dict[str, object] = {
+        **CONFIG,
+        "reproducibility": {"deterministic": True},
+        "environment": {"environment_variables": ["PYTHONHASHSEED=42", "NCCL_ALGO=Tree"]},
+    }
+    env = launches([GangMember("a", (0,))], config)[0].env
+    assert (env["PYTHONHASHSEED"], env["NCCL_ALGO"]) == ("42", "Tree")
+    assert env["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8" and env["NCCL_LAUNCH_MODE"] == "GROUP"
+
+
+def test_a_fresh_run_names_no_checkpoint() -> None:
+    for env in (x.env for x in launches([GangMember("a", (0,)), GangMember("b", (0,))])):
+        assert "DET_LATEST_CHECKPOINT" not in env
+        assert env["DET_STEPS_COMPLETED"] == "0"
+
+
+def test_a_resumed_run_names_its_checkpoint_and_steps_on_every_agent() -> None:
+    trial = TrialInfo(
+        **{**TRIAL.__dict__, "latest_checkpoint": "0f5e3a1c-uuid", "steps_completed": 40}
+    )
+    out = launch.build_launches(
+        [GangMember("a", (0,)), GangMember("b", (0,))],
+        trial,
+        RENDEZVOUS,
+        master_url="http://198.18.0.1:8080",
+        cluster_id="cluster",
+        master_id="master",
+        device_type="cpu",
+    )
+    for env in (x.env for x in out):
+        assert env["DET_LATEST_CHECKPOINT"] == "0f5e3a1c-uuid"
+        assert env["DET_STEPS_COMPLETED"] == "40"
