@@ -63,7 +63,6 @@ import json
 import logging
 import os
 import random
-import signal
 import socket
 import sqlite3
 import subprocess
@@ -82,7 +81,15 @@ import httpx
 import psutil
 from sqlalchemy import func, select
 
-from benchmarks.common import host_facts, percentile, progress, ratio, seconds_since_start
+from benchmarks.common import (
+    host_facts,
+    log_tail,
+    percentile,
+    progress,
+    ratio,
+    seconds_since_start,
+    stop_process,
+)
 from master.db.migrate import upgrade_to_head
 from master.db.models import AgentMetricModel
 from master.db.session import create_engine, create_session_factory, session_scope
@@ -528,20 +535,10 @@ class Master:
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_process(proc)
 
     def tail(self, chars: int = 4000) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-chars:]
-        except OSError:
-            return "(no master log)"
+        return log_tail(self.log, chars)
 
 
 @contextlib.asynccontextmanager

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import os
 import platform
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -73,3 +75,22 @@ def host_facts(packages: Sequence[str]) -> dict[str, Any]:
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
         "libraries": libraries,
     }
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, grace_s: float = 20.0) -> None:
+    """SIGTERM, then SIGKILL after `grace_s`: how every benchmark ends its subprocesses."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def log_tail(log: Path, chars: int = 4000) -> str:
+    try:
+        return log.read_text(errors="replace")[-chars:]
+    except OSError:
+        return f"(no {log.name})"

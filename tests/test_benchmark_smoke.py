@@ -68,3 +68,20 @@ def test_quick_heartbeat_benchmark_loses_nothing_and_detects_the_silent_agent() 
     naive = report["persistence_naive_vs_ours"]
     for variant in ("naive_one_transaction_per_heartbeat", "ours_buffer_and_bulk_insert"):
         assert naive[variant]["rows_stored"] == naive["heartbeats"]
+
+
+@pytest.mark.e2e
+def test_quick_trial_runtime_benchmark_starts_every_rank_and_times_each_loop() -> None:
+    report = run_quick("bench_trial_runtime")
+    params, launch = report["parameters"], report["launch_latency"]
+    for variant in ("ours_woken_on_submit", "naive_periodic_pass_only"):
+        runs = launch[variant]["runs"]
+        assert len(runs) == params["experiments"]
+        assert all(
+            r["post_reply_s"] > 0 and 0 < r["first_rank_s"] <= r["every_rank_s"] for r in runs
+        )
+    for kind in ("sleep", "cpu"):
+        loop = report["step_overhead"][kind]
+        assert loop["steps_per_variant"] == params["steps"]
+        for variant in ("library", "library_to_stub_server", "naive_sync_http"):
+            assert loop[variant]["calls_on_loop_thread_mean_us"] > 0

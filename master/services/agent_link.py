@@ -102,6 +102,7 @@ class Gang:
     started: set[str] = field(default_factory=set)
     exits: dict[str, pb.AllocationExited] = field(default_factory=dict)
     failure: str = ""
+    failure_at: float | None = None  # when the first rank failure was reported (monotonic)
     stop_sent: bool = False
     # When the hub first saw the master wants the ranks to stop on their own (monotonic).
     preempt_seen_at: float | None = None
@@ -471,6 +472,7 @@ class AgentHub:
             )
             if exited.kind == pb.EXIT_KIND_FAILED and not gang.failure:
                 gang.failure = f"agent {agent_id}: {exited.message or 'a rank failed'}"
+                gang.failure_at = time.monotonic()
             if gang.failure and not gang.stop_sent:
                 self._send_stop(session, gang, f"stopping the gang: {gang.failure}")
             if set(gang.exits) >= set(gang.agent_ids):
@@ -719,11 +721,24 @@ class AgentHub:
                 )
 
     async def _fail_gang(
-        self, session: AsyncSession, allocation_id: str, outcome: ReleaseOutcome, message: str
+        self,
+        session: AsyncSession,
+        allocation_id: str,
+        outcome: ReleaseOutcome,
+        message: str,
+        *,
+        lost_silent_since: float | None = None,
     ) -> None:
-        """Stop whatever still runs of the gang and release the allocation at once."""
+        """Stop whatever still runs of the gang and release the allocation at once.
+
+        `lost_silent_since`: when the lost agent was last heard from. A rank failing after
+        that failed because its peer vanished (its collective broke): not the trial's fault.
+        """
         gang = self.gangs.get(allocation_id) or await self._gang_from_db(session, allocation_id)
-        if gang.failure and outcome == ReleaseOutcome.AGENT_LOST:
+        failed_first = gang.failure_at is not None and (
+            lost_silent_since is None or gang.failure_at < lost_silent_since
+        )
+        if gang.failure and outcome == ReleaseOutcome.AGENT_LOST and failed_first:
             # A rank had already failed on its own: that is what counts against max_restarts.
             outcome, message = ReleaseOutcome.FAILED, gang.failure
         gang.failure = gang.failure or message
@@ -755,8 +770,8 @@ class AgentHub:
                     now - connection.last_heartbeat,
                 )
                 self.close(connection)
-        lost = [a for a, since in self.absent_since.items() if now - since > window]
-        for agent_id in lost:
+        lost = [(a, since) for a, since in self.absent_since.items() if now - since > window]
+        for agent_id, silent_since in lost:
             async with self._transaction() as session:
                 held = await _held_on_agent(session, agent_id)
                 for allocation_id in held:
@@ -765,6 +780,7 @@ class AgentHub:
                         allocation_id,
                         ReleaseOutcome.AGENT_LOST,
                         f"agent {agent_id} lost (no heartbeat for {window:.0f}s)",
+                        lost_silent_since=silent_since,
                     )
                 if await session.get(AgentModel, agent_id) is not None:
                     await agent_service.set_connected(session, agent_id, False)

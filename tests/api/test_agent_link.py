@@ -4,6 +4,7 @@ with the protocol's own messages, without sockets (the e2e tests run it over rea
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -416,3 +417,36 @@ async def test_a_warm_started_experiment_begins_from_its_source_checkpoint(
     for start in (start_a, start_b):
         assert start.env["DET_LATEST_CHECKPOINT"] == source
         assert start.env["DET_STEPS_COMPLETED"] == "70"
+
+
+async def pass_the_lost_window(hub: AgentHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every absent agent's reconnect window runs out (a short window, really waited)."""
+    monkeypatch.setattr(hub.link, "lost_after_s", 0.05)
+    await asyncio.sleep(0.1)
+    await hub.tick()
+
+
+async def test_a_rank_that_fails_because_its_peer_vanished_costs_no_restart(
+    app: FastAPI, api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hub, a, b, experiment_id, allocation_id = await started_gang(app, api)
+    hub.close(b)  # agent-b dies (kill -9): its stream ends first ...
+    # ... then agent-a's rank dies on the broken collective.
+    await hub.on_message(a, exited(allocation_id, pb.EXIT_KIND_FAILED, "rank 0 exited with 1"))
+    await pass_the_lost_window(hub, monkeypatch)
+    trial = await trial_of(api, experiment_id)
+    assert trial["state"] == "STATE_QUEUED"
+    assert trial["restarts"] == 0  # the lost agent, not the trial, ended the run
+
+
+async def test_a_rank_that_failed_before_its_peer_was_lost_still_counts(
+    app: FastAPI, api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hub, a, b, experiment_id, allocation_id = await started_gang(app, api)
+    await hub.on_message(a, exited(allocation_id, pb.EXIT_KIND_FAILED, "rank 0 exited with 1"))
+    b.last_heartbeat = time.monotonic()  # agent-b was still heard from after the failure
+    hub.close(b)
+    await pass_the_lost_window(hub, monkeypatch)
+    trial = await trial_of(api, experiment_id)
+    assert trial["state"] == "STATE_QUEUED"
+    assert trial["restarts"] == 1
