@@ -85,6 +85,15 @@ async def _db_error(request: Request, exc: Exception) -> JSONResponse:
     if isinstance(exc, DataError):
         log.warning("value out of range for the database: %s", exc)
         return error_response(400, 3, "a value is out of range for the database", [])
+    orig = getattr(exc, "orig", None)
+    sqlstate = str(getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None) or "")
+    if sqlstate.startswith("22"):
+        # Postgres's "data exception" class, which asyncpg does not map to DataError: a text
+        # with a NUL character, or one the database encoding cannot hold.
+        log.warning("value the database cannot hold: %s", exc)
+        return error_response(
+            400, 3, "a text value cannot be stored (NUL characters are not allowed)", []
+        )
     if isinstance(exc, OperationalError) or getattr(exc, "connection_invalidated", False):
         log.warning("database unavailable: %s", exc)
         return error_response(503, 14, "the database is unavailable or busy; retry shortly", [])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -77,3 +78,15 @@ async def test_random_template_bodies(api: httpx.AsyncClient, config: Any) -> No
 async def test_random_create_bodies(api: httpx.AsyncClient, body: Any) -> None:
     reply = await api.post("/api/v1/experiments", json=body)
     assert reply.status_code < 500, reply.text
+
+
+@pytest.mark.parametrize(
+    "path", ["/api/v1/agents/a%00b", "/api/v1/templates/a%00b", "/api/v1/checkpoints/a%00b"]
+)
+async def test_a_nul_character_is_a_400_on_both_databases(
+    api: httpx.AsyncClient, path: str
+) -> None:
+    reply = await api.get(path)
+    # SQLite stores NUL and simply finds nothing; Postgres cannot hold it: never a 500.
+    assert reply.status_code in (400, 404), reply.text
+    assert reply.json()["code"] in (3, 5)
