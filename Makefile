@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PORT ?= 8080
 DATA_DIR ?= data
 
-.PHONY: install run migrate test lint pytest official-client postgres clean
+.PHONY: install run migrate test lint pytest official-client postgres chromium clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,13 +38,24 @@ migrate: install
 postgres:
 	bash scripts/ensure-postgres.sh
 
+# The dashboard's browser tests drive Debian's chromium through Playwright; no browser is
+# ever downloaded. Installed only when missing, and only as root.
+chromium:
+	@if ! which chromium >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+		else \
+			echo "chromium: missing and not root; the browser tests skip (and fail under CI=true)"; \
+		fi; \
+	fi
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	PYTHON=$(BIN)/python bash scripts/gen-protos.sh --check
 
-pytest: install official-client postgres
+pytest: install official-client postgres chromium
 	DET_OFFICIAL_CLIENT=$(abspath $(DET_VENV))/bin/det $(BIN)/pytest
 
 test: lint pytest

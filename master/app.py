@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from master import web
 from master.api.errors import error_response, install_error_handlers
 from master.api.routes import (
     auth,
@@ -172,6 +173,8 @@ def create_app(settings: MasterSettings) -> FastAPI:
     app.state.preemption = PreemptionSignals()
     for module in (info, auth, workspaces, templates, experiments, trials, cluster, logs):
         app.include_router(module.router)
+    web.mount_static(app)
+    app.include_router(web.router)
     return app
 
 

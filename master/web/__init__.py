@@ -1,0 +1,52 @@
+"""The web dashboard det-master serves under /ui: Jinja2 pages, htmx partial refresh and
+uPlot charts (vendored under static/vendor), built on the same services as the REST API."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, FastAPI, Request, Response
+from starlette.exceptions import HTTPException
+
+from master.web import auth, cluster, config_templates, experiments, tasks
+from master.web.common import (
+    STATIC_DIR,
+    STATIC_PREFIX,
+    CachedStaticFiles,
+    page_response,
+    redirect,
+)
+
+router = APIRouter(include_in_schema=False)
+for _module in (auth, cluster, experiments, tasks, config_templates):
+    router.include_router(_module.router)
+
+
+@router.get("/")
+async def root(request: Request) -> Response:
+    """Browsers land on the dashboard; API clients keep the API's 404 for `/`."""
+    if "text/html" in request.headers.get("accept", ""):
+        return redirect("/ui/")
+    raise HTTPException(status_code=404, detail="Not Found")
+
+
+@router.get("/ui")
+async def ui_root() -> Response:
+    return redirect("/ui/")
+
+
+@router.get("/ui/{rest:path}")
+async def unknown_page(request: Request, rest: str) -> Response:
+    """Registered last: a mistyped dashboard URL gets a page, not the API's JSON 404."""
+    return page_response(
+        request,
+        "error.html",
+        {"status": 404, "message": f"no page at /ui/{rest}", "details": []},
+        status=404,
+    )
+
+
+def mount_static(app: FastAPI) -> None:
+    """Mount before including `router`, whose catch-all would otherwise shadow the files."""
+    app.mount(STATIC_PREFIX, CachedStaticFiles(directory=STATIC_DIR), name="ui-static")
+
+
+__all__ = ["mount_static", "router"]

@@ -1,0 +1,190 @@
+"""Config templates: list, view, create, edit and delete, validated by the template service
+exactly as the API validates them; each problem is shown beside the field it concerns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Query, Request, Response
+
+from master.api.deps import SessionDep
+from master.core.expconf import parse_yaml
+from master.errors import AlreadyExists, InvalidArgument, MasterError
+from master.services import templates
+from master.services.configs import config_errors_as_invalid_argument
+from master.web.common import (
+    PagingDep,
+    WebRoute,
+    WebSession,
+    WebSessionDep,
+    checked_form,
+    page_links,
+    page_response,
+    redirect,
+    to_yaml,
+)
+
+router = APIRouter(route_class=WebRoute)
+
+# Template names start with a letter or digit, so no template can be called "_new".
+NEW_PATH = "/ui/templates/_new"
+NOTICES = {"deleted": "Template deleted.", "saved": "Template saved."}
+EXAMPLE = """\
+description: shared settings
+resources:
+  slots_per_trial: 1
+"""
+
+
+@dataclass
+class FieldErrors:
+    """Problems by form field: `name`, or `config` with one line per config path."""
+
+    name: str | None = None
+    config: list[dict[str, str]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.name or self.config)
+
+
+def _config_problems(exc: MasterError) -> list[dict[str, str]]:
+    if exc.details:
+        return [
+            {"path": str(d.get("path") or "(document)"), "message": str(d.get("message", ""))}
+            for d in exc.details
+        ]
+    return [{"path": "(document)", "message": exc.message}]
+
+
+def _parse(text: str) -> dict[str, Any]:
+    with config_errors_as_invalid_argument("template config"):
+        return parse_yaml(text)
+
+
+@router.get("/ui/templates")
+async def templates_page(
+    request: Request,
+    session: SessionDep,
+    web: WebSessionDep,
+    paged: PagingDep,
+    name: Annotated[str, Query(max_length=256)] = "",
+    notice: str = "",
+) -> Response:
+    rows, total = await templates.list_templates(
+        session, offset=paged.offset, limit=paged.per_page, name=name.strip() or None
+    )
+    context = {
+        "nav": "templates",
+        "rows": rows,
+        "name": name,
+        "notice": NOTICES.get(notice),
+        "pager": page_links("/ui/templates", paged, total, len(rows), {"name": name}),
+    }
+    return page_response(request, "templates.html", context, web=web)
+
+
+def _form_page(
+    request: Request,
+    web: WebSession,
+    *,
+    creating: bool,
+    name: str,
+    text: str,
+    errors: FieldErrors | None = None,
+    notice: str | None = None,
+) -> Response:
+    context = {
+        "nav": "templates",
+        "creating": creating,
+        "name": name,
+        "text": text,
+        "errors": errors or FieldErrors(),
+        "notice": notice,
+        "action": NEW_PATH if creating else f"/ui/templates/{quote(name, safe='')}",
+    }
+    return page_response(request, "template_form.html", context, web=web)
+
+
+@router.get(NEW_PATH)
+async def new_template_page(request: Request, web: WebSessionDep) -> Response:
+    return _form_page(request, web, creating=True, name="", text=EXAMPLE)
+
+
+@router.post(NEW_PATH)
+async def create_template(request: Request, session: SessionDep, web: WebSessionDep) -> Response:
+    form = await checked_form(request, web)
+    name, text = form.get("name").strip(), form.get("config")
+    errors = FieldErrors()
+    try:
+        templates.check_template_name(name)
+    except InvalidArgument as exc:
+        errors.name = exc.message
+    config: dict[str, Any] | None = None
+    try:
+        config = _parse(text)
+        templates.check_template_config(config)
+    except InvalidArgument as exc:
+        errors.config = _config_problems(exc)
+    if not errors and config is not None:
+        try:
+            await templates.create_template(session, name, config, None)
+        except AlreadyExists as exc:
+            errors.name = exc.message
+        except InvalidArgument as exc:
+            errors.config = _config_problems(exc)
+    if errors:
+        await session.rollback()
+        return _form_page(request, web, creating=True, name=name, text=text, errors=errors)
+    return redirect(f"/ui/templates/{quote(name, safe='')}?notice=saved")
+
+
+@router.get("/ui/templates/{name}")
+async def template_page(
+    request: Request, name: str, session: SessionDep, web: WebSessionDep, notice: str = ""
+) -> Response:
+    row = await templates.get_template(session, name)
+    return _form_page(
+        request,
+        web,
+        creating=False,
+        name=row.name,
+        text=to_yaml(row.config),
+        notice=NOTICES.get(notice),
+    )
+
+
+@router.post("/ui/templates/{name}")
+async def edit_template(
+    request: Request, name: str, session: SessionDep, web: WebSessionDep
+) -> Response:
+    form = await checked_form(request, web)
+    await templates.get_template(session, name)  # a 404 page for a template deleted meanwhile
+    text = form.get("config")
+    try:
+        await templates.replace_template_config(session, name, _parse(text))
+    except InvalidArgument as exc:
+        await session.rollback()
+        errors = FieldErrors(config=_config_problems(exc))
+        return _form_page(request, web, creating=False, name=name, text=text, errors=errors)
+    return redirect(f"/ui/templates/{quote(name, safe='')}?notice=saved")
+
+
+@router.get("/ui/templates/{name}/delete")
+async def confirm_delete_page(
+    request: Request, name: str, session: SessionDep, web: WebSessionDep
+) -> Response:
+    row = await templates.get_template(session, name)
+    return page_response(
+        request, "template_delete.html", {"nav": "templates", "name": row.name}, web=web
+    )
+
+
+@router.post("/ui/templates/{name}/delete")
+async def delete_template(
+    request: Request, name: str, session: SessionDep, web: WebSessionDep
+) -> Response:
+    await checked_form(request, web)
+    await templates.delete_template(session, name)
+    return redirect("/ui/templates?notice=deleted")

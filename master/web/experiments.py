@@ -1,0 +1,382 @@
+"""Experiments: the sortable list, one experiment's page, its actions, and the JSON feeds its
+charts and log view poll (trial metrics, trial logs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from master.api.deps import MAX_INT, ObjectId, SessionDep
+from master.core.errors import ConfigError
+from master.core.expconf import parse_yaml
+from master.db.models import ExperimentState, TrialModel, TrialState
+from master.errors import InvalidArgument, MasterError
+from master.services import experiments, logs, trial_reports
+from master.services.experiments import ExperimentView
+from master.services.logs import LogFilter
+from master.web.common import (
+    Paging,
+    PagingDep,
+    WebRoute,
+    WebSession,
+    WebSessionDep,
+    checked_form,
+    is_htmx,
+    json_response,
+    page_links,
+    page_response,
+    paging_by,
+    redirect,
+    slice_page,
+    to_yaml,
+)
+
+router = APIRouter(route_class=WebRoute)
+
+SORTS = {
+    "id": "SORT_BY_ID",
+    "name": "SORT_BY_NAME",
+    "state": "SORT_BY_STATE",
+    "started": "SORT_BY_START_TIME",
+}
+SortKey = Literal["id", "name", "state", "started"]
+Order = Literal["asc", "desc"]
+TRIALS_PER_PAGE = 25
+CHECKPOINTS_PER_PAGE = 20
+MAX_CHART_SERIES = 8
+MAX_LOG_LINES = 1000
+MAX_RANK_CHOICES = 64
+
+
+# -- the list ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ListParams:
+    sort: SortKey
+    order: Order
+    state: ExperimentState | None
+    name: str
+
+    def query(self) -> dict[str, str]:
+        return {
+            "sort": self.sort,
+            "order": self.order,
+            "state": self.state.value if self.state else "",
+            "name": self.name,
+        }
+
+
+def list_params(
+    sort: SortKey = "id",
+    order: Order | None = None,
+    state: ExperimentState | None = None,
+    name: Annotated[str, Query(max_length=256)] = "",
+) -> ListParams:
+    # Newest first by id and start time; names and states read best A to Z.
+    default: Order = "desc" if sort in ("id", "started") else "asc"
+    return ListParams(sort, order or default, state, name.strip())
+
+
+@router.get("/ui/experiments")
+async def experiments_page(
+    request: Request,
+    session: SessionDep,
+    web: WebSessionDep,
+    paged: PagingDep,
+    params: Annotated[ListParams, Depends(list_params)],
+) -> Response:
+    views, total = await experiments.list_experiments(
+        session,
+        offset=paged.offset,
+        limit=paged.per_page,
+        states_filter=[params.state] if params.state else (),
+        name=params.name or None,
+        sort_by=SORTS[params.sort],
+        descending=params.order == "desc",
+    )
+    context = {
+        "nav": "experiments",
+        "rows": views,
+        "params": params,
+        "states": list(ExperimentState),
+        "pager": page_links("/ui/experiments", paged, total, len(views), params.query()),
+        "per_page": paged.per_page,
+        "sort_url": lambda key: _sort_url(params, paged, key),
+    }
+    template = "experiments_table.html" if is_htmx(request) else "experiments.html"
+    return page_response(request, template, context, web=web)
+
+
+def _sort_url(params: ListParams, paged: Paging, key: str) -> str:
+    if params.sort == key:
+        order = "desc" if params.order == "asc" else "asc"
+    else:
+        order = "desc" if key in ("id", "started") else "asc"
+    query = {**params.query(), "sort": key, "order": order, "per_page": str(paged.per_page)}
+    return "/ui/experiments?" + urlencode({k: v for k, v in query.items() if v})
+
+
+def slots_of(view: ExperimentView) -> Any:
+    return (view.experiment.config.get("resources") or {}).get("slots_per_trial", 1)
+
+
+# -- one experiment ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    key: str
+    source: str  # template | config | template + config | default
+    text: str
+
+
+def config_sources(view: ExperimentView) -> list[ConfigKey]:
+    """Each top-level key of the effective config and where it came from."""
+    row = view.experiment
+    try:
+        submitted: dict[str, Any] = parse_yaml(row.original_config)
+    except ConfigError:
+        submitted = {}
+    template = row.template_config or {}
+    keys = []
+    for key, value in row.config.items():
+        in_template, in_config = key in template, key in submitted
+        if in_template and in_config:
+            source = "template + config"
+        elif in_template:
+            source = "template"
+        elif in_config:
+            source = "config"
+        else:
+            source = "default"  # filled in by the master: defaults, storage, seed, pool
+        keys.append(ConfigKey(key, source, to_yaml(value)))
+    return keys
+
+
+async def _live_context(
+    session: AsyncSession, experiment_id: int, trials_page: int, selected: int | None
+) -> dict[str, Any]:
+    view = await experiments.get_experiment(session, experiment_id)
+    paged = Paging(trials_page, TRIALS_PER_PAGE)
+    rows, total = await experiments.list_trials(
+        session, experiment_id, offset=paged.offset, limit=paged.per_page
+    )
+    reasons = await experiments.pending_reasons(session, [r.id for r in rows])
+    summaries = await trial_reports.trial_summaries(session, rows, view.experiment.config)
+    metric, _smaller = trial_reports.searcher_metric(view.experiment.config)
+    state = ExperimentState(view.experiment.state)
+    return {
+        "view": view,
+        "state": state,
+        "trials": rows,
+        "reasons": reasons,
+        "summaries": summaries,
+        "metric": metric,
+        "selected": selected if selected is not None else (rows[0].id if rows else None),
+        "trials_page": trials_page,
+        "trials_pager": page_links(
+            f"/ui/experiments/{experiment_id}", paged, total, len(rows), {"trial": selected}
+        ),
+        "polling": not state.is_terminal,
+        "actions": {
+            "pause": state == ExperimentState.ACTIVE,
+            "activate": state == ExperimentState.PAUSED,
+            "kill": not state.is_terminal,
+        },
+    }
+
+
+async def _selected_trial(
+    session: AsyncSession, experiment_id: int, trial_id: int | None
+) -> TrialModel | None:
+    if trial_id is None:
+        return None
+    trial = await experiments.get_trial(session, trial_id)
+    if trial.experiment_id != experiment_id:
+        raise InvalidArgument(
+            f"trial: trial {trial_id} is not a trial of experiment {experiment_id}"
+        )
+    return trial
+
+
+TrialsPage = Annotated[int, Query(ge=1, le=MAX_INT // TRIALS_PER_PAGE)]
+SelectedTrial = Annotated[int | None, Query(ge=0, le=MAX_INT)]
+CheckpointPaging = Annotated[Paging, Depends(paging_by(CHECKPOINTS_PER_PAGE))]
+
+
+async def _experiment_context(
+    session: AsyncSession,
+    experiment_id: int,
+    trials_page: int,
+    trial: int | None,
+    checkpoints_paged: Paging,
+) -> dict[str, Any]:
+    selected = await _selected_trial(session, experiment_id, trial)
+    live = await _live_context(
+        session, experiment_id, trials_page, selected.id if selected else None
+    )
+    view: ExperimentView = live["view"]
+    best = await trial_reports.best_validation_metric(session, view.experiment)
+    checkpoints = await trial_reports.list_checkpoints(session, experiment_id=experiment_id)
+    shown = slice_page(checkpoints, checkpoints_paged)
+    slots = slots_of(view)
+    ranks = range(min(max(int(slots) if isinstance(slots, int) else 1, 1), MAX_RANK_CHOICES))
+    return {
+        **live,
+        "nav": "experiments",
+        "best": best,
+        "config_keys": config_sources(view),
+        "checkpoints": shown,
+        "checkpoints_pager": page_links(
+            f"/ui/experiments/{experiment_id}",
+            checkpoints_paged,
+            len(checkpoints),
+            len(shown),
+            {"trial": trial, "trials_page": trials_page},
+        ),
+        "ranks": ranks,
+    }
+
+
+@router.get("/ui/experiments/{experiment_id}")
+async def experiment_page(
+    request: Request,
+    experiment_id: ObjectId,
+    session: SessionDep,
+    web: WebSessionDep,
+    checkpoints_paged: CheckpointPaging,
+    trials_page: TrialsPage = 1,
+    trial: SelectedTrial = None,
+) -> Response:
+    context = await _experiment_context(
+        session, experiment_id, trials_page, trial, checkpoints_paged
+    )
+    return page_response(request, "experiment.html", context, web=web)
+
+
+@router.get("/ui/experiments/{experiment_id}/live")
+async def experiment_live(
+    request: Request,
+    experiment_id: ObjectId,
+    session: SessionDep,
+    web: WebSessionDep,
+    trials_page: TrialsPage = 1,
+    trial: SelectedTrial = None,
+) -> Response:
+    """The part of the page that changes while trials run: state, actions, trials."""
+    selected = await _selected_trial(session, experiment_id, trial)
+    context = await _live_context(
+        session, experiment_id, trials_page, selected.id if selected else None
+    )
+    return page_response(request, "experiment_live.html", context, web=web)
+
+
+Action = Literal["kill", "pause", "activate"]
+_ACTIONS = {
+    "kill": experiments.kill_experiment,
+    "pause": experiments.pause_experiment,
+    "activate": experiments.activate_experiment,
+}
+
+
+@router.post("/ui/experiments/{experiment_id}/{action}")
+async def experiment_action(
+    request: Request,
+    experiment_id: ObjectId,
+    action: Action,
+    session: SessionDep,
+    web: WebSessionDep,
+) -> Response:
+    await checked_form(request, web)
+    try:
+        await _ACTIONS[action](session, experiment_id, web.username)
+    except MasterError as exc:
+        await session.rollback()
+        return await _page_with_error(request, session, web, experiment_id, exc)
+    return redirect(f"/ui/experiments/{experiment_id}")
+
+
+async def _page_with_error(
+    request: Request, session: AsyncSession, web: WebSession, experiment_id: int, exc: MasterError
+) -> Response:
+    context = await _experiment_context(
+        session, experiment_id, 1, None, Paging(1, CHECKPOINTS_PER_PAGE)
+    )
+    context["error"] = exc.message
+    return page_response(request, "experiment.html", context, web=web)
+
+
+# -- feeds the page polls ----------------------------------------------------------------
+
+
+@router.get("/ui/trials/{trial_id}/metrics.json")
+async def trial_metrics(trial_id: ObjectId, session: SessionDep, _web: WebSessionDep) -> Response:
+    """Training and validation metrics by step, one aligned series per metric name."""
+    trial = await experiments.get_trial(session, trial_id)
+    rows = await trial_reports.metric_rows(
+        session, trial_id, (trial_reports.TRAINING, trial_reports.VALIDATION)
+    )
+    groups: dict[str, dict[str, Any]] = {}
+    for group in (trial_reports.TRAINING, trial_reports.VALIDATION):
+        picked = [r for r in rows if r.group_name == group]
+        names = sorted(
+            {
+                k
+                for r in picked
+                for k, v in r.metrics.items()
+                if trial_reports.numeric(v) is not None
+            }
+        )[:MAX_CHART_SERIES]
+        groups[group] = {
+            "steps": [r.steps_completed for r in picked],
+            "series": {
+                name: [_finite(trial_reports.numeric(r.metrics.get(name))) for r in picked]
+                for name in names
+            },
+        }
+    return json_response(
+        {"trialId": trial.id, "final": TrialState(trial.state).is_terminal, "groups": groups}
+    )
+
+
+def _finite(value: float | None) -> float | None:
+    # NaN and infinities are not JSON; the chart shows a gap instead.
+    return value if value is not None and abs(value) != float("inf") and value == value else None
+
+
+@router.get("/ui/trials/{trial_id}/logs.json")
+async def trial_logs(
+    trial_id: ObjectId,
+    session: SessionDep,
+    _web: WebSessionDep,
+    after: int | None = Query(None, ge=0, le=2**63 - 1),
+    rank: int | None = Query(None, ge=0, le=MAX_INT),
+    limit: int = Query(500, ge=1, le=MAX_LOG_LINES),
+) -> Response:
+    """Lines after `after` (a line id), oldest first; `finished` once no more can come."""
+    target = await logs.get_trial_target(session, trial_id)
+    # Read the state first: a line stored before the trial ended is then in this batch.
+    finished = await logs.is_finished(session, target)
+    where = LogFilter(rank_ids=(rank,) if rank is not None else ())
+    rows = await logs.read_logs(session, target, where, after_id=after, limit=limit)
+    return json_response(
+        {
+            "lines": [
+                {
+                    "id": r.id,
+                    "rank": r.rank,
+                    "stdtype": r.stdtype,
+                    "time": r.timestamp.isoformat().replace("+00:00", "Z"),
+                    "message": r.message.removesuffix("\n"),
+                }
+                for r in rows
+            ],
+            "last": rows[-1].id if rows else after,
+            "finished": finished and len(rows) < limit,
+        }
+    )

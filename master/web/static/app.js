@@ -1,0 +1,333 @@
+// resolute dashboard: live charts (uPlot), the log view, and small form helpers.
+// Pages work without this file except for charts and logs; htmx does the table refreshes.
+(function () {
+  "use strict";
+
+  var PALETTE = ["#2f6fab", "#c2410c", "#0f766e", "#7c3aed", "#b91c1c", "#a16207", "#475569", "#db2777"];
+  var GIB = Math.pow(2, 30);
+  var AGENT_WINDOW = 300; // samples: five minutes at one a second
+  var POLL_MS = 3000;
+  var allPlots = []; // every chart drawn, resized with the window
+
+  function fetchJson(url) {
+    return fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } }).then(
+      function (reply) {
+        if (reply.status === 401) {
+          // The session ended: the page itself redirects to the sign-in form.
+          window.location.reload();
+          throw new Error("signed out");
+        }
+        if (!reply.ok) throw new Error(url + ": " + reply.status);
+        return reply.json();
+      }
+    );
+  }
+
+  function axisFont(el) {
+    return (el.classList.contains("small") ? "10px" : "11px") + " system-ui, sans-serif";
+  }
+
+  function chartWidth(el) {
+    return Math.max(120, Math.floor(el.getBoundingClientRect().width || el.parentNode.clientWidth || 300));
+  }
+
+  function makePlot(el, series, height, yRange, xIsTime) {
+    var font = axisFont(el);
+    var opts = {
+      width: chartWidth(el),
+      height: height,
+      cursor: { drag: { x: false, y: false } },
+      legend: { live: false },
+      scales: { x: { time: xIsTime }, y: { range: yRange } },
+      axes: [
+        { font: font, size: xIsTime ? 44 : 30, ticks: { size: 3 }, stroke: "#5b6570", grid: { stroke: "#eef1f4" } },
+        { font: font, size: 40, ticks: { size: 3 }, stroke: "#5b6570", grid: { stroke: "#eef1f4" } },
+      ],
+      series: [{}].concat(
+        series.map(function (label, i) {
+          return { label: label, stroke: PALETTE[i % PALETTE.length], width: 1.5, spanGaps: true, points: { show: false } };
+        })
+      ),
+    };
+    var empty = [[]].concat(series.map(function () { return []; }));
+    el.replaceChildren();
+    var plot = new uPlot(opts, empty, el);
+    allPlots.push(plot);
+    return plot;
+  }
+
+  function fromZero(u, min, max) {
+    // Whole numbers at the top, so the axis always labels more than its zero.
+    return [0, Math.max(1, Math.ceil(max * 1.2))];
+  }
+
+  // -- agent utilisation charts (cluster page) ---------------------------------------------
+
+  var agentCharts = {}; // "kind|agent" -> {plot, data}
+  var agentLast = {}; // agent -> newest unix millis drawn
+  var agentTimer = null;
+
+  function agentSeries(kind, gpus) {
+    if (kind === "agent-util") return gpus > 0 ? ["CPU %", "GPU %"] : ["CPU %"];
+    return gpus > 0 ? ["host", "GPU"] : ["host"];
+  }
+
+  function attachAgentCharts() {
+    var els = document.querySelectorAll(".chart[data-chart^='agent-']");
+    els.forEach(function (el) {
+      var kind = el.dataset.chart;
+      var gpus = parseInt(el.dataset.gpus || "0", 10);
+      var key = kind + "|" + el.dataset.agent;
+      var chart = agentCharts[key];
+      if (chart && chart.gpus === gpus) {
+        // htmx replaced the card: move the live chart into the new placeholder.
+        if (chart.plot.root.parentNode !== el) el.replaceChildren(chart.plot.root);
+      } else {
+        var range = kind === "agent-util" ? [0, 100] : fromZero;
+        var series = agentSeries(kind, gpus);
+        chart = { gpus: gpus, plot: makePlot(el, series, 110, range, true), data: [[]].concat(series.map(function () { return []; })) };
+        chart.plot.keep = true; // detached while htmx swaps its card, then moved back in
+        agentCharts[key] = chart;
+        delete agentLast[el.dataset.agent];
+      }
+      el.dataset.points = String(chart.data[0].length);
+    });
+    if (els.length && agentTimer === null) {
+      pollAgents();
+      agentTimer = window.setInterval(pollAgents, POLL_MS);
+    }
+  }
+
+  function mean(values) {
+    if (!values.length) return null;
+    var total = 0;
+    values.forEach(function (v) { total += v; });
+    return total / values.length;
+  }
+
+  function pushAgentSamples(agent, samples) {
+    var last = agentLast[agent] || 0;
+    var fresh = samples.filter(function (s) { return s.unixMillis > last; });
+    if (!fresh.length) return;
+    agentLast[agent] = fresh[fresh.length - 1].unixMillis;
+    ["agent-util", "agent-mem"].forEach(function (kind) {
+      var chart = agentCharts[kind + "|" + agent];
+      if (!chart) return;
+      fresh.forEach(function (s) {
+        var gpus = s.gpus || [];
+        chart.data[0].push(s.unixMillis / 1000);
+        if (kind === "agent-util") {
+          chart.data[1].push(s.cpu_util_simple);
+          if (chart.gpus > 0) chart.data[2].push(mean(gpus.map(function (g) { return g.gpu_util; })));
+        } else {
+          chart.data[1].push(s.memory_used / GIB);
+          if (chart.gpus > 0) {
+            var used = 0;
+            gpus.forEach(function (g) { used += g.gpu_memory_used || 0; });
+            chart.data[2].push(used / GIB);
+          }
+        }
+      });
+      var extra = chart.data[0].length - AGENT_WINDOW;
+      if (extra > 0) chart.data.forEach(function (column) { column.splice(0, extra); });
+      chart.plot.setData(chart.data);
+      var el = chart.plot.root.parentNode;
+      if (el && el.dataset) el.dataset.points = String(chart.data[0].length);
+    });
+  }
+
+  function pollAgents() {
+    var agents = {};
+    document.querySelectorAll(".chart[data-chart^='agent-']").forEach(function (el) {
+      agents[el.dataset.agent] = true;
+    });
+    var ids = Object.keys(agents);
+    if (!ids.length) return;
+    var params = new URLSearchParams();
+    var since = null;
+    ids.forEach(function (id) {
+      params.append("agent", id);
+      if (!(id in agentLast)) since = -1;
+      else if (since !== -1 && (since === null || agentLast[id] < since)) since = agentLast[id];
+    });
+    if (since !== null && since >= 0) params.set("since", String(since + 1));
+    fetchJson("/ui/cluster/metrics.json?" + params.toString())
+      .then(function (body) {
+        Object.keys(body.agents).forEach(function (id) {
+          if (!(id in agentLast)) agentLast[id] = 0;
+          pushAgentSamples(id, body.agents[id]);
+        });
+      })
+      .catch(function () { /* the next poll retries */ });
+  }
+
+  // -- trial metric charts (experiment page) -----------------------------------------------
+
+  function trialCharts() {
+    var els = document.querySelectorAll(".chart[data-chart='trial-metrics']");
+    if (!els.length) return;
+    var trial = els[0].dataset.trial;
+    var plots = {}; // group -> {plot, names}
+
+    function draw(body) {
+      els.forEach(function (el) {
+        var group = body.groups[el.dataset.group] || { steps: [], series: {} };
+        var names = Object.keys(group.series);
+        el.dataset.points = String(group.steps.length);
+        if (!group.steps.length || !names.length) {
+          if (!el.querySelector(".chart-empty")) {
+            var note = document.createElement("p");
+            note.className = "chart-empty";
+            note.textContent = "No " + el.dataset.group + " metrics reported yet.";
+            el.replaceChildren(note);
+          }
+          return;
+        }
+        var current = plots[el.dataset.group];
+        if (!current || current.names.join("\u0000") !== names.join("\u0000")) {
+          current = { names: names, plot: makePlot(el, names, 240, null, false) };
+          plots[el.dataset.group] = current;
+        }
+        current.plot.setData([group.steps].concat(names.map(function (n) { return group.series[n]; })));
+      });
+    }
+
+    function poll() {
+      fetchJson("/ui/trials/" + encodeURIComponent(trial) + "/metrics.json")
+        .then(function (body) {
+          draw(body);
+          if (!body.final) window.setTimeout(poll, POLL_MS);
+        })
+        .catch(function () { window.setTimeout(poll, POLL_MS * 2); });
+    }
+    poll();
+  }
+
+  // -- logs (experiment page) --------------------------------------------------------------
+
+  var MAX_LOG_LINES = 5000;
+
+  function logView() {
+    var pre = document.querySelector("pre[data-logs]");
+    if (!pre) return;
+    var rankSelect = document.querySelector("[data-log-rank]");
+    var follow = document.querySelector("[data-log-follow]");
+    var status = document.querySelector("[data-log-status]");
+    var state = { last: null, generation: 0, finished: false, running: false, count: 0 };
+
+    function say(text) { if (status) status.textContent = text; }
+
+    function append(lines) {
+      var stick = pre.scrollHeight - pre.scrollTop - pre.clientHeight < 40;
+      var fragment = document.createDocumentFragment();
+      lines.forEach(function (line) {
+        var row = document.createElement("span");
+        if (line.stdtype === "stderr") row.className = "stderr";
+        if (line.rank !== null && line.rank !== undefined) {
+          var rank = document.createElement("span");
+          rank.className = "rank";
+          rank.textContent = "[rank " + line.rank + "] ";
+          row.appendChild(rank);
+        }
+        row.appendChild(document.createTextNode(line.message + "\n"));
+        fragment.appendChild(row);
+      });
+      pre.appendChild(fragment);
+      state.count += lines.length;
+      while (pre.childNodes.length > MAX_LOG_LINES) pre.removeChild(pre.firstChild);
+      if (follow && follow.checked && stick) pre.scrollTop = pre.scrollHeight;
+    }
+
+    function load() {
+      var generation = state.generation;
+      state.running = true;
+      var params = new URLSearchParams({ limit: "500" });
+      if (state.last !== null) params.set("after", String(state.last));
+      if (rankSelect && rankSelect.value !== "") params.set("rank", rankSelect.value);
+      fetchJson("/ui/trials/" + encodeURIComponent(pre.dataset.trial) + "/logs.json?" + params.toString())
+        .then(function (body) {
+          if (generation !== state.generation) return;
+          append(body.lines);
+          if (body.last !== null && body.last !== undefined) state.last = body.last;
+          state.finished = body.finished;
+          pre.dataset.lines = String(state.count);
+          if (body.lines.length === 500) return load();
+          state.running = false;
+          if (state.finished) say("The trial has ended; " + state.count + " lines.");
+          else if (follow && follow.checked) {
+            say("Following…");
+            window.setTimeout(function () { if (generation === state.generation) load(); }, 2000);
+          } else say("Paused; tick Follow to keep reading.");
+        })
+        .catch(function () {
+          state.running = false;
+          say("Could not read the logs; retrying.");
+          window.setTimeout(function () { if (generation === state.generation) load(); }, 4000);
+        });
+    }
+
+    function restart() {
+      state.generation += 1;
+      state.last = null;
+      state.count = 0;
+      state.finished = false;
+      pre.replaceChildren();
+      load();
+    }
+
+    if (rankSelect) rankSelect.addEventListener("change", restart);
+    if (follow) follow.addEventListener("change", function () {
+      if (follow.checked && !state.running && !state.finished) {
+        state.generation += 1;
+        load();
+      }
+    });
+    load();
+  }
+
+  // -- small helpers -----------------------------------------------------------------------
+
+  document.addEventListener(
+    "submit",
+    function (event) {
+      var form = event.target;
+      var message = form && form.dataset ? form.dataset.confirm : null;
+      if (message && !window.confirm(message)) event.preventDefault();
+    },
+    true
+  );
+
+  document.addEventListener("click", function (event) {
+    var link = event.target.closest ? event.target.closest("a[data-back]") : null;
+    if (link && window.history.length > 1) {
+      event.preventDefault();
+      window.history.back();
+    }
+  });
+
+  var resizeTimer = null;
+  window.addEventListener("resize", function () {
+    window.clearTimeout(resizeTimer);
+    resizeTimer = window.setTimeout(function () {
+      allPlots = allPlots.filter(function (plot) {
+        if (!plot.root.isConnected) return Boolean(plot.keep);
+        plot.setSize({ width: chartWidth(plot.root.parentNode), height: plot.height });
+        return true;
+      });
+    }, 150);
+  });
+
+  function start() {
+    if (typeof uPlot !== "undefined") {
+      attachAgentCharts();
+      trialCharts();
+    }
+    logView();
+    document.body.addEventListener("htmx:afterSettle", function () {
+      if (typeof uPlot !== "undefined") attachAgentCharts();
+    });
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();

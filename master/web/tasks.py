@@ -1,0 +1,81 @@
+"""Tasks and the job queue: every allocation with its state and pending reason, and the
+jobs' priorities, changed through the same service as `det job update`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request, Response
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from master.api.deps import SessionDep
+from master.errors import MasterError
+from master.services import experiments, tasks
+from master.web.common import (
+    Paging,
+    WebRoute,
+    WebSession,
+    WebSessionDep,
+    checked_form,
+    is_htmx,
+    page_links,
+    page_response,
+    paging_by,
+    parse_int,
+    redirect,
+    slice_page,
+)
+
+router = APIRouter(route_class=WebRoute)
+
+TasksPaging = Annotated[Paging, Depends(paging_by(50))]
+NOTICES = {"priority": "Priority changed; the next scheduling pass reorders the queue."}
+
+
+async def _context(session: AsyncSession, paged: Paging) -> dict[str, Any]:
+    allocations = await tasks.list_tasks(session)
+    shown = slice_page(allocations, paged)
+    jobs = await tasks.list_jobs(session)
+    return {
+        "nav": "tasks",
+        "tasks": shown,
+        "pager": page_links("/ui/tasks", paged, len(allocations), len(shown)),
+        # Jobs are one per experiment with queued or running trials: a short list.
+        "jobs": jobs,
+    }
+
+
+@router.get("/ui/tasks")
+async def tasks_page(
+    request: Request,
+    session: SessionDep,
+    web: WebSessionDep,
+    paged: TasksPaging,
+    notice: str = "",
+) -> Response:
+    context = await _context(session, paged)
+    context["notice"] = NOTICES.get(notice)
+    template = "tasks_live.html" if is_htmx(request) else "tasks.html"
+    return page_response(request, template, context, web=web)
+
+
+@router.post("/ui/jobs/{job_id}/priority")
+async def set_priority(
+    request: Request, job_id: str, session: SessionDep, web: WebSessionDep
+) -> Response:
+    form = await checked_form(request, web)
+    try:
+        priority = parse_int(form, "priority", 1, 99)
+        await experiments.set_job_priority(session, job_id, priority, web.username)
+    except MasterError as exc:
+        await session.rollback()
+        return await _page_with_error(request, session, web, exc)
+    return redirect("/ui/tasks?notice=priority")
+
+
+async def _page_with_error(
+    request: Request, session: AsyncSession, web: WebSession, exc: MasterError
+) -> Response:
+    context = await _context(session, Paging(1, 50))
+    context.update(notice=None, error=exc.message)
+    return page_response(request, "tasks.html", context, web=web)

@@ -1,0 +1,690 @@
+"""The dashboard's pages in-process, on both databases: sign-in and its cookie, redirects,
+CSRF refusals, the template form's validation, paging and sorting parameters, actions, and
+the JSON feeds the charts and the log view poll."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from master.db.session import session_scope
+from master.services import agents as agent_service
+from master.services import scheduler
+from master.services.logs import LogLine, append_logs
+from master.services.metrics import GpuReading, MetricReading, MetricsBuffer
+from tests.factories import EXPERIMENT_YAML, TEMPLATE_CONFIG, create_experiment, create_template
+from tests.web.conftest import COOKIE, csrf_of, web_csrf
+
+ORIGIN = {"Origin": "http://master"}
+HTMX = {"HX-Request": "true"}
+
+
+async def bearer(client: httpx.AsyncClient) -> None:
+    """Also sign the client in to the API (the pages ignore this header; the API needs it)."""
+    reply = await client.post("/api/v1/auth/login", json={"username": "determined"})
+    assert reply.status_code == 200, reply.text
+    client.headers["Authorization"] = f"Bearer {reply.json()['token']}"
+
+
+async def post_form(
+    client: httpx.AsyncClient, path: str, fields: dict[str, str], *, csrf: str | None
+) -> httpx.Response:
+    data = dict(fields)
+    if csrf is not None:
+        data["csrf_token"] = csrf
+    return await client.post(path, data=data, headers=ORIGIN)
+
+
+async def experiment_with_trials(client: httpx.AsyncClient, **fields: Any) -> dict[str, Any]:
+    reply = await create_experiment(client, **fields)
+    assert reply.status_code == 200, reply.text
+    experiment: dict[str, Any] = reply.json()["experiment"]
+    return experiment
+
+
+async def schedule(app: FastAPI) -> None:
+    """One scheduling pass, as the master's loop runs it (the test app runs no loops)."""
+    async with session_scope(app.state.session_factory) as session:
+        await scheduler.run_pass(session, app.state.settings)
+
+
+async def template_names(client: httpx.AsyncClient) -> list[str]:
+    reply = await client.get("/api/v1/templates")
+    return [t["name"] for t in reply.json()["templates"]]
+
+
+# -- sign-in, sessions and redirects -----------------------------------------------------
+
+
+async def test_pages_send_strangers_to_the_sign_in_form(anon: httpx.AsyncClient) -> None:
+    reply = await anon.get("/ui/experiments?sort=name")
+    assert reply.status_code == 303
+    assert reply.headers["location"] == "/ui/login?next=%2Fui%2Fexperiments%3Fsort%3Dname"
+    htmx = await anon.get("/ui/cluster", headers=HTMX)
+    assert htmx.status_code == 204 and htmx.headers["hx-redirect"].startswith("/ui/login?next=")
+    feed = await anon.get("/ui/trials/1/metrics.json")
+    assert feed.status_code == 401 and feed.json()["code"] == 16
+    anon.cookies.set(COOKIE, "not-a-token", domain="master", path="/ui")
+    stale = await anon.get("/ui/tasks")
+    assert stale.status_code == 303 and stale.headers["location"].startswith("/ui/login")
+    assert 'resolute_session=""' in stale.headers["set-cookie"]  # the dead cookie is dropped
+    form = await anon.get("/ui/login")
+    assert form.status_code == 200 and 'name="username"' in form.text
+
+
+async def test_root_redirects_browsers_and_leaves_api_clients_alone(
+    anon: httpx.AsyncClient,
+) -> None:
+    browser = await anon.get("/", headers={"Accept": "text/html,application/xhtml+xml"})
+    assert browser.status_code == 303 and browser.headers["location"] == "/ui/"
+    client = await anon.get("/")
+    assert client.status_code == 404 and client.json()["code"] == 5
+    assert (await anon.get("/ui")).headers["location"] == "/ui/"
+    assert (await anon.get("/info")).status_code == 200
+    assert (await anon.get("/api/v1/experiments")).status_code == 401
+    assert (await anon.get("/api/v1/nope")).json()["code"] == 5  # the API's own 404
+    mistyped = await anon.get("/ui/experimentz")
+    assert mistyped.status_code == 404 and "no page at /ui/experimentz" in mistyped.text
+
+
+async def test_sign_in_sets_a_strict_http_only_cookie_holding_an_api_token(
+    anon: httpx.AsyncClient,
+) -> None:
+    reply = await post_form(
+        anon,
+        "/ui/login",
+        {"username": "determined", "password": "", "next": "/ui/tasks"},
+        csrf=None,
+    )
+    assert reply.status_code == 303 and reply.headers["location"] == "/ui/tasks"
+    cookie = reply.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie
+    token = anon.cookies[COOKIE]
+    me = await anon.get("/api/v1/me", headers={"Authorization": f"Bearer {token}"})
+    assert me.json()["user"]["username"] == "determined"  # the same tokens as the API
+
+    page = await anon.get("/ui/tasks")
+    assert page.status_code == 200 and "determined" in page.text
+    for header, value in (
+        ("content-security-policy", "script-src 'self'"),
+        ("x-frame-options", "DENY"),
+        ("cache-control", "no-store"),
+    ):
+        assert value in page.headers[header]
+    out = await post_form(anon, "/ui/logout", {}, csrf=csrf_of(page.text))
+    assert out.status_code == 303 and out.headers["location"] == "/ui/login"
+    me = await anon.get("/api/v1/me", headers={"Authorization": f"Bearer {token}"})
+    assert me.status_code == 401  # signing out deleted the session, not just the cookie
+
+
+async def test_sign_in_refusals_show_on_the_form(anon: httpx.AsyncClient) -> None:
+    wrong = await post_form(
+        anon, "/ui/login", {"username": "determined", "password": "x"}, csrf=None
+    )
+    assert wrong.status_code == 200 and "invalid credentials" in wrong.text
+    assert COOKIE not in wrong.cookies
+    empty = await post_form(anon, "/ui/login", {"username": " ", "password": ""}, csrf=None)
+    assert "Enter a username." in empty.text
+    for target in ("//evil.example/ui/", "https://evil.example/", "/api/v1/me", "/ui/\\evil"):
+        reply = await post_form(
+            anon, "/ui/login", {"username": "admin", "password": "", "next": target}, csrf=None
+        )
+        assert reply.headers["location"] == "/ui/", target
+    foreign = await anon.post(
+        "/ui/login",
+        data={"username": "admin", "password": ""},
+        headers={"Origin": "https://evil.example"},
+    )
+    assert foreign.status_code == 403
+    not_a_form = await anon.post(
+        "/ui/login", json={"username": "admin", "password": ""}, headers=ORIGIN
+    )
+    assert not_a_form.status_code == 400
+
+
+# -- CSRF ---------------------------------------------------------------------------------
+
+
+async def test_state_changing_forms_refuse_missing_stale_or_foreign_requests(
+    web: httpx.AsyncClient,
+) -> None:
+    await bearer(web)
+    fields = {"name": "csrf-tpl", "config": "description: x\n"}
+    missing = await post_form(web, "/ui/templates/_new", fields, csrf=None)
+    assert missing.status_code == 403 and "security token" in missing.text
+    stale = await post_form(web, "/ui/templates/_new", fields, csrf="0" * 64)
+    assert stale.status_code == 403
+    token = await web_csrf(web)
+    foreign = await web.post(
+        "/ui/templates/_new",
+        data={**fields, "csrf_token": token},
+        headers={"Origin": "https://evil.example"},
+    )
+    assert foreign.status_code == 403 and "another site" in foreign.text
+    assert await template_names(web) == []
+    logout = await post_form(web, "/ui/logout", {}, csrf=None)
+    assert logout.status_code == 403
+    assert (await web.get("/ui/tasks")).status_code == 200  # still signed in
+
+    # Behind a proxy that rewrites Host, the original host is in X-Forwarded-Host.
+    proxied = await web.post(
+        "/ui/templates/_new",
+        data={**fields, "name": "proxied", "csrf_token": token},
+        headers={"Origin": "https://dash.example", "X-Forwarded-Host": "dash.example"},
+    )
+    assert proxied.status_code == 303
+    await web.delete("/api/v1/templates/proxied")
+
+    # htmx sends the token as a header instead of a field.
+    via_header = await web.post(
+        "/ui/templates/_new", data=fields, headers={**ORIGIN, "X-CSRF-Token": token}
+    )
+    assert via_header.status_code == 303
+    assert await template_names(web) == ["csrf-tpl"]
+
+
+async def test_a_token_from_another_session_is_refused(
+    web: httpx.AsyncClient, app: FastAPI
+) -> None:
+    other = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://master")
+    async with other:
+        await post_form(other, "/ui/login", {"username": "admin", "password": ""}, csrf=None)
+        theirs = await web_csrf(other)
+    refused = await post_form(web, "/ui/templates/_new", {"name": "x", "config": ""}, csrf=theirs)
+    assert refused.status_code == 403
+
+
+# -- templates -----------------------------------------------------------------------------
+
+
+async def test_template_form_shows_each_problem_beside_its_field(web: httpx.AsyncClient) -> None:
+    await bearer(web)
+    token = await web_csrf(web)
+    bad_config = await post_form(
+        web,
+        "/ui/templates/_new",
+        {"name": "cpu", "config": "resources:\n  slots_per_trial: -1\nnot_a_key: 1\n"},
+        csrf=token,
+    )
+    assert bad_config.status_code == 200
+    problems = field_error(bad_config.text, "config")
+    assert "resources.slots_per_trial" in problems and "not_a_key" in problems
+    assert field_error(bad_config.text, "name") is None
+    assert "slots_per_trial: -1" in bad_config.text  # what was typed is kept
+
+    bad_name = await post_form(
+        web, "/ui/templates/_new", {"name": "-x", "config": "description: ok\n"}, csrf=token
+    )
+    assert "template name" in (field_error(bad_name.text, "name") or "")
+    assert field_error(bad_name.text, "config") is None
+
+    for text, expected in (
+        ("resources: [1, 2\n", "invalid YAML at line"),
+        ("- a list\n", "must be a YAML mapping"),
+        ("", "an empty document"),
+    ):
+        reply = await post_form(
+            web, "/ui/templates/_new", {"name": "cpu", "config": text}, csrf=token
+        )
+        assert expected in (field_error(reply.text, "config") or ""), reply.text
+    assert await template_names(web) == []
+
+    good = await post_form(
+        web, "/ui/templates/_new", {"name": "cpu 2", "config": "description: ok\n"}, csrf=token
+    )
+    assert (
+        good.status_code == 303 and good.headers["location"] == "/ui/templates/cpu%202?notice=saved"
+    )
+    again = await post_form(
+        web, "/ui/templates/_new", {"name": "cpu 2", "config": "description: ok\n"}, csrf=token
+    )
+    assert "already exists" in (field_error(again.text, "name") or "")
+    stored = (await web.get("/api/v1/templates/cpu 2")).json()["template"]["config"]
+    assert stored == {"description": "ok"}
+
+
+async def test_template_edits_are_validated_as_the_api_validates_them(
+    web: httpx.AsyncClient,
+) -> None:
+    await bearer(web)
+    assert (await create_template(web, "base")).status_code == 200
+    page = await web.get("/ui/templates/base")
+    assert page.status_code == 200 and "host_path: /mnt/ckpt" in page.text
+    token = csrf_of(page.text)
+    api_reply = await web.patch(
+        "/api/v1/templates/base", json={"resources": {"slots_per_trial": -1}}
+    )
+    bad = await post_form(
+        web, "/ui/templates/base", {"config": "resources:\n  slots_per_trial: -1\n"}, csrf=token
+    )
+    assert api_reply.status_code == 400
+    assert api_reply.json()["details"][0]["path"] in field_error(bad.text, "config")
+    assert (await web.get("/api/v1/templates/base")).json()["template"]["config"] == TEMPLATE_CONFIG
+
+    good = await post_form(web, "/ui/templates/base", {"config": "description: new\n"}, csrf=token)
+    assert good.status_code == 303
+    assert (await web.get("/api/v1/templates/base")).json()["template"]["config"] == {
+        "description": "new"
+    }
+    gone = await post_form(web, "/ui/templates/nope", {"config": "description: x\n"}, csrf=token)
+    assert gone.status_code == 404 and "template nope not found" in gone.text
+
+
+async def test_template_delete_asks_first(web: httpx.AsyncClient) -> None:
+    await bearer(web)
+    await create_template(web, "doomed")
+    confirm = await web.get("/ui/templates/doomed/delete")
+    assert confirm.status_code == 200 and "Delete template doomed?" in confirm.text
+    assert await template_names(web) == ["doomed"]
+    done = await post_form(web, "/ui/templates/doomed/delete", {}, csrf=csrf_of(confirm.text))
+    assert done.status_code == 303 and done.headers["location"] == "/ui/templates?notice=deleted"
+    assert await template_names(web) == []
+    again = await post_form(web, "/ui/templates/doomed/delete", {}, csrf=csrf_of(confirm.text))
+    assert again.status_code == 404
+
+
+def field_error(html: str, field: str) -> str | None:
+    match = re.search(rf'data-field="{field}">(.*?)</(p|ul)>', html, re.S)
+    return re.sub(r"<[^>]+>", "", match.group(1)) if match else None
+
+
+# -- lists, paging and sorting -------------------------------------------------------------
+
+
+async def test_experiment_list_pages_and_sorts(web: httpx.AsyncClient) -> None:
+    await bearer(web)
+    ids = []
+    for name in ("charlie", "alpha", "bravo"):
+        config = EXPERIMENT_YAML.replace("name: mnist-random", f"name: {name}")
+        ids.append((await experiment_with_trials(web, config=config))["id"])
+
+    def shown(html: str) -> list[str]:
+        return re.findall(r'<td><a href="/ui/experiments/\d+">([a-z]+)</a></td>', html)
+
+    assert shown((await web.get("/ui/experiments")).text) == ["bravo", "alpha", "charlie"]
+    by_name = await web.get("/ui/experiments", params={"sort": "name", "order": "asc"})
+    assert shown(by_name.text) == ["alpha", "bravo", "charlie"]
+    first = await web.get("/ui/experiments", params={"sort": "name", "per_page": 2})
+    assert shown(first.text) == ["alpha", "bravo"]
+    assert "1\u20132 of 3 experiments" in first.text
+    second = await web.get("/ui/experiments", params={"sort": "name", "per_page": 2, "page": 2})
+    assert shown(second.text) == ["charlie"]
+    beyond = await web.get("/ui/experiments", params={"page": 9})
+    assert beyond.status_code == 200 and "Last page" in beyond.text
+    filtered = await web.get("/ui/experiments", params={"name": "rav", "state": "ACTIVE"})
+    assert shown(filtered.text) == ["bravo"]
+    fragment = await web.get("/ui/experiments", headers=HTMX)
+    assert fragment.text.startswith('<div id="experiments-table"') and "<html" not in fragment.text
+
+
+async def test_bad_paging_and_sorting_parameters_are_refused_cleanly(
+    web: httpx.AsyncClient,
+) -> None:
+    await bearer(web)
+    experiment = await experiment_with_trials(web)
+    for path in (
+        "/ui/experiments?page=0",
+        "/ui/experiments?page=abc",
+        f"/ui/experiments?page={2**40}",
+        "/ui/experiments?per_page=0",
+        "/ui/experiments?per_page=1000",
+        "/ui/experiments?sort=owner",
+        "/ui/experiments?order=sideways",
+        "/ui/experiments?state=RUNNING",
+        f"/ui/experiments?name={'x' * 300}",
+        "/ui/templates?per_page=-1",
+        "/ui/tasks?page=1.5",
+        "/ui/cluster?per_page=x",
+        "/ui/experiments/-1",
+        f"/ui/experiments/{2**40}",
+        f"/ui/experiments/{experiment['id']}?trials_page=0",
+        f"/ui/experiments/{experiment['id']}?trial=abc",
+        f"/ui/experiments/{experiment['id']}?page=0",
+        f"/ui/experiments/{experiment['id']}/live?trials_page=x",
+    ):
+        reply = await web.get(path)
+        assert reply.status_code == 400, (path, reply.status_code)
+        assert reply.headers["content-type"].startswith("text/html")
+        assert 'class="problem"' in reply.text
+    for path in ("/ui/trials/1/logs.json?rank=-1", "/ui/trials/1/logs.json?limit=100000"):
+        reply = await web.get(path)
+        assert reply.status_code == 400 and reply.json()["code"] == 3, path
+    many = "&".join(f"agent=a{i}" for i in range(101))
+    assert (await web.get(f"/ui/cluster/metrics.json?{many}")).status_code == 400
+    for path in ("/ui/templates/a%00b", "/ui/templates/a%00b/delete"):
+        reply = await web.get(path)
+        assert reply.status_code in (400, 404), (path, reply.status_code)
+    token = await web_csrf(web)
+    for path in ("/ui/agents/a%00b/enable", "/ui/jobs/a%00b/priority", "/ui/templates/a%00/delete"):
+        reply = await post_form(web, path, {"priority": "5"}, csrf=token)
+        assert reply.status_code in (200, 400, 404), (path, reply.status_code)
+        assert 'class="banner error"' in reply.text or 'class="problem"' in reply.text
+    assert (await web.get("/ui/experiments/999")).status_code == 404
+    assert (await web.get("/ui/trials/999/metrics.json")).status_code == 404
+
+
+# -- the experiment page and its actions ---------------------------------------------------
+
+
+async def test_experiment_page_shows_config_sources_seeds_and_trials(
+    web: httpx.AsyncClient, app: FastAPI
+) -> None:
+    await bearer(web)
+    await create_template(web, "cpu")
+    experiment = await experiment_with_trials(web, template="cpu")
+    before = await web.get(f"/ui/experiments/{experiment['id']}")
+    assert "waiting for the next scheduling pass" in before.text
+    await schedule(app)
+    page = await web.get(f"/ui/experiments/{experiment['id']}")
+    assert page.status_code == 200
+    sources = dict(
+        re.findall(
+            r'<tr data-key="([a-z_]+)"><th>[a-z_]+</th>'
+            r'<td><span class="source [a-z-]+">([a-z +]+)<',
+            page.text,
+        )
+    )
+    assert sources["checkpoint_storage"] == "template"
+    assert sources["bind_mounts"] == "template"
+    assert sources["searcher"] == "config"
+    assert sources["reproducibility"] == "config"
+    assert sources["optimizations"] == "default"
+    assert "<code>1234</code>" in page.text  # the experiment seed
+    trials = (await web.get(f"/api/v1/experiments/{experiment['id']}/trials")).json()["trials"]
+    for trial in trials:
+        assert f'data-trial-id="{trial["id"]}"' in page.text
+        assert f"<code>{trial['seed']}</code>" in page.text
+    assert "name: mnist-random" in page.text  # the original YAML
+    assert "NO_AGENTS" in page.text  # why the trials wait
+    live = await web.get(f"/ui/experiments/{experiment['id']}/live")
+    assert (
+        live.text.startswith('<div id="experiment-live"') and 'hx-trigger="every 2s"' in live.text
+    )
+    other = await experiment_with_trials(web)
+    wrong_trial = await web.get(f"/ui/experiments/{experiment['id']}?trial={other['id'] * 100}")
+    assert wrong_trial.status_code in (400, 404)
+
+
+async def test_pause_activate_kill_and_a_refused_action(web: httpx.AsyncClient) -> None:
+    await bearer(web)
+    experiment = await experiment_with_trials(web)
+    path = f"/ui/experiments/{experiment['id']}"
+    token = await web_csrf(web)
+
+    async def state() -> str:
+        reply = await web.get(f"/api/v1/experiments/{experiment['id']}")
+        result: str = reply.json()["experiment"]["state"]
+        return result
+
+    for action, expected in (
+        ("pause", "STATE_PAUSED"),
+        ("activate", "STATE_ACTIVE"),
+        ("kill", "STATE_CANCELED"),
+    ):
+        reply = await post_form(web, f"{path}/{action}", {}, csrf=token)
+        assert reply.status_code == 303 and reply.headers["location"] == path
+        assert await state() == expected
+    refused = await post_form(web, f"{path}/activate", {}, csrf=token)
+    assert refused.status_code == 200 and 'class="banner error"' in refused.text
+    assert "is CANCELED" in refused.text
+    assert await state() == "STATE_CANCELED"
+    unknown = await post_form(web, f"{path}/delete", {}, csrf=token)
+    assert unknown.status_code == 400
+    missing = await post_form(web, "/ui/experiments/999/kill", {}, csrf=token)
+    assert missing.status_code == 404 and "experiment 999 not found" in missing.text
+
+
+async def test_job_priority_changes_through_the_job_service(
+    web: httpx.AsyncClient, app: FastAPI
+) -> None:
+    await bearer(web)
+    experiment = await experiment_with_trials(web)
+    await schedule(app)
+    job = experiment["jobId"]
+    page = await web.get("/ui/tasks")
+    assert page.status_code == 200 and f'data-job-id="{job}"' in page.text
+    assert "NO_AGENTS" in page.text
+    token = csrf_of(page.text)
+    for value, problem in (
+        ("0", "between 1 and 99"),
+        ("abc", "not a whole number"),
+        ("--5", "not a whole number"),
+        ("\u0663", "not a whole number"),  # an Arabic-Indic digit: isdigit() but not ours
+        ("", ""),
+    ):
+        reply = await post_form(web, f"/ui/jobs/{job}/priority", {"priority": value}, csrf=token)
+        assert reply.status_code == 200 and 'class="banner error"' in reply.text
+        assert problem in reply.text
+    unknown = await post_form(web, "/ui/jobs/nope/priority", {"priority": "5"}, csrf=token)
+    assert "job nope not found" in unknown.text
+    jobs = (await web.get("/api/v1/job-queues")).json()["jobs"]
+    assert jobs[0]["priority"] == 42
+    done = await post_form(web, f"/ui/jobs/{job}/priority", {"priority": "7"}, csrf=token)
+    assert done.status_code == 303 and done.headers["location"] == "/ui/tasks?notice=priority"
+    jobs = (await web.get("/api/v1/job-queues")).json()["jobs"]
+    assert jobs[0]["priority"] == 7
+    fragment = await web.get("/ui/tasks", headers=HTMX)
+    assert fragment.text.startswith('<section id="tasks-live"')
+
+
+# -- agents ---------------------------------------------------------------------------------
+
+
+async def register(app: FastAPI, agent_id: str, device: str = "cpu") -> None:
+    registration = agent_service.AgentRegistration(
+        id=agent_id,
+        resource_pool="default",
+        devices=tuple(agent_service.Device(slot_id=i, type=device) for i in (0, 1)),
+    )
+    async with session_scope(app.state.session_factory) as session:
+        await agent_service.register_agent(session, app.state.settings, registration)
+
+
+def reading(millis: int, cpu: float, gpus: tuple[GpuReading, ...] = ()) -> MetricReading:
+    return MetricReading(
+        unix_millis=millis,
+        cpu_util_simple=cpu,
+        memory_free=8 * 2**30,
+        memory_used=2 * 2**30,
+        disk_throughput_read=0.0,
+        disk_throughput_write=0.0,
+        disk_iops=0.0,
+        net_throughput_sent=0.0,
+        net_throughput_recv=0.0,
+        gpus=gpus,
+    )
+
+
+async def test_agents_show_slots_and_metrics_and_can_be_drained_disabled_enabled(
+    web: httpx.AsyncClient, app: FastAPI
+) -> None:
+    await bearer(web)
+    await register(app, "gpu box@1")
+    buffer = MetricsBuffer()
+    buffer.add("gpu box@1", [reading(1_000 + i * 1_000, 10.0 + i) for i in range(5)])
+    async with session_scope(app.state.session_factory) as session:
+        await buffer.flush(session)
+    page = await web.get("/ui/cluster")
+    assert page.status_code == 200
+    assert 'data-agent-id="gpu box@1"' in page.text and "0 of 2 slots busy" in page.text
+    assert "14%" in page.text  # the newest CPU sample
+    samples = (await web.get("/ui/cluster/metrics.json", params={"agent": "gpu box@1"})).json()
+    assert [s["cpu_util_simple"] for s in samples["agents"]["gpu box@1"]] == [10, 11, 12, 13, 14]
+    newer = await web.get("/ui/cluster/metrics.json", params={"agent": "gpu box@1", "since": 4_000})
+    assert [s["unixMillis"] for s in newer.json()["agents"]["gpu box@1"]] == [4_000, 5_000]
+
+    token = csrf_of(page.text)
+    base = "/ui/agents/gpu%20box%401"
+    for action, enabled, draining in (
+        ("drain", False, True),
+        ("disable", False, False),
+        ("enable", True, False),
+    ):
+        reply = await post_form(web, f"{base}/{action}", {}, csrf=token)
+        assert reply.status_code == 303, reply.text
+        agent = (await web.get("/api/v1/agents/gpu box@1")).json()["agent"]
+        assert (agent["enabled"], agent["draining"]) == (enabled, draining), action
+    missing = await post_form(web, "/ui/agents/nobody/drain", {}, csrf=token)
+    assert missing.status_code == 200 and "agent nobody not found" in missing.text
+    assert (await post_form(web, f"{base}/explode", {}, csrf=token)).status_code == 400
+
+
+async def test_gpu_agents_get_gpu_series(web: httpx.AsyncClient, app: FastAPI) -> None:
+    await register(app, "h200", device="cuda")
+    gpus = tuple(
+        GpuReading(
+            index=i,
+            uuid=f"GPU-{i}",
+            gpu_util=40.0 + 20 * i,
+            gpu_memory_used=2**33,
+            gpu_free_memory=2**36,
+            temperature_c=50.0,
+            power_w=300.0,
+        )
+        for i in (0, 1)
+    )
+    buffer = MetricsBuffer()
+    buffer.add("h200", [reading(1_000, 5.0, gpus)])
+    async with session_scope(app.state.session_factory) as session:
+        await buffer.flush(session)
+    page = await web.get("/ui/cluster")
+    card = page.text.split('data-agent-id="h200"')[1]
+    assert 'data-chart="agent-util" data-agent="h200" data-gpus="2"' in card
+    assert "cuda 0" in card and "50%" in card  # the mean GPU utilisation
+    feed = (await web.get("/ui/cluster/metrics.json", params={"agent": "h200"})).json()
+    assert [g["gpu_util"] for g in feed["agents"]["h200"][0]["gpus"]] == [40.0, 60.0]
+
+
+# -- feeds ------------------------------------------------------------------------------------
+
+
+async def test_metric_and_log_feeds(web: httpx.AsyncClient, app: FastAPI) -> None:
+    await bearer(web)
+    experiment = await experiment_with_trials(web)
+    tasks = (await web.get("/api/v1/tasks")).json()["allocationIdToSummary"]
+    task = next(t for t in tasks.values() if t["experimentId"] == experiment["id"])
+    trial_id, allocation = task["trialId"], task["allocationId"]
+    run = int(allocation.split(".")[1])
+    for steps, loss in ((10, 1.0), (20, 0.5), (30, "NaN")):
+        body = {
+            "group": "training",
+            "metrics": {
+                "trialId": trial_id,
+                "trialRunId": run,
+                "stepsCompleted": steps,
+                "metrics": {"avgMetrics": {"loss": loss, "note": "text"}},
+            },
+        }
+        reply = await web.post(f"/api/v1/trials/{trial_id}/metrics", json=body)
+        assert reply.status_code == 200, reply.text
+    checkpoint = {
+        "uuid": "0f9d6c2e-1111-4a5b-9c7d-000000000001",
+        "state": "STATE_COMPLETED",
+        "metadata": {"steps_completed": 20},
+        "resources": {"model.pt": "2048", "optimizer.pt": "1024"},
+        "training": {"trialId": trial_id},
+        "taskId": task["taskId"],
+        "allocationId": allocation,
+    }
+    saved = await web.post("/api/v1/checkpoints", json=checkpoint)
+    assert saved.status_code == 200, saved.text
+    page = await web.get(f"/ui/experiments/{experiment['id']}")
+    row = re.search(
+        r'<code title="0f9d6c2e-1111[^"]*">0f9d6c2e</code></td>(.*?)</tr>', page.text, re.S
+    )
+    assert row, "the checkpoint is listed"
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)
+    assert cells[0] == str(trial_id) and cells[1] == "20" and cells[4] == "2"
+
+    feed = (await web.get(f"/ui/trials/{trial_id}/metrics.json")).json()
+    assert feed["final"] is False
+    assert feed["groups"]["training"] == {
+        "steps": [10, 20, 30],
+        "series": {"loss": [1.0, 0.5, None]},
+    }
+    assert feed["groups"]["validation"] == {"steps": [], "series": {}}
+
+    moment = datetime(2026, 11, 21, 10, 0, tzinfo=UTC)
+    lines = [
+        LogLine(allocation, rank, "stdout", moment, f"line {i} of rank {rank}\n")
+        for i in range(3)
+        for rank in (0, 1)
+    ]
+    async with session_scope(app.state.session_factory) as session:
+        await append_logs(session, "agent-1", lines)
+    everything = (await web.get(f"/ui/trials/{trial_id}/logs.json")).json()
+    assert [line["message"] for line in everything["lines"]][:2] == [
+        "line 0 of rank 0",
+        "line 0 of rank 1",
+    ]
+    assert everything["finished"] is False
+    rank1 = (await web.get(f"/ui/trials/{trial_id}/logs.json", params={"rank": 1})).json()
+    assert {line["rank"] for line in rank1["lines"]} == {1} and len(rank1["lines"]) == 3
+    after = (
+        await web.get(
+            f"/ui/trials/{trial_id}/logs.json",
+            params={"after": rank1["lines"][0]["id"], "limit": 1},
+        )
+    ).json()
+    assert len(after["lines"]) == 1 and after["lines"][0]["id"] > rank1["lines"][0]["id"]
+    await web.post(f"/api/v1/experiments/{experiment['id']}/kill")
+    ended = (
+        await web.get(f"/ui/trials/{trial_id}/logs.json", params={"after": everything["last"]})
+    ).json()
+    assert ended == {"lines": [], "last": everything["last"], "finished": True}
+
+
+# -- no input is a server error ---------------------------------------------------------------
+
+fuzz = settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+values = st.one_of(
+    st.text(max_size=12),
+    st.integers(-(2**65), 2**65).map(str),
+    st.sampled_from(["", "0", "-1", "1e9", "asc", "name", "ACTIVE", "\u00e9", "%00", "a/b"]),
+)
+
+
+@fuzz
+@given(name=st.text(max_size=20), config=st.text(max_size=200))
+async def test_random_template_forms_never_fail_the_server(
+    web: httpx.AsyncClient, name: str, config: str
+) -> None:
+    token = await web_csrf(web)
+    before = await template_names_signed_in(web)
+    reply = await post_form(web, "/ui/templates/_new", {"name": name, "config": config}, csrf=token)
+    assert reply.status_code in (200, 303, 400), reply.text
+    if reply.status_code != 303:
+        assert await template_names_signed_in(web) == before
+
+
+@fuzz
+@given(
+    params=st.dictionaries(
+        st.sampled_from(
+            ["page", "per_page", "sort", "order", "state", "name", "trial", "trials_page"]
+        ),
+        values,
+    )
+)
+async def test_random_list_parameters_never_fail_the_server(
+    web: httpx.AsyncClient, params: dict[str, str]
+) -> None:
+    for path in ("/ui/experiments", "/ui/templates", "/ui/tasks", "/ui/cluster"):
+        reply = await web.get(path, params=params)
+        assert reply.status_code in (200, 400), (path, params, reply.status_code)
+
+
+async def template_names_signed_in(client: httpx.AsyncClient) -> list[str]:
+    """Templates as the page lists them (the fuzzed client has no API token)."""
+    page = await client.get("/ui/templates", params={"per_page": 200})
+    return re.findall(r'<td><a href="/ui/templates/[^"]+">([^<]*)</a></td>', page.text)
