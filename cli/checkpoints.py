@@ -65,26 +65,12 @@ def _searcher_metric(checkpoint: dict[str, Any]) -> float | None:
     return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def best_checkpoints(
-    checkpoints: list[dict[str, Any]], count: int, smaller_is_better: bool
-) -> list[dict[str, Any]]:
-    """The `count` best by searcher metric; those without one (no validation at their step)
-    sort last, as the master's SEARCHER_METRIC order puts them."""
-    sign = 1.0 if smaller_is_better else -1.0
-
-    def key(checkpoint: dict[str, Any]) -> tuple[int, float]:
-        metric = _searcher_metric(checkpoint)
-        return (1, 0.0) if metric is None else (0, sign * metric)
-
-    return sorted(checkpoints, key=key)[:count]
-
-
 @app.command("list")
 def list_checkpoints(
     ctx: typer.Context,
     experiment_id: int = typer.Argument(..., min=0, help="Experiment ID."),
     best: int | None = typer.Option(
-        None, "--best", min=0, help="Only the N best by the searcher metric."
+        None, "--best", min=1, help="Only the N best by the searcher metric."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON only."),
 ) -> None:
@@ -92,13 +78,13 @@ def list_checkpoints(
     with cli_errors():
         api = client(ctx)
         path = f"/api/v1/experiments/{experiment_id}/checkpoints"
-        checkpoints: list[dict[str, Any]] = api.get_all(path, "checkpoints")
-        checkpoints.sort(key=lambda c: (_trial_id(c) or 0, _steps(c) or 0))
-        if best is not None:
-            experiment = api.get(f"/api/v1/experiments/{experiment_id}")["experiment"]
-            searcher = (experiment.get("config") or {}).get("searcher") or {}
-            smaller = searcher.get("smaller_is_better")
-            checkpoints = best_checkpoints(checkpoints, best, True if smaller is None else smaller)
+        checkpoints: list[dict[str, Any]]
+        if best is None:
+            checkpoints = api.get_all(path, "checkpoints")  # by trial, then steps
+        else:
+            # The master orders by the searcher metric, best first, as for Determined's client.
+            params = {"sortByAttr": "SORT_BY_SEARCHER_METRIC", "limit": best}
+            checkpoints = api.get(path, params=params)["checkpoints"]
         if as_json:
             print_json(checkpoints)
             return

@@ -27,14 +27,18 @@ def canonical_master_url(master: str | None) -> str:
     )
     if "://" not in raw:
         raw = "http://" + raw
-    parts = urlsplit(raw)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(raw)
+        hostname = parts.hostname if parts.scheme in ("http", "https") else None
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        hostname = None
+    if not hostname:
         raise CliError(f"invalid master address {raw!r}; use HOST[:PORT] or http://HOST:PORT")
     try:
         port = parts.port or 8080
     except ValueError:
         raise CliError(f"invalid port in master address {raw!r}") from None
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    host = f"[{hostname}]" if ":" in hostname else hostname
     return f"{parts.scheme}://{host}:{port}"
 
 

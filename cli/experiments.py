@@ -77,17 +77,12 @@ def list_experiments(
     """List experiments (yours, not archived, unless --all)."""
     with cli_errors():
         api = client(ctx)
-        params: dict[str, Any] = {"limit": 200, "offset": 0}
+        params: dict[str, Any] = {}
         if not show_all:
             params.update(archived="false", users=api.get("/api/v1/me")["user"]["username"])
-        experiments: list[dict[str, Any]] = []
-        while True:
-            page = api.get("/api/v1/experiments", params=params)
-            experiments.extend(page["experiments"])
-            pagination = page["pagination"]
-            if pagination["endIndex"] >= pagination["total"] or not page["experiments"]:
-                break
-            params["offset"] = pagination["endIndex"]
+        experiments: list[dict[str, Any]] = api.get_all(
+            "/api/v1/experiments", "experiments", params, limit=200
+        )
         if as_json:
             print_json(experiments)
             return

@@ -20,6 +20,7 @@ from master.db.session import session_scope
 from master.services import allocations as allocation_service
 from master.services import auth as auth_service
 from master.services import workspaces as workspace_service
+from master.services.preemption import PreemptionSignals
 from master.settings import DatabaseSettings, MasterSettings
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -136,6 +137,10 @@ async def reset_database(application: FastAPI) -> None:
         await auth_service.ensure_default_users(session, "")
         await workspace_service.ensure_defaults(session)
         await allocation_service.ensure_scheduler_state(session)
+    # In-memory preemption signals belong to the cleared rows, and SQLite reuses their
+    # allocation ids: an earlier test's signal must not reach this one.
+    signals = PreemptionSignals()
+    application.state.preemption = application.state.agent_hub.preemption = signals
 
 
 @pytest_asyncio.fixture

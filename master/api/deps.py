@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Path, Request
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from master.db.models import MAX_INT as MAX_INT  # re-exported: routes bound their ids with it
 from master.db.models import UserModel
 from master.db.session import session_scope
 from master.errors import Unauthenticated
@@ -36,8 +37,6 @@ async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
         request.app.state.scheduler.wake()
 
 
-# Ids and counts are 32-bit in the database; larger numbers are a 400, never a 500.
-MAX_INT = 2**31 - 1
 ObjectId = Annotated[int, Path(ge=0, le=MAX_INT)]
 
 SettingsDep = Annotated[MasterSettings, Depends(get_settings)]

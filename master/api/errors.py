@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -53,67 +54,76 @@ def _location(loc: tuple[Any, ...]) -> str:
     return ".".join(parts)
 
 
-async def _master_error(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, MasterError)
-    return error_response(exc.http_status, exc.grpc_code, exc.message, exc.details)
+@dataclass(frozen=True)
+class Problem:
+    """What the caller is told about an error, whichever way it is rendered."""
+
+    http_status: int
+    code: int
+    message: str
+    details: list[Any] = field(default_factory=list)
 
 
-async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
-    details = [
-        {"path": _location(tuple(e.get("loc", ()))), "message": str(e.get("msg", ""))}
-        for e in exc.errors()
-    ]
-    message = "; ".join(f"{d['path']}: {d['message']}" for d in details) or "invalid request"
-    return error_response(400, 3, message, details)
+def describe_error(exc: Exception) -> Problem:
+    """The one mapping from an exception to what the API (JSON) and the dashboard (pages)
+    answer: the caller's mistakes are 4xx, a busy database 503, anything else our 500."""
+    if isinstance(exc, MasterError):
+        return Problem(exc.http_status, exc.grpc_code, exc.message, exc.details)
+    if isinstance(exc, RequestValidationError):
+        details = [
+            {"path": _location(tuple(e.get("loc", ()))), "message": str(e.get("msg", ""))}
+            for e in exc.errors()
+        ]
+        message = "; ".join(f"{d['path']}: {d['message']}" for d in details)
+        return Problem(400, 3, message or "invalid request", details)
+    if isinstance(exc, HTTPException):
+        return Problem(exc.status_code, _HTTP_TO_GRPC.get(exc.status_code, 2), str(exc.detail))
+    if isinstance(exc, IntegrityError):
+        log.warning("integrity error: %s", exc)
+        return Problem(409, 6, "the change conflicts with data stored meanwhile; retry")
+    if isinstance(exc, DBAPIError):
+        return _database_problem(exc)
+    if isinstance(exc, OverflowError):
+        return Problem(400, 3, f"a number is too large: {exc}")
+    log.exception("unexpected error", exc_info=exc)
+    return Problem(500, 13, "internal error; see the master log")
 
 
-async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, HTTPException)
-    code = _HTTP_TO_GRPC.get(exc.status_code, 2)
-    return error_response(exc.status_code, code, str(exc.detail), [])
-
-
-async def _integrity_error(_request: Request, exc: Exception) -> JSONResponse:
-    log.warning("integrity error: %s", exc)
-    return error_response(409, 6, "the change conflicts with data stored meanwhile; retry", [])
-
-
-async def _db_error(request: Request, exc: Exception) -> JSONResponse:
+def _database_problem(exc: DBAPIError) -> Problem:
     # A value the database cannot hold is the caller's; lost connections and lock
     # timeouts are worth a retry; anything else is our bug.
     if isinstance(exc, DataError):
         log.warning("value out of range for the database: %s", exc)
-        return error_response(400, 3, "a value is out of range for the database", [])
+        return Problem(400, 3, "a value is out of range for the database")
     orig = getattr(exc, "orig", None)
     sqlstate = str(getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None) or "")
     if sqlstate.startswith("22"):
-        # Postgres's "data exception" class, which asyncpg does not map to DataError: a text
-        # with a NUL character, or one the database encoding cannot hold.
+        # Postgres's "data exception" class, which asyncpg does not map to DataError: a
+        # number out of range, a text with a NUL character or one the encoding cannot hold.
         log.warning("value the database cannot hold: %s", exc)
-        return error_response(
-            400, 3, "a text value cannot be stored (NUL characters are not allowed)", []
+        return Problem(
+            400, 3, "a value cannot be stored: out of range, or a text with a NUL character"
         )
-    if isinstance(exc, OperationalError) or getattr(exc, "connection_invalidated", False):
+    if isinstance(exc, OperationalError) or exc.connection_invalidated:
         log.warning("database unavailable: %s", exc)
-        return error_response(503, 14, "the database is unavailable or busy; retry shortly", [])
-    return await _unexpected(request, exc)
+        return Problem(503, 14, "the database is unavailable or busy; retry shortly")
+    log.exception("unexpected database error", exc_info=exc)
+    return Problem(500, 13, "internal error; see the master log")
 
 
-async def _overflow(_request: Request, exc: Exception) -> JSONResponse:
-    return error_response(400, 3, f"a number is too large: {exc}", [])
-
-
-async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
-    log.exception("unexpected error", exc_info=exc)
-    return error_response(500, 13, "internal error; see the master log", [])
+async def _render(_request: Request, exc: Exception) -> JSONResponse:
+    problem = describe_error(exc)
+    return error_response(problem.http_status, problem.code, problem.message, problem.details)
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(MasterError, _master_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(HTTPException, _http_error)
-    app.add_exception_handler(IntegrityError, _integrity_error)
-    app.add_exception_handler(DBAPIError, _db_error)
-    app.add_exception_handler(OverflowError, _overflow)
-    app.add_exception_handler(Exception, _unexpected)
+    # Starlette picks a handler by the exception's class; every one renders describe_error.
+    for kind in (
+        MasterError,
+        RequestValidationError,
+        HTTPException,
+        DBAPIError,
+        OverflowError,
+        Exception,
+    ):
+        app.add_exception_handler(kind, _render)

@@ -1038,6 +1038,8 @@ def parse_yaml(text: str) -> dict[str, Any]:
         document = yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader
     except yaml.YAMLError as exc:
         raise ConfigError.at("", _yaml_error_message(exc)) from exc
+    except ValueError as exc:  # e.g. an integer longer than Python converts (4,300 digits)
+        raise ConfigError.at("", f"a value cannot be read: {exc}") from exc
     if not isinstance(document, dict):
         got = "an empty document" if document is None else f"a {_json_kind(document)}"
         raise ConfigError.at("", f"the config must be a YAML mapping of keys to values, got {got}")

@@ -36,6 +36,8 @@ NAMING_CONVENTION = {
 }
 
 JsonType = JSON().with_variant(JSONB(), "postgresql")
+# Ids and counts are 32-bit in the database; larger numbers are a 400, never a 500.
+MAX_INT = 2**31 - 1
 _BIG_ID = BigInteger().with_variant(Integer(), "sqlite")  # SQLite autoincrements INTEGER only
 
 

@@ -1,12 +1,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from master.db.models import TrialMetricModel, TrialModel
-from master.schemas.common import Pagination, WireInput, WireModel
+from master.schemas.common import DbInt, Pagination, UtcTime, WireInput, WireModel
 from master.services.allocations import task_id
 from master.services.experiments import ExperimentView, PendingReason
 from master.services.trial_reports import TrialSummary, metrics_workload
@@ -18,8 +18,8 @@ class ExperimentCreate(WireInput):
     model_definition: list[Any] | None = None
     activate: bool | None = True
     validate_only: bool | None = False
-    project_id: int | None = Field(default=None, ge=0, le=2**31 - 1)
-    parent_id: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    project_id: DbInt | None = None
+    parent_id: DbInt | None = None
     unmanaged: bool | None = None
 
 
@@ -185,11 +185,11 @@ class MetricValues(WireInput):
 
 
 class TrialMetrics(WireInput):
-    trial_id: int = Field(ge=0, le=2**31 - 1)
-    trial_run_id: int = Field(ge=0, le=2**31 - 1)
-    steps_completed: int = Field(ge=0, le=2**31 - 1)
+    trial_id: DbInt
+    trial_run_id: DbInt
+    steps_completed: DbInt
     metrics: MetricValues
-    report_time: datetime | None = None
+    report_time: UtcTime | None = None
 
 
 class MetricsReport(WireInput):
@@ -221,8 +221,16 @@ class RunnerMetadata(WireInput):
 
 
 class RunStart(WireInput):
-    run_id: int | None = None
+    run_id: DbInt | None = None
     checkpoint_storage: dict[str, Any] | None = None
+
+
+class CheckpointTraining(WireInput):
+    """The harness's training block; only trialId is read, the rest is allowed and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    trial_id: Annotated[DbInt, Field(strict=True)] | None = None
 
 
 class CheckpointIn(WireInput):
@@ -232,10 +240,10 @@ class CheckpointIn(WireInput):
     state: str = "STATE_COMPLETED"
     metadata: dict[str, Any] = Field(default_factory=dict)
     resources: dict[str, Any] = Field(default_factory=dict)
-    training: dict[str, Any] | None = None
+    training: CheckpointTraining | None = None
     task_id: str | None = None
     allocation_id: str | None = None
-    report_time: datetime | None = None
+    report_time: UtcTime | None = None
     storage_id: int | None = None
     experiment_config: dict[str, Any] | None = None
 

@@ -17,6 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.db.models import (
+    MAX_INT,
     AllocationModel,
     CheckpointModel,
     ExperimentModel,
@@ -29,7 +30,6 @@ from master.db.models import (
 from master.errors import Conflict, InvalidArgument, NotFound, PermissionDenied
 from resolute.checkpoint import storage_directory
 
-MAX_INT = 2**31 - 1
 MAX_METRICS_PER_REPORT = 1000
 _GROUP = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 # JSON has no NaN or infinity; Determined's harness sends them as these strings.
@@ -89,10 +89,14 @@ def clean_metric_values(values: Mapping[str, Any], path: str) -> dict[str, Any]:
 
 
 def numeric(value: Any) -> float | None:
-    """A metric value as a number, when it is one (bools and strings are not)."""
+    """A metric value as a number, when it is one (bools, strings and integers too large
+    for a float are not)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        return None
 
 
 # -- metrics -------------------------------------------------------------------------------
@@ -114,7 +118,6 @@ async def report_metrics(
             f"group: {group!r} must be 1 to 64 letters, digits, '_', '.' or '-' "
             "(training and validation are the usual groups)"
         )
-    _check_int(steps_completed, "metrics.stepsCompleted")
     trial = await trial_for_report(session, trial_id, user)
     if trial_run_id != trial.run_id:
         raise InvalidArgument(
@@ -219,10 +222,9 @@ class CheckpointReport:
 async def report_checkpoint(
     session: AsyncSession, user: UserModel, report: CheckpointReport
 ) -> CheckpointModel:
-    try:
-        canonical = str(uuidlib.UUID(report.uuid))
-    except ValueError:
-        raise InvalidArgument(f"uuid: {report.uuid!r} is not a UUID") from None
+    canonical = _stored_uuid(report.uuid)
+    if canonical is None:
+        raise InvalidArgument(f"uuid: {report.uuid!r} is not a UUID")
     if report.state not in ("STATE_COMPLETED", "COMPLETED"):
         raise InvalidArgument(
             f"state: {report.state!r}; only STATE_COMPLETED checkpoints can be reported"
@@ -232,7 +234,7 @@ async def report_checkpoint(
         raise InvalidArgument("metadata.steps_completed: required, an integer")
     _check_int(steps, "metadata.steps_completed")
     for path, size in report.resources.items():
-        if not isinstance(size, str | int) or not str(size).isdigit():
+        if not isinstance(size, str | int) or not (str(size).isascii() and str(size).isdigit()):
             raise InvalidArgument(f"resources.{path}: must be a size in bytes, got {size!r}")
     trial_id = report.trial_id
     if report.allocation_id:
@@ -278,16 +280,21 @@ async def report_checkpoint(
     return checkpoint
 
 
-def _stored_uuid(uuid: str) -> str:
-    """Checkpoints are stored under the canonical (lowercase) form of their uuid."""
+def _stored_uuid(uuid: str) -> str | None:
+    """The canonical (lowercase) form checkpoints are stored under; None if not a UUID."""
     try:
         return str(uuidlib.UUID(uuid))
     except ValueError:
-        return uuid
+        return None
+
+
+async def _checkpoint_by_uuid(session: AsyncSession, uuid: str) -> CheckpointModel | None:
+    canonical = _stored_uuid(uuid)
+    return await session.get(CheckpointModel, canonical) if canonical else None
 
 
 async def get_checkpoint(session: AsyncSession, uuid: str) -> CheckpointModel:
-    checkpoint = await session.get(CheckpointModel, _stored_uuid(uuid))
+    checkpoint = await _checkpoint_by_uuid(session, uuid)
     if checkpoint is None:
         raise NotFound(f"checkpoint {uuid} not found")
     return checkpoint
@@ -325,7 +332,7 @@ async def resume_point(
     if own is not None:
         return own
     source = (experiment.config.get("searcher") or {}).get("source_checkpoint_uuid")
-    return await session.get(CheckpointModel, _stored_uuid(str(source))) if source else None
+    return await _checkpoint_by_uuid(session, str(source)) if source else None
 
 
 async def start_run_from(
@@ -347,7 +354,7 @@ async def start_run_from(
 
 async def check_source_checkpoint(session: AsyncSession, searcher: Mapping[str, Any]) -> None:
     source = searcher.get("source_checkpoint_uuid")
-    if source and await session.get(CheckpointModel, _stored_uuid(str(source))) is None:
+    if source and await _checkpoint_by_uuid(session, str(source)) is None:
         raise InvalidArgument(f"searcher.source_checkpoint_uuid: checkpoint {source} not found")
     trial_id = searcher.get("source_trial_id")
     if trial_id is not None:

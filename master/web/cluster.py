@@ -33,10 +33,11 @@ from master.web.common import (
 
 router = APIRouter(route_class=WebRoute)
 
-ClusterPaging = Annotated[Paging, Depends(paging_by(20))]
 # Five minutes at the agents' one sample a second: what a small chart can show.
 CHART_SAMPLES = 300
 MAX_CHART_AGENTS = 100
+# A page never shows more agents than its chart feed answers for.
+ClusterPaging = Annotated[Paging, Depends(paging_by(20, most=MAX_CHART_AGENTS))]
 
 
 @dataclass(frozen=True)

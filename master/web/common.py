@@ -23,17 +23,14 @@ from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
 import yaml
 from fastapi import Depends, Query, Request, Response
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.routing import APIRoute
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
-from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
-from starlette.exceptions import HTTPException
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
 from master.api.deps import MAX_INT, SessionDep
-from master.api.errors import error_response
+from master.api.errors import describe_error, error_response
 from master.errors import InvalidArgument, MasterError, PayloadTooLarge, PermissionDenied
 from master.services import auth
 
@@ -179,7 +176,7 @@ environment = Environment(
 )
 environment.globals["static"] = static_url
 environment.filters.update(
-    when=_when, percent=_percent, gib=_gib, number=_number, yaml=to_yaml, state=_state_class
+    when=_when, percent=_percent, gib=_gib, number=_number, state=_state_class
 )
 environment.filters["path"] = _path
 
@@ -334,10 +331,10 @@ class Paging:
         return (self.page - 1) * self.per_page
 
 
-def paging_by(default: int) -> Callable[..., Paging]:
+def paging_by(default: int, most: int = MAX_PER_PAGE) -> Callable[..., Paging]:
     def paging(
         page: int = Query(1, ge=1, le=MAX_PAGE),
-        per_page: int = Query(default, ge=1, le=MAX_PER_PAGE),
+        per_page: int = Query(default, ge=1, le=most),
     ) -> Paging:
         return Paging(page, per_page)
 
@@ -362,12 +359,23 @@ class PageLinks:
 
 
 def page_links(
-    path: str, paged: Paging, total: int, shown: int, params: Mapping[str, Any] | None = None
+    path: str,
+    paged: Paging,
+    total: int,
+    shown: int,
+    params: Mapping[str, Any] | None = None,
+    *,
+    page_param: str = "page",
+    per_page_param: str | None = "per_page",
 ) -> PageLinks:
+    """Links for one of a page's tables; a page with two tables names each its own
+    parameters (a fixed-size table has no per_page parameter)."""
     pages = max(1, math.ceil(total / paged.per_page))
 
     def url(page: int) -> str:
-        query = {**(params or {}), "page": page, "per_page": paged.per_page}
+        query = {**(params or {}), page_param: page}
+        if per_page_param:
+            query[per_page_param] = paged.per_page
         return f"{path}?{urlencode({k: v for k, v in query.items() if v not in (None, '')})}"
 
     return PageLinks(
@@ -413,13 +421,6 @@ def _problem(
     )
 
 
-def _has_nul(request: Request) -> bool:
-    path: str = request.scope.get("path", "")
-    return "\x00" in path or any(
-        "\x00" in k or "\x00" in v for k, v in request.query_params.multi_items()
-    )
-
-
 class WebRoute(APIRoute):
     """Renders errors as pages (or as the API's JSON for the .json feeds the pages poll).
 
@@ -431,9 +432,6 @@ class WebRoute(APIRoute):
         handler = super().get_route_handler()
 
         async def route(request: Request) -> Response:
-            if _has_nul(request):
-                # Postgres text cannot hold NUL: refuse it before any query sees it.
-                return _problem(400, 3, "the URL must not contain NUL characters", [], request)
             try:
                 return await handler(request)
             except SignInRequired:
@@ -447,39 +445,12 @@ class WebRoute(APIRoute):
                     response = redirect(target)
                 response.delete_cookie(COOKIE, path="/ui")
                 return response
-            except RequestValidationError as exc:
-                details = [
-                    {
-                        "path": ".".join(str(p) for p in e.get("loc", ())[1:]) or "request",
-                        "message": str(e.get("msg", "")),
-                    }
-                    for e in exc.errors()
-                ]
-                message = "; ".join(f"{d['path']}: {d['message']}" for d in details)
-                return _problem(400, 3, message or "invalid request", details, request)
-            except MasterError as exc:
-                return _problem(exc.http_status, exc.grpc_code, exc.message, exc.details, request)
-            except HTTPException as exc:
-                return _problem(exc.status_code, 2, str(exc.detail), [], request)
-            except IntegrityError:
-                log.warning("web: integrity error on %s", request.url.path, exc_info=True)
-                message = "the change conflicts with data stored meanwhile; retry"
-                return _problem(409, 6, message, [], request)
-            except (OperationalError, DBAPIError) as exc:
-                if isinstance(exc, DataError):
-                    # A value the database cannot hold (a NUL in a path segment, say).
-                    log.warning("web: value refused by the database: %s", exc)
-                    message = "a value in the request cannot be stored or searched for"
-                    return _problem(400, 3, message, [], request)
-                if isinstance(exc, OperationalError) or exc.connection_invalidated:
-                    log.warning("web: database unavailable: %s", exc)
-                    message = "the database is unavailable or busy; retry shortly"
-                    return _problem(503, 14, message, [], request)
-                log.exception("web: database error on %s", request.url.path)
-                return _problem(500, 13, "internal error; see the master log", [], request)
-            except Exception:
-                log.exception("web: unexpected error on %s", request.url.path)
-                return _problem(500, 13, "internal error; see the master log", [], request)
+            except Exception as exc:
+                # The API's own mapping, so a page and the JSON API never disagree.
+                problem = describe_error(exc)
+                return _problem(
+                    problem.http_status, problem.code, problem.message, problem.details, request
+                )
 
         return route
 

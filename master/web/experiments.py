@@ -3,6 +3,7 @@ charts and log view poll (trial metrics, trial logs)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 from urllib.parse import urlencode
@@ -180,7 +181,13 @@ async def _live_context(
         "selected": selected if selected is not None else (rows[0].id if rows else None),
         "trials_page": trials_page,
         "trials_pager": page_links(
-            f"/ui/experiments/{experiment_id}", paged, total, len(rows), {"trial": selected}
+            f"/ui/experiments/{experiment_id}",
+            paged,
+            total,
+            len(rows),
+            {"trial": selected},
+            page_param="trials_page",
+            per_page_param=None,
         ),
         "polling": not state.is_terminal,
         "actions": {
@@ -346,7 +353,7 @@ async def trial_metrics(trial_id: ObjectId, session: SessionDep, _web: WebSessio
 
 def _finite(value: float | None) -> float | None:
     # NaN and infinities are not JSON; the chart shows a gap instead.
-    return value if value is not None and abs(value) != float("inf") and value == value else None
+    return value if value is not None and math.isfinite(value) else None
 
 
 @router.get("/ui/trials/{trial_id}/logs.json")

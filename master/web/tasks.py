@@ -32,10 +32,13 @@ TasksPaging = Annotated[Paging, Depends(paging_by(50))]
 NOTICES = {"priority": "Priority changed; the next scheduling pass reorders the queue."}
 
 
-async def _context(session: AsyncSession, paged: Paging) -> dict[str, Any]:
+async def _context(
+    session: AsyncSession, paged: Paging, *, with_jobs: bool = True
+) -> dict[str, Any]:
     allocations = await tasks.list_tasks(session)
     shown = slice_page(allocations, paged)
-    jobs = await tasks.list_jobs(session)
+    # The 3-second refresh (tasks_live.html) shows allocations only.
+    jobs = await tasks.list_jobs(session) if with_jobs else []
     return {
         "nav": "tasks",
         "tasks": shown,
@@ -53,9 +56,10 @@ async def tasks_page(
     paged: TasksPaging,
     notice: str = "",
 ) -> Response:
-    context = await _context(session, paged)
+    live = is_htmx(request)
+    context = await _context(session, paged, with_jobs=not live)
     context["notice"] = NOTICES.get(notice)
-    template = "tasks_live.html" if is_htmx(request) else "tasks.html"
+    template = "tasks_live.html" if live else "tasks.html"
     return page_response(request, template, context, web=web)
 
 

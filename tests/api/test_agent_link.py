@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -16,7 +15,6 @@ from fastapi import FastAPI
 from master.db.session import session_scope
 from master.services import agent_link, scheduler
 from master.services.agent_link import AgentHub, Connection, Refusal
-from master.services.preemption import PreemptionSignals
 from resolute_proto.agent.v1 import agent_pb2 as pb
 
 CONFIG = """
@@ -166,18 +164,6 @@ async def test_a_wrong_join_token_is_refused_and_registers_nothing(
 
 
 # -- preemption, resuming ------------------------------------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def fresh_signals(app: FastAPI) -> Iterator[PreemptionSignals]:
-    """Preemption signals live in memory for the app's lifetime, and the cleared database
-    reuses allocation ids on SQLite: an earlier test's signal must not leak into this one."""
-    hub: AgentHub = app.state.agent_hub
-    before = app.state.preemption
-    # Set by hand: monkeypatch would delete the attribute from starlette's State on undo.
-    app.state.preemption = hub.preemption = PreemptionSignals()
-    yield hub.preemption
-    app.state.preemption = hub.preemption = before
 
 
 def stops(*connections: Connection) -> list[list[Any]]:

@@ -90,3 +90,13 @@ async def test_a_nul_character_is_a_400_on_both_databases(
     # SQLite stores NUL and simply finds nothing; Postgres cannot hold it: never a 500.
     assert reply.status_code in (400, 404), reply.text
     assert reply.json()["code"] in (3, 5)
+
+
+async def test_an_integer_python_cannot_read_is_a_config_error(api: httpx.AsyncClient) -> None:
+    huge = "9" * 5000  # Python refuses to convert integers over 4,300 digits
+    for reply in (
+        await api.post("/api/v1/experiments", json={"config": f"name: x\nmax_restarts: {huge}\n"}),
+        await api.put("/api/v1/templates/huge", json={"name": "huge", "config": f"x: {huge}"}),
+    ):
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["code"] == 3

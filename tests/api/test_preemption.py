@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 
 import httpx
-import pytest
 from fastapi import FastAPI
 
 from master.db.session import session_scope
 from master.services import scheduler
-from master.services.preemption import PreemptionSignals
 from tests.api.test_agent_link import connect, hub_of
 from tests.factories import create_experiment
 
@@ -22,18 +19,6 @@ name: preemption
 entrypoint: python3 train.py
 searcher: {name: single, metric: loss, max_length: {batches: 100}}
 """
-
-
-@pytest.fixture(autouse=True)
-def fresh_signals(app: FastAPI) -> Iterator[PreemptionSignals]:
-    """Signals live in memory for the app's lifetime, and the cleared database reuses
-    allocation ids on SQLite: a signal raised in an earlier test must not leak into this one."""
-    hub = app.state.agent_hub
-    before = app.state.preemption
-    # Set by hand: monkeypatch would delete the attribute from starlette's State on undo.
-    app.state.preemption = hub.preemption = PreemptionSignals()
-    yield app.state.preemption
-    app.state.preemption = hub.preemption = before
 
 
 async def queued_allocation(api: httpx.AsyncClient) -> tuple[int, str]:

@@ -701,3 +701,72 @@ async def test_a_known_source_checkpoint_and_determinism_are_accepted(
     stored = reply.json()["experiment"]["config"]
     assert stored["searcher"]["source_checkpoint_uuid"] == uuid
     assert stored["reproducibility"]["deterministic"] is True
+
+
+async def test_report_times_are_stored_in_utc_and_unstorable_ones_refused(
+    api: httpx.AsyncClient,
+) -> None:
+    (trial,) = await submit(api)
+    body = metrics_body(trial, "training", 1, {"loss": 1.0})
+    body["metrics"]["reportTime"] = "2026-11-21T10:00:00"  # no zone: UTC
+    await ok(api.post(f"/api/v1/trials/{trial.id}/metrics", json=body))
+    (row,) = (await ok(api.get(f"/api/v1/trials/{trial.id}/metrics")))["metrics"]
+    assert row["reportTime"].startswith("2026-11-21T10:00:00")
+    for moment in ("9999-12-31T23:59:59-23:59", "0001-01-01T00:00:00+14:00"):
+        body["metrics"]["reportTime"] = moment
+        refused = await api.post(f"/api/v1/trials/{trial.id}/metrics", json=body)
+        assert refused.status_code == 400, refused.text
+        assert "reportTime" in refused.json()["message"]
+        checkpoint = checkpoint_body(trial, 5, reportTime=moment)
+        refused = await api.post("/api/v1/checkpoints", json=checkpoint)
+        assert refused.status_code == 400, refused.text
+    assert await curve(api, trial) == [("training", 1, {"loss": 1.0})]
+
+
+async def test_out_of_range_ids_in_a_checkpoint_report_are_refused(
+    api: httpx.AsyncClient,
+) -> None:
+    (trial,) = await submit(api)
+    for training in ({"trialId": 2**40}, {"trialId": "7"}):
+        body = checkpoint_body(trial, 5, training=training, allocationId=None)
+        refused = await api.post("/api/v1/checkpoints", json=body)
+        assert refused.status_code == 400, refused.text
+        assert "training.trialId" in refused.json()["message"]
+    refused = await api.post("/api/v1/runs/start", json={"runId": 2**40})
+    assert refused.status_code == 400 and "runId" in refused.json()["message"], refused.text
+    sizes = checkpoint_body(trial, 5, resources={"model.pt": "١٢"})  # Arabic-Indic digits
+    refused = await api.post("/api/v1/checkpoints", json=sizes)
+    assert refused.status_code == 400 and "resources.model.pt" in refused.json()["message"]
+    assert (await ok(api.get(f"/api/v1/trials/{trial.id}/checkpoints")))["checkpoints"] == []
+
+
+async def test_the_trial_checkpoint_list_sorts_and_pages_like_the_experiments(
+    api: httpx.AsyncClient,
+) -> None:
+    (trial,) = await submit(api)
+    for steps, loss in ((10, 0.5), (20, 0.25), (30, 0.75)):
+        await ok(report(api, trial, "validation", steps, {"loss": loss}))
+        await save(api, trial, steps)
+    path = f"/api/v1/trials/{trial.id}/checkpoints"
+    best = await ok(api.get(path, params={"sortByAttr": "SORT_BY_SEARCHER_METRIC", "limit": 1}))
+    assert [c["stepsCompleted"] for c in best["checkpoints"]] == [20]
+    assert best["pagination"]["total"] == 3
+    newest = await ok(
+        api.get(path, params={"sortByAttr": "SORT_BY_BATCH_NUMBER", "orderBy": "ORDER_BY_DESC"})
+    )
+    assert [c["stepsCompleted"] for c in newest["checkpoints"]] == [30, 20, 10]
+    bad = await api.get(path, params={"sortByAttr": "SORT_BY_BOGUS"})
+    assert bad.status_code == 400 and "sortByAttr" in bad.json()["message"]
+
+
+async def test_an_integer_too_large_for_a_float_is_no_best_metric(api: httpx.AsyncClient) -> None:
+    (trial,) = await submit(api)
+    await ok(report(api, trial, "validation", 10, {"loss": 2**1100}))
+    experiment = await experiment_json(api, trial.experiment_id)
+    assert experiment["bestValidationMetric"] is None
+    missing = await api.get(
+        f"/api/v1/experiments/{trial.experiment_id}/searcher/best_searcher_validation_metric"
+    )
+    assert missing.status_code == 404
+    await ok(report(api, trial, "validation", 20, {"loss": 0.5}))
+    assert (await experiment_json(api, trial.experiment_id))["bestValidationMetric"] == 0.5

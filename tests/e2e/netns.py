@@ -19,6 +19,7 @@ Everything here needs root and the `ip` tool (iproute2).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -28,6 +29,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.conftest import require
 
 IP = "ip"
 NETNS_PREFIX = "resolute-e2e-"
@@ -260,3 +263,14 @@ def topology(tag: str, **kwargs: object) -> Iterator[Topology]:
     problems = net.destroy()
     if problems:
         raise RuntimeError("could not remove the test network: " + "; ".join(problems))
+
+
+def require_netns_and_torch() -> None:
+    """The multi-host tests need namespaces and torch.distributed; skip (fail under CI)
+    with the reason otherwise."""
+    usable, reason = available()
+    require(usable, reason)
+    require(
+        importlib.util.find_spec("torch") is not None,
+        "torch is not importable by the agents' interpreter (pip install torch)",
+    )

@@ -10,7 +10,6 @@ counters of the links show which one the all-reduce really crossed.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -22,7 +21,6 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import require
 from tests.e2e import netns
 from tests.e2e.agents import (
     AgentProcess,
@@ -69,12 +67,7 @@ print("RANK STARTED", flush=True)
 
 @pytest.fixture(autouse=True)
 def prerequisites() -> None:
-    usable, reason = netns.available()
-    require(usable, reason)
-    require(
-        importlib.util.find_spec("torch") is not None,
-        "torch is not importable by the agents' interpreter (pip install torch)",
-    )
+    netns.require_netns_and_torch()
 
 
 @dataclass

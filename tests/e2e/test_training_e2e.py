@@ -13,7 +13,6 @@ every client says why. One uninterrupted 4-slot run is the baseline of (1), (3) 
 from __future__ import annotations
 
 import csv
-import importlib.util
 import io
 import re
 import time
@@ -46,20 +45,11 @@ TOLERANCE = 1e-6  # relative, at every step
 STEP_SLEEP_S = 0.25
 
 
-def prerequisites() -> None:
-    usable, reason = netns.available()
-    require(usable, reason)
-    require(
-        importlib.util.find_spec("torch") is not None,
-        "torch is not importable by the agents' interpreter (pip install torch)",
-    )
-
-
 @pytest.fixture(scope="module")
 def cluster(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[TrainingCluster]:
-    prerequisites()
+    netns.require_netns_and_torch()
     with training_cluster(request.node.nodeid, tmp_path_factory.mktemp("training")) as made:
         yield made
 

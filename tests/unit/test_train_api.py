@@ -247,19 +247,32 @@ def test_a_cluster_context_reports_metrics_checkpoints_and_progress(
     assert {s.headers.get("Authorization") for s in fake.seen} == {"Bearer trial-token"}
 
 
+def refuse_metrics(method: str, path: str, body: Any) -> Reply:
+    """A master that refuses every metrics report (a stale run id) and answers the rest."""
+    if path.endswith("/metrics"):
+        return 400, {"code": 3, "message": "trialRunId 1 is not the trial's current run"}
+    return 200, {"preempt": False}
+
+
 def test_close_raises_when_metrics_could_not_be_delivered(
     fake: FakeMaster, cluster_env: Path
 ) -> None:
-    def route(method: str, path: str, body: Any) -> Reply:
-        if path.endswith("/metrics"):
-            return 400, {"code": 3, "message": "trialRunId 1 is not the trial's current run"}
-        return 200, {"preempt": False}
-
-    fake.route = route
+    fake.route = refuse_metrics
     ctx = resolute.init(seed_everything=False)
     ctx.train.report_training_metrics(1, {"loss": 1.0})
     with pytest.raises(ShippingError, match="not the trial's current run"):
         ctx.close()
+
+
+def test_context_reraises_the_training_error_not_a_close_error(
+    fake: FakeMaster, cluster_env: Path
+) -> None:
+    fake.route = refuse_metrics
+    # Closing fails too (the report is refused), but the training code's error is the one
+    # the user must see.
+    with pytest.raises(ZeroDivisionError), resolute.init(seed_everything=False) as ctx:
+        ctx.train.report_training_metrics(1, {"loss": 1.0})
+        _ = 1 / 0
 
 
 def test_restore_asks_the_master_where_a_foreign_checkpoint_lives(

@@ -129,14 +129,6 @@ def test_a_failed_checkpoint_leaves_nothing(
             pass
 
 
-def test_context_reraises_the_training_error_not_a_close_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("DET_TRIAL_ID", raising=False)
-    with pytest.raises(ZeroDivisionError), resolute.init(checkpoint_dir=tmp_path):
-        _ = 1 / 0
-
-
 def test_importing_resolute_imports_neither_torch_nor_numpy() -> None:
     import subprocess
     import sys

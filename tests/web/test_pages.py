@@ -4,6 +4,7 @@ the JSON feeds the charts and the log view poll."""
 
 from __future__ import annotations
 
+import html
 import re
 from datetime import UTC, datetime
 from typing import Any
@@ -341,6 +342,7 @@ async def test_bad_paging_and_sorting_parameters_are_refused_cleanly(
         "/ui/templates?per_page=-1",
         "/ui/tasks?page=1.5",
         "/ui/cluster?per_page=x",
+        "/ui/cluster?per_page=101",  # more agents than the chart feed answers for
         "/ui/experiments/-1",
         f"/ui/experiments/{2**40}",
         f"/ui/experiments/{experiment['id']}?trials_page=0",
@@ -409,6 +411,29 @@ async def test_experiment_page_shows_config_sources_seeds_and_trials(
     other = await experiment_with_trials(web)
     wrong_trial = await web.get(f"/ui/experiments/{experiment['id']}?trial={other['id'] * 100}")
     assert wrong_trial.status_code in (400, 404)
+    (other_trial, *_) = (await web.get(f"/api/v1/experiments/{other['id']}/trials")).json()[
+        "trials"
+    ]
+    foreign = await web.get(f"/ui/experiments/{experiment['id']}?trial={other_trial['id']}")
+    assert foreign.status_code == 400  # another experiment's trial, not a missing one
+    assert "is not a trial of experiment" in foreign.text
+
+
+async def test_the_trials_table_pages_through_every_trial(web: httpx.AsyncClient) -> None:
+    await bearer(web)
+    many = EXPERIMENT_YAML.replace("max_trials: 3", "max_trials: 30")
+    assert many != EXPERIMENT_YAML
+    experiment = await experiment_with_trials(web, config=many)
+    trials = (await web.get(f"/api/v1/experiments/{experiment['id']}/trials")).json()["trials"]
+    ids = sorted(t["id"] for t in trials)
+    assert len(ids) == 30
+    first = await web.get(f"/ui/experiments/{experiment['id']}")
+    next_urls = re.findall(r'href="([^"]*trials_page=2[^"]*)"', first.text)
+    assert next_urls, "the trials table links to its second page"
+    second = await web.get(html.unescape(next_urls[0]))
+    assert second.status_code == 200
+    shown = {int(t) for t in re.findall(r'data-trial-id="(\d+)"', second.text)}
+    assert shown == set(ids[25:])  # the trials the first page could not show
 
 
 async def test_pause_activate_kill_and_a_refused_action(web: httpx.AsyncClient) -> None:

@@ -5,12 +5,14 @@ Shapes follow Determined's Core API (det-wire-contract.md §5), so its harness w
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
+from sqlalchemy import select
 
 from master.api.deps import MAX_INT, CurrentUser, ObjectId, PreemptionDep, SessionDep
-from master.db.models import AllocationState, CheckpointModel, ExperimentModel
+from master.db.models import AllocationState, CheckpointModel, ExperimentModel, TrialModel
 from master.errors import InvalidArgument, NotFound
 from master.schemas.common import Pagination
 from master.schemas.experiments import (
@@ -32,6 +34,7 @@ from master.schemas.experiments import (
 from master.services import allocations, experiments, trial_reports
 
 router = APIRouter(prefix="/api/v1", tags=["Trials"])
+_Row = TypeVar("_Row", TrialModel, ExperimentModel)
 
 # The harness asks with 60 s and gives up after 70 s; longer holds would outlive it.
 MAX_PREEMPTION_WAIT_S = 60
@@ -128,18 +131,18 @@ async def start_run(body: RunStart, session: SessionDep, user: CurrentUser) -> E
 
 async def _checkpoint_views(session: SessionDep, rows: list[CheckpointModel]) -> list[Checkpoint]:
     metrics = await trial_reports.checkpoint_metrics(session, rows)
-    experiment_rows: dict[int, ExperimentModel] = {}
+    # Three queries for any number of checkpoints: their trials, experiments and metrics.
+    trials = await _by_id(session, TrialModel, {row.trial_id for row in rows})
+    experiment_rows = await _by_id(session, ExperimentModel, {row.experiment_id for row in rows})
+    metric_names = {
+        eid: trial_reports.searcher_metric(e.config)[0] for eid, e in experiment_rows.items()
+    }
     views = []
     for row in rows:
-        experiment = experiment_rows.get(row.experiment_id)
-        if experiment is None:
-            experiment = await session.get(ExperimentModel, row.experiment_id)
-            assert experiment is not None  # foreign key
-            experiment_rows[row.experiment_id] = experiment
-        trial = await experiments.get_trial(session, row.trial_id)
+        experiment = experiment_rows[row.experiment_id]
+        metric = metric_names[row.experiment_id]
         at_step = metrics.get((row.trial_id, row.steps_completed), {})
         validation = at_step.get(trial_reports.VALIDATION, {})
-        metric, _ = trial_reports.searcher_metric(experiment.config)
         views.append(
             Checkpoint(
                 uuid=row.uuid,
@@ -154,7 +157,7 @@ async def _checkpoint_views(session: SessionDep, rows: list[CheckpointModel]) ->
                     "experimentId": row.experiment_id,
                     # The official client reads searcher.metric from here.
                     "experimentConfig": experiment.config,
-                    "hparams": trial.hparams,
+                    "hparams": trials[row.trial_id].hparams,
                     "trainingMetrics": {"avgMetrics": at_step.get(trial_reports.TRAINING, {})},
                     "validationMetrics": {"avgMetrics": validation},
                     "searcherMetric": trial_reports.numeric(validation.get(metric))
@@ -168,6 +171,12 @@ async def _checkpoint_views(session: SessionDep, rows: list[CheckpointModel]) ->
             )
         )
     return views
+
+
+async def _by_id(session: SessionDep, model: type[_Row], ids: set[int]) -> dict[int, _Row]:
+    if not ids:
+        return {}
+    return {row.id: row for row in await session.scalars(select(model).where(model.id.in_(ids)))}
 
 
 CHECKPOINT_SORTS = (
@@ -232,11 +241,6 @@ async def _checkpoint_list(
 
 @router.post("/checkpoints")
 async def report_checkpoint(body: CheckpointIn, session: SessionDep, user: CurrentUser) -> Empty:
-    training_trial = (body.training or {}).get("trialId")
-    if training_trial is not None and (
-        isinstance(training_trial, bool) or not isinstance(training_trial, int)
-    ):
-        raise InvalidArgument("training.trialId: must be an integer")
     await trial_reports.report_checkpoint(
         session,
         user,
@@ -247,7 +251,7 @@ async def report_checkpoint(body: CheckpointIn, session: SessionDep, user: Curre
             resources=body.resources,
             allocation_id=body.allocation_id or "",
             task_id=body.task_id or "",
-            trial_id=training_trial,
+            trial_id=body.training.trial_id if body.training else None,
             report_time=body.report_time,
         ),
     )
@@ -260,13 +264,43 @@ async def get_checkpoint(uuid: str, session: SessionDep, _user: CurrentUser) -> 
     return CheckpointResponse(checkpoint=(await _checkpoint_views(session, [row]))[0])
 
 
+@dataclass(frozen=True)
+class CheckpointQuery:
+    offset: int = Query(0, ge=0, le=MAX_INT)
+    limit: int = Query(0, ge=0, le=MAX_INT, description="0 returns every checkpoint")
+    sort_by: str = Query("SORT_BY_UNSPECIFIED", alias="sortByAttr")
+    order_by: str = Query("ORDER_BY_UNSPECIFIED", alias="orderBy")
+
+
+async def _checkpoint_page(
+    session: SessionDep,
+    experiment: ExperimentModel,
+    rows: list[CheckpointModel],
+    query: CheckpointQuery,
+) -> CheckpointList:
+    _, smaller_is_better = trial_reports.searcher_metric(experiment.config)
+    return await _checkpoint_list(
+        session,
+        rows,
+        offset=query.offset,
+        limit=query.limit,
+        sort_by=query.sort_by,
+        order_by=query.order_by,
+        smaller_is_better=smaller_is_better,
+    )
+
+
 @router.get("/trials/{trial_id}/checkpoints")
 async def trial_checkpoints(
-    trial_id: ObjectId, session: SessionDep, _user: CurrentUser
+    trial_id: ObjectId,
+    session: SessionDep,
+    _user: CurrentUser,
+    query: Annotated[CheckpointQuery, Depends()],
 ) -> CheckpointList:
-    await experiments.get_trial(session, trial_id)
+    trial = await experiments.get_trial(session, trial_id)
+    experiment = (await experiments.get_experiment(session, trial.experiment_id)).experiment
     rows = await trial_reports.list_checkpoints(session, trial_id=trial_id)
-    return await _checkpoint_list(session, rows)
+    return await _checkpoint_page(session, experiment, rows, query)
 
 
 @router.get("/experiments/{experiment_id}/checkpoints")
@@ -274,23 +308,11 @@ async def experiment_checkpoints(
     experiment_id: ObjectId,
     session: SessionDep,
     _user: CurrentUser,
-    offset: int = Query(0, ge=0, le=MAX_INT),
-    limit: int = Query(0, ge=0, le=MAX_INT, description="0 returns every checkpoint"),
-    sort_by: Annotated[str, Query(alias="sortByAttr")] = "SORT_BY_UNSPECIFIED",
-    order_by: Annotated[str, Query(alias="orderBy")] = "ORDER_BY_UNSPECIFIED",
+    query: Annotated[CheckpointQuery, Depends()],
 ) -> CheckpointList:
     experiment = (await experiments.get_experiment(session, experiment_id)).experiment
     rows = await trial_reports.list_checkpoints(session, experiment_id=experiment_id)
-    _, smaller_is_better = trial_reports.searcher_metric(experiment.config)
-    return await _checkpoint_list(
-        session,
-        rows,
-        offset=offset,
-        limit=limit,
-        sort_by=sort_by,
-        order_by=order_by,
-        smaller_is_better=smaller_is_better,
-    )
+    return await _checkpoint_page(session, experiment, rows, query)
 
 
 @router.get("/experiments/{experiment_id}/searcher/best_searcher_validation_metric")
