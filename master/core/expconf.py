@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import copy
 import difflib
+import itertools
 import math
 import posixpath
 import re
+import shlex
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from types import NoneType, UnionType
 from typing import (
@@ -55,6 +57,8 @@ from typing_extensions import TypeAliasType
 from master.core.errors import ConfigError, ConfigProblem
 
 __all__ = [
+    "DEEPSPEED_LAUNCHER",
+    "HOROVOD_LAUNCHER",
     "HYPERPARAMETER_TYPES",
     "MAX_EXPERIMENT_SEED",
     "STORAGE_TYPES",
@@ -89,6 +93,7 @@ __all__ = [
     "SharedFSStorage",
     "config_warnings",
     "effective_dict",
+    "entrypoint_modules",
     "parse_yaml",
     "validate_config",
 ]
@@ -421,6 +426,10 @@ class Environment(_Strict):
     add_capabilities: list[str] = Field(default_factory=list)
     drop_capabilities: list[str] = Field(default_factory=list)
     proxy_ports: list[ProxyPort] = Field(default_factory=list)
+    ports: dict[str, int] = Field(default_factory=dict)
+    """Docker's published container ports, by name. Like image, registry_auth,
+    force_pull_image, pod_spec and the capabilities, it is accepted so that Determined's
+    configs submit unchanged, and `config_warnings` says it does not apply."""
     # resolute's extension: overrides the master's task_container_defaults for this experiment.
     dtrain_network_interface: NonEmptyStr | None = Field(default=None, max_length=64)
 
@@ -724,6 +733,10 @@ class ExperimentConfig(_Strict):
         ]
         | None
     ) = None
+    launch_layout: Literal["auto", "per_slot", "per_agent"] = "auto"
+    """resolute's: one process per slot, or Determined's one per agent (a launcher starts
+    the ranks); auto decides from the entrypoint (master.core.launch.choose_layout) and the
+    master stores the decision."""
     hyperparameters: dict[str, Hyperparameter] = Field(default_factory=dict)
     resources: Resources = Field(default_factory=Resources)
     reproducibility: Reproducibility = Field(default_factory=Reproducibility)
@@ -984,6 +997,13 @@ _Loader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
+# YAML 1.2 floats that YAML 1.1 reads as strings (`lr: 1e-5`, `3E2`): Determined's master
+# (Go) reads them as numbers, and so many configs write learning rates that way.
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 
 
 def _yaml_error_message(exc: yaml.YAMLError) -> str:
@@ -1271,6 +1291,66 @@ def _check_workspace_project(cfg: ExperimentConfig, complete: bool) -> list[Conf
     return [ConfigProblem(missing, f"required when {other} is set (give both or neither)")]
 
 
+HOROVOD_LAUNCHER = "determined.launch.horovod"
+DEEPSPEED_LAUNCHER = "determined.launch.deepspeed"
+
+
+def _entrypoint_argv(entrypoint: Any) -> list[str]:
+    """The entrypoint as arguments; empty when there is none or a string cannot be split
+    (choosing the launch layout reports that one)."""
+    if isinstance(entrypoint, list):
+        return [arg for arg in entrypoint if isinstance(arg, str)]
+    if not isinstance(entrypoint, str):
+        return []
+    try:
+        return shlex.split(entrypoint)
+    except ValueError:
+        return []
+
+
+def entrypoint_modules(entrypoint: Any) -> list[str]:
+    """Every module the entrypoint runs with `-m MODULE` (or `-mMODULE`), in order: a
+    launcher such as determined.launch.deepspeed, then whatever it runs in turn."""
+    argv = _entrypoint_argv(entrypoint)
+    modules = []
+    for index, arg in enumerate(argv):
+        if arg == "-m" and index + 1 < len(argv):
+            modules.append(argv[index + 1])
+        elif arg.startswith("-m") and not arg.startswith("--") and len(arg) > 2:
+            modules.append(arg[2:])
+    return modules
+
+
+def _check_entrypoint(cfg: ExperimentConfig, complete: bool) -> list[ConfigProblem]:
+    """What the agents cannot run, refused at submit rather than when a trial starts: a
+    legacy Trial class (master.core.launch.entrypoint_argv's rule: one argument with a ':'
+    and no '/'), and Determined's Horovod launcher."""
+    argv = _entrypoint_argv(cfg.entrypoint)
+    # Also the form Determined turns it into: a launcher given `--trial module:Class`.
+    trial_class = [b for a, b in itertools.pairwise(argv) if a == "--trial"]
+    if (len(argv) == 1 and ":" in argv[0] and "/" not in argv[0]) or trial_class:
+        named = trial_class[0] if trial_class else argv[0]
+        return [
+            ConfigProblem(
+                "entrypoint",
+                f"{named!r} names a Trial class (Determined's legacy API), which resolute "
+                "does not run; port it to the PyTorch Trainer and use `python3 -m "
+                "determined.launch.torch_distributed python3 train.py`, or run a script "
+                "(`python3 train.py`)",
+            )
+        ]
+    if HOROVOD_LAUNCHER in entrypoint_modules(cfg.entrypoint):
+        return [
+            ConfigProblem(
+                "entrypoint",
+                f"runs {HOROVOD_LAUNCHER}, which resolute does not support: Horovod needs sshd "
+                "between containers, which bare-process agents do not run; use "
+                "determined.launch.torch_distributed",
+            )
+        ]
+    return []
+
+
 _Check = Callable[[ExperimentConfig, bool], list[ConfigProblem]]
 
 # Cross-field checks and the top-level sections they read; a check is skipped when one of
@@ -1281,6 +1361,7 @@ _CHECKS: tuple[tuple[frozenset[str], _Check], ...] = (
     (frozenset({"hyperparameters", "resources"}), _check_batch_vs_slots),
     (frozenset({"hyperparameters", "searcher"}), _check_grid_counts),
     (frozenset({"workspace", "project"}), _check_workspace_project),
+    (frozenset({"entrypoint"}), _check_entrypoint),
 )
 
 
@@ -1312,7 +1393,7 @@ def effective_dict(cfg: ExperimentConfig) -> dict[str, Any]:
 
 def config_warnings(cfg: ExperimentConfig) -> list[str]:
     """Things that are allowed but probably not what the user meant."""
-    warnings: list[str] = []
+    warnings: list[str] = _docker_only_warnings(cfg.environment)
     hp = cfg.hyperparameters.get("global_batch_size")
     slots = cfg.resources.slots_per_trial
     if isinstance(hp, ConstHP) and _is_positive_int(hp.val) and slots >= 1:
@@ -1335,4 +1416,59 @@ def config_warnings(cfg: ExperimentConfig) -> list[str]:
                 f"{_GBS} values {small} are below resources.slots_per_trial ({slots}); "
                 "trials that use them give each slot 0 samples"
             )
+    return warnings
+
+
+_NO_IMAGES = "resolute agents run trials as processes on the host, not in images"
+_NO_CONTAINERS = (
+    "resolute agents run trials as processes of the agent's user, not in containers, so "
+    "no capabilities are added or dropped"
+)
+
+
+def _docker_only_warnings(env: Environment) -> list[str]:
+    """One warning per Docker- or Kubernetes-only environment key the config sets to
+    something (an empty list or `force_pull_image: false` asks for nothing and is not
+    mentioned). These keys are accepted, never refused, so Determined's configs submit
+    unchanged. Credentials and pod specs are named, not shown."""
+    warnings: list[str] = []
+    if isinstance(env.image, EnvironmentImageMap):
+        images = ", ".join(
+            f"{kind}: {name}" for kind, name in env.image.model_dump().items() if name
+        )
+    else:
+        images = env.image or ""
+    if images:
+        warnings.append(
+            f"environment.image ({images}) does not apply: {_NO_IMAGES}; choose the "
+            "interpreter with environment.environment_variables PATH=..."
+        )
+    if env.registry_auth is not None and env.registry_auth.model_dump(exclude_none=True):
+        warnings.append(
+            f"environment.registry_auth does not apply: {_NO_IMAGES}, so none is pulled"
+        )
+    if env.force_pull_image:
+        warnings.append(
+            f"environment.force_pull_image (true) does not apply: {_NO_IMAGES}, so none is pulled"
+        )
+    if env.pod_spec:
+        warnings.append(
+            "environment.pod_spec does not apply: resolute runs trials as processes on its "
+            "agents' hosts, not in Kubernetes pods"
+        )
+    for key, names in (
+        ("add_capabilities", env.add_capabilities),
+        ("drop_capabilities", env.drop_capabilities),
+    ):
+        if names:
+            warnings.append(
+                f"environment.{key} ({', '.join(names)}) does not apply: {_NO_CONTAINERS}"
+            )
+    if env.ports:
+        ports = ", ".join(f"{name}: {port}" for name, port in env.ports.items())
+        warnings.append(
+            f"environment.ports ({ports}) does not apply: trials use the host's network "
+            "directly, so a port a trial listens on is already the host's and nothing is "
+            "published"
+        )
     return warnings

@@ -20,6 +20,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
@@ -217,6 +218,8 @@ class ExperimentModel(Base):
     progress: Mapped[float | None] = mapped_column()
     start_time: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     end_time: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # Why its launch_layout is what it is ("4_distributed.py imports determined").
+    launch_reason: Mapped[str] = mapped_column(Text, default="", server_default="")
 
     owner: Mapped[UserModel] = relationship(lazy="raise")
     project: Mapped[ProjectModel] = relationship(lazy="raise")
@@ -259,6 +262,11 @@ class TrialModel(Base):
     runner_state: Mapped[str] = mapped_column(String(256), default="")
     start_time: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     end_time: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # Why it ended, where the state alone does not say (an invalid hyperparameter, an
+    # interpreter without the `determined` package...); shown by describe and the UI.
+    end_reason: Mapped[str] = mapped_column(Text, default="", server_default="")
+    # What its code set with TrainContext.set_metadata (POST /api/v1/runs/{id}/metadata).
+    run_metadata: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
 
 
 class TrialMetricModel(Base):
@@ -395,6 +403,9 @@ class AllocationModel(Base):
     blocking_job: Mapped[int | None] = mapped_column(Integer)
     # Set when the scheduler wants the holder to stop gracefully (preemption).
     preempt_requested: Mapped[bool] = mapped_column(default=False)
+    # Trial code acknowledged the preemption signal: an exit 0 then means "stopped for
+    # preemption", not "finished" (Determined's rule).
+    preempt_acked: Mapped[bool] = mapped_column(default=False, server_default=false())
     # Zero-slot allocations hold a place on an agent but no slot.
     zero_slot_agent_id: Mapped[str | None] = mapped_column(
         ForeignKey("agents.id", ondelete="SET NULL"), index=True

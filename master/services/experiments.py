@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 from sqlalchemy import Select, func, or_, select
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from master.core import placement
+from master.core import launch, placement
 from master.core.errors import ConfigError
-from master.core.expconf import config_warnings, effective_dict, parse_yaml, validate_config
+from master.core.expconf import (
+    DEEPSPEED_LAUNCHER,
+    config_warnings,
+    effective_dict,
+    entrypoint_modules,
+    parse_yaml,
+    validate_config,
+)
 from master.core.merge import merge_template
 from master.core.searcher import count_trials, plan_trials
 from master.core.seeds import MAX_EXPERIMENT_SEED
@@ -25,6 +33,7 @@ from master.db.models import (
     ExperimentModel,
     ExperimentState,
     ModelDefinitionModel,
+    TrialMetricModel,
     TrialModel,
     TrialState,
     UserModel,
@@ -32,7 +41,11 @@ from master.db.models import (
 from master.errors import Conflict, InvalidArgument, NotFound
 from master.services import allocations, states, trial_reports
 from master.services.configs import config_errors_as_invalid_argument
-from master.services.model_definitions import PackedModelDefinition, pack_model_definition
+from master.services.model_definitions import (
+    PackedModelDefinition,
+    pack_model_definition,
+    read_text_file,
+)
 from master.services.scheduler import load_agent_states, policy_of
 from master.services.templates import get_template
 from master.services.workspaces import resolve_project
@@ -66,6 +79,7 @@ class PreparedExperiment:
     trial_count: int
     resource_pool: str
     priority: int
+    launch_reason: str
 
 
 @dataclass
@@ -136,6 +150,7 @@ async def prepare_experiment(
     resources["resource_pool"] = pool.pool_name
     if resources.get("priority") is None:
         resources["priority"] = pool.scheduler.default_priority
+    await refuse_multi_agent_deepspeed(session, pool, effective)
     capacity_problem = await capacity_problem_now(
         session,
         pool,
@@ -153,6 +168,8 @@ async def prepare_experiment(
             f"{settings.max_trials_per_experiment} (DET_MASTER_MAX_TRIALS_PER_EXPERIMENT)"
         )
     packed = pack_model_definition(request.model_definition, settings.max_model_definition_bytes)
+    layout = choose_launch_layout(effective, packed)
+    effective["launch_layout"] = layout.layout
     return PreparedExperiment(
         original_config=original,
         effective_config=effective,
@@ -164,6 +181,48 @@ async def prepare_experiment(
         trial_count=trial_count,
         resource_pool=pool.pool_name,
         priority=int(resources["priority"]),
+        launch_reason=layout.reason,
+    )
+
+
+def choose_launch_layout(
+    effective: dict[str, Any], packed: PackedModelDefinition
+) -> launch.LayoutChoice:
+    """Resolve `launch_layout: auto` from the entrypoint and its script (stored, so the
+    decision never changes under a running experiment)."""
+    try:
+        script = launch.entry_script(launch.entrypoint_argv(effective))
+    except launch.LaunchError as exc:
+        raise InvalidArgument(str(exc)) from None
+    source = read_text_file(packed.archive, script) if script else None
+    return launch.choose_layout(effective, source)
+
+
+async def refuse_multi_agent_deepspeed(
+    session: AsyncSession, pool: ResourcePoolSettings, effective: dict[str, Any]
+) -> None:
+    """determined.launch.deepspeed reaches the ranks on other agents over ssh, which
+    bare-process agents do not run: refuse a trial that fits on none of the pool's known
+    agents. With no agents known, accept (they may join later)."""
+    if DEEPSPEED_LAUNCHER not in entrypoint_modules(effective.get("entrypoint")):
+        return
+    slots = int(effective["resources"].get("slots_per_trial", 1))
+    by_pool = await load_agent_states(session, pool.pool_name, with_usage=False)
+    agents = by_pool.get(pool.pool_name, [])
+    if not agents:
+        return
+    largest = max(len(agent.slot_ids) for agent in agents)
+    if slots <= largest:
+        return
+    message = (
+        f"{slots} slots per trial fit on no agent of resource pool {pool.pool_name} (the "
+        f"largest has {largest}), and {DEEPSPEED_LAUNCHER} across agents needs sshd between "
+        "containers, which bare-process agents do not run; use at most "
+        f"{largest} slots per trial, or determined.launch.torch_distributed"
+    )
+    raise InvalidArgument(
+        f"resources.slots_per_trial: {message}",
+        [{"path": "resources.slots_per_trial", "message": message}],
     )
 
 
@@ -209,6 +268,7 @@ async def create_experiment(
         searcher_type=effective["searcher"]["name"],
         resource_pool=prepared.resource_pool,
         priority=prepared.priority,
+        launch_reason=prepared.launch_reason,
         owner_id=owner.id,
         project_id=project.id,
         job_id=str(uuid.uuid4()),
@@ -494,3 +554,72 @@ async def set_job_priority(
     }
     log.info("job %s (experiment %s) priority -> %s by %s", job_id, experiment.id, priority, actor)
     return experiment
+
+
+# -- what Determined's Python SDK reads ------------------------------------------------------
+
+METRICS_POLL_INTERVAL_S = 1.0
+METRICS_BATCH = 1000
+
+
+async def model_definition_archive(session: AsyncSession, experiment_id: int) -> bytes:
+    """The experiment's files as the tar.gz it was created with (Experiment.download_code)."""
+    await get_experiment(session, experiment_id)
+    row = await session.get(ModelDefinitionModel, experiment_id)
+    return row.archive if row is not None else b""
+
+
+async def check_trials_exist(session: AsyncSession, trial_ids: Sequence[int]) -> None:
+    if not trial_ids:
+        raise InvalidArgument("trialIds: name at least one trial")
+    found = set(
+        (await session.scalars(select(TrialModel.id).where(TrialModel.id.in_(trial_ids)))).all()
+    )
+    missing = sorted(set(trial_ids) - found)
+    if missing:
+        raise NotFound(f"trial {missing[0]} not found")
+
+
+async def stream_trial_metrics(
+    factory: async_sessionmaker[AsyncSession],
+    trial_ids: Sequence[int],
+    group: str,
+    *,
+    poll_interval: float = METRICS_POLL_INTERVAL_S,
+    batch_size: int = METRICS_BATCH,
+) -> AsyncIterator[list[TrialMetricModel]]:
+    """The trials' reports of one group in the order they arrived, each batch read in a short
+    session of its own; then, as Determined's GetMetrics does, new reports until every trial
+    has ended and a read made after seeing that found nothing more. A report that replaces an
+    earlier one of the same step (a rerun after a restart) keeps its place and is not resent."""
+    last_id = 0
+    finished = False
+    while True:
+        async with factory() as session:
+            if not finished:  # read before the rows: a report stored before the end shows up
+                trial_states = await session.scalars(
+                    select(TrialModel.state).where(TrialModel.id.in_(trial_ids))
+                )
+                finished = all(TrialState(state).is_terminal for state in trial_states)
+            rows = list(
+                (
+                    await session.scalars(
+                        select(TrialMetricModel)
+                        .where(
+                            TrialMetricModel.trial_id.in_(trial_ids),
+                            TrialMetricModel.group_name == group,
+                            TrialMetricModel.id > last_id,
+                        )
+                        .order_by(TrialMetricModel.id)
+                        .limit(batch_size)
+                    )
+                ).all()
+            )
+        if rows:
+            yield rows
+            last_id = rows[-1].id
+        if len(rows) == batch_size:
+            continue
+        if finished:
+            return
+        await asyncio.sleep(poll_interval)

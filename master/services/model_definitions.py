@@ -155,3 +155,20 @@ def _link_target(path: str, content: bytes, where: str) -> str:
     if resolved == ".." or resolved.startswith("../"):
         raise InvalidArgument(f"{where}: link {path!r} points outside the model directory")
     return target
+
+
+def read_text_file(archive: bytes, path: str, limit_bytes: int = 4 * 2**20) -> str | None:
+    """A regular file's text from a packed model definition (None if absent or larger
+    than `limit_bytes`); the launch-layout rule reads the entry script with it."""
+    if not archive:
+        return None
+    wanted = posixpath.normpath(path)
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        for member in tar:
+            if posixpath.normpath(member.name) != wanted:
+                continue
+            if not member.isfile() or member.size > limit_bytes:
+                return None
+            handle = tar.extractfile(member)
+            return handle.read().decode("utf-8", errors="replace") if handle else None
+    return None

@@ -19,15 +19,17 @@ from master.core.expconf import (
     S3Storage,
     config_warnings,
     effective_dict,
+    entrypoint_modules,
     parse_yaml,
     validate_config,
 )
 
 # Determined's mnist example from "Configuration Templates" (seed document 001), with the
-# nesting its flattened text lost put back, plus the entrypoint the example model uses.
+# nesting its flattened text lost put back; its entrypoint, the legacy Trial class
+# `model_def:MNistTrial`, is refused at submit, so it runs the ported script instead.
 MNIST_YAML = """
 name: mnist_tf_const
-entrypoint: model_def:MNistTrial
+entrypoint: python3 -m determined.launch.torch_distributed python3 train.py
 checkpoint_storage:
   type: s3
   access_key: my-access-key
@@ -176,7 +178,7 @@ hyperparameters:
 """
 
 MINIMAL: dict[str, Any] = {
-    "entrypoint": "model_def:Trial",
+    "entrypoint": "python3 train.py",
     "searcher": {"name": "single", "metric": "validation_loss"},
 }
 
@@ -234,7 +236,14 @@ def test_full_realistic_config_validates() -> None:
     assert isinstance(optimizer, dict)
     assert optimizer["name"] == ConstHP(val="sgd")
     assert optimizer["schedule"] == {"warmup": ConstHP(val=500)}
-    assert config_warnings(cfg) == []
+    # Only its Docker-only keys are mentioned (force_pull_image: false asks for nothing).
+    assert [w.split(" ", 1)[0] for w in config_warnings(cfg)] == [
+        "environment.image",
+        "environment.registry_auth",
+        "environment.pod_spec",
+        "environment.add_capabilities",
+        "environment.drop_capabilities",
+    ]
     # The stored config validates again to the same thing (the master re-reads it).
     effective = effective_dict(cfg)
     assert effective_dict(validate_config(effective, complete=True)) == effective
@@ -243,7 +252,7 @@ def test_full_realistic_config_validates() -> None:
 
 def test_minimal_complete_config() -> None:
     cfg = validate_config(MINIMAL, complete=True)
-    assert cfg.entrypoint == "model_def:Trial"
+    assert cfg.entrypoint == "python3 train.py"
     assert cfg.hyperparameters == {}
 
 
@@ -440,7 +449,7 @@ ERROR_CASES: list[tuple[str, dict[str, Any], bool, list[tuple[str, str]]]] = [
     ),
     (
         "searcher without name and metric",
-        {"entrypoint": "a:B", "searcher": {"max_trials": 2}},
+        {"entrypoint": "python3 a.py", "searcher": {"max_trials": 2}},
         True,
         [
             ("searcher.name", "required; one of: single, grid, random"),
@@ -883,3 +892,203 @@ def test_effective_dict_normalises_hyperparameters() -> None:
 def test_validating_the_stored_config_again_is_stable() -> None:
     effective = effective_dict(validate_config(parse_yaml(MNIST_YAML), complete=True))
     assert effective_dict(validate_config(effective, complete=True)) == effective
+
+
+# --- entrypoints resolute cannot run (refused at submit) ------------------------------------
+
+TRIAL_CLASS_MESSAGE = (
+    "names a Trial class (Determined's legacy API), which resolute does not run; port it to "
+    "the PyTorch Trainer and use `python3 -m determined.launch.torch_distributed python3 "
+    "train.py`, or run a script (`python3 train.py`)"
+)
+HOROVOD_MESSAGE = (
+    "runs determined.launch.horovod, which resolute does not support: Horovod needs sshd "
+    "between containers, which bare-process agents do not run; use "
+    "determined.launch.torch_distributed"
+)
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "shown"),
+    [
+        ("model_def:MyTrial", "model_def:MyTrial"),
+        ("module.sub:Class", "module.sub:Class"),
+        ("  model_def:MyTrial  ", "model_def:MyTrial"),
+        (["model_def:MyTrial"], "model_def:MyTrial"),
+        # What Determined expands a Trial class into: the launcher given --trial.
+        (
+            "python3 -m determined.launch.torch_distributed --trial model_def:MyTrial",
+            "model_def:MyTrial",
+        ),
+    ],
+)
+@pytest.mark.parametrize("complete", [True, False])
+def test_trial_class_entrypoint_is_refused(entrypoint: Any, shown: str, complete: bool) -> None:
+    raw = {**MINIMAL, "entrypoint": entrypoint}
+    assert problems(raw, complete=complete) == [("entrypoint", f"{shown!r} {TRIAL_CLASS_MESSAGE}")]
+
+
+@pytest.mark.parametrize(
+    "entrypoint",
+    [
+        "python3 -m determined.launch.horovod --autohorovod python3 train.py",
+        "python3 -mdetermined.launch.horovod python3 train.py",
+        ["python3", "-m", "determined.launch.horovod", "--autohorovod", "python3", "train.py"],
+    ],
+)
+def test_horovod_launcher_is_refused(entrypoint: Any) -> None:
+    raw = {**MINIMAL, "entrypoint": entrypoint}
+    assert problems(raw) == [("entrypoint", HOROVOD_MESSAGE)]
+    assert problems(raw, complete=False) == [("entrypoint", HOROVOD_MESSAGE)]
+
+
+@pytest.mark.parametrize(
+    "entrypoint",
+    [
+        "python3 train.py",
+        "python3 -m determined.launch.torch_distributed python3 train.py",
+        "python -m determined.launch.deepspeed python train.py --deepspeed ds.json",
+        "python3 -m pkg.train",
+        "./scripts/run:all",  # a path, not a Trial class
+        "python3 train.py --resume ckpt:latest",  # a ':' among several arguments
+        ["python3", "train.py"],
+        ["scripts/run:all"],
+        "python3 train.py 'unclosed",  # left to the launch layout, which names the problem
+    ],
+)
+def test_commands_are_accepted(entrypoint: Any) -> None:
+    cfg = validate_config({**MINIMAL, "entrypoint": entrypoint}, complete=True)
+    assert cfg.entrypoint == entrypoint
+
+
+def test_entrypoint_modules() -> None:
+    assert entrypoint_modules(
+        "python3 -m determined.launch.deepspeed python3 -m pkg.train --lr 0.1"
+    ) == ["determined.launch.deepspeed", "pkg.train"]
+    assert entrypoint_modules(["python3", "-mdetermined.launch.deepspeed", "x.py"]) == [
+        "determined.launch.deepspeed"
+    ]
+    assert entrypoint_modules("python3 train.py --max-steps 3") == []
+    assert entrypoint_modules("python3 -m") == []
+    assert entrypoint_modules(None) == []
+
+
+# --- Docker-only environment keys: accepted, and said not to apply ---------------------------
+
+# Shaped like Determined's examples (hf_trainer_api's deepspeed.yaml, gpt_neox): an image per
+# accelerator, a forced pull and the ranks' environment variables.
+DETERMINED_EXAMPLE_YAML = """
+name: vit-deepspeed
+entrypoint: >-
+  python -m determined.launch.deepspeed
+  python image_classification.py --deepspeed ds_configs/ds_config_stage_1.json
+environment:
+  environment_variables:
+    - NCCL_DEBUG=INFO
+    - NCCL_SOCKET_IFNAME=ens,eth,ib
+  force_pull_image: true
+  image:
+    cpu: determinedai/pytorch-ngc:0.38.1
+    cuda: determinedai/pytorch-ngc:0.38.1
+resources:
+  slots_per_trial: 2
+searcher:
+  name: single
+  metric: eval_loss
+  max_length: 100
+hyperparameters:
+  global_batch_size: 16
+"""
+
+NOT_IN_IMAGES = "resolute agents run trials as processes on the host, not in images"
+
+
+def test_determined_example_environment_is_accepted_with_warnings() -> None:
+    cfg = validate_config(parse_yaml(DETERMINED_EXAMPLE_YAML), complete=True)
+    assert config_warnings(cfg) == [
+        "environment.image (cpu: determinedai/pytorch-ngc:0.38.1, cuda: "
+        f"determinedai/pytorch-ngc:0.38.1) does not apply: {NOT_IN_IMAGES}; choose the "
+        "interpreter with environment.environment_variables PATH=...",
+        f"environment.force_pull_image (true) does not apply: {NOT_IN_IMAGES}, so none is pulled",
+    ]
+    # Stored as given, so the config still says what the user wrote.
+    environment = effective_dict(cfg)["environment"]
+    assert environment["image"]["cuda"] == "determinedai/pytorch-ngc:0.38.1"
+    assert environment["force_pull_image"] is True
+    assert environment["environment_variables"] == [
+        "NCCL_DEBUG=INFO",
+        "NCCL_SOCKET_IFNAME=ens,eth,ib",
+    ]
+
+
+def test_every_docker_only_key_gets_one_warning() -> None:
+    environment = {
+        "image": "determinedai/pytorch-ngc:0.38.1",
+        "registry_auth": {"username": "robot", "password": "s3cret", "serveraddress": "r.io"},
+        "force_pull_image": True,
+        "pod_spec": {"spec": {"nodeSelector": {"gpu": "a100"}}},
+        "add_capabilities": ["IPC_LOCK", "SYS_NICE"],
+        "drop_capabilities": ["NET_RAW"],
+        "ports": {"tensorboard": 6006},
+        "environment_variables": ["PATH=/opt/venv/bin:/usr/bin"],
+    }
+    cfg = validate_config({**MINIMAL, "environment": environment}, complete=True)
+    warnings = config_warnings(cfg)
+    assert [w.split(" ", 1)[0] for w in warnings] == [
+        "environment.image",
+        "environment.registry_auth",
+        "environment.force_pull_image",
+        "environment.pod_spec",
+        "environment.add_capabilities",
+        "environment.drop_capabilities",
+        "environment.ports",
+    ]
+    assert warnings[0] == (
+        f"environment.image (determinedai/pytorch-ngc:0.38.1) does not apply: {NOT_IN_IMAGES}; "
+        "choose the interpreter with environment.environment_variables PATH=..."
+    )
+    assert warnings[4].startswith("environment.add_capabilities (IPC_LOCK, SYS_NICE) does not")
+    assert warnings[6].startswith("environment.ports (tensorboard: 6006) does not apply")
+    assert all("does not apply" in w for w in warnings)
+    assert not any("s3cret" in w or "robot" in w for w in warnings)  # credentials never shown
+    assert effective_dict(cfg)["environment"]["ports"] == {"tensorboard": 6006}
+
+
+def test_docker_only_keys_that_ask_for_nothing_are_not_mentioned() -> None:
+    environment = {
+        "force_pull_image": False,
+        "add_capabilities": [],
+        "drop_capabilities": [],
+        "ports": {},
+        "registry_auth": {},
+        "pod_spec": None,
+        "image": None,
+    }
+    cfg = validate_config({**MINIMAL, "environment": environment}, complete=True)
+    assert config_warnings(cfg) == []
+    # Nor are the defaults a stored config holds, when the master validates it again.
+    stored = effective_dict(validate_config(MINIMAL, complete=True))
+    assert config_warnings(validate_config(stored, complete=True)) == []
+    example = validate_config(parse_yaml(DETERMINED_EXAMPLE_YAML), complete=True)
+    again = validate_config(effective_dict(example), complete=True)
+    assert config_warnings(again) == config_warnings(example)
+
+
+def test_ports_must_be_named_integers() -> None:
+    raw = {**MINIMAL, "environment": {"ports": {"tb": "6006"}}}
+    assert problems(raw) == [("environment.ports.tb", "must be an integer")]
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("1e-5", 1e-5), ("3E2", 300.0), ("-2.5e-3", -2.5e-3), ("1.0e+2", 100.0), ("1_000", 1000)],
+)
+def test_yaml_reads_exponent_floats_as_numbers_as_determined_does(text: str, value: Any) -> None:
+    """YAML 1.1 reads `1e-5` as a string; Determined's Go master reads a number."""
+    parsed = parse_yaml(f"hyperparameters:\n  lr: {text}\n")
+    assert parsed["hyperparameters"]["lr"] == value
+    assert type(parsed["hyperparameters"]["lr"]) is type(value)
+
+
+def test_yaml_keeps_quoted_exponents_and_words_as_strings() -> None:
+    assert parse_yaml('a: "1e-5"\nb: e5\nc: 1e\n') == {"a": "1e-5", "b": "e5", "c": "1e"}
