@@ -172,7 +172,9 @@ class Agent:
         if kind == "heartbeat_ack":
             return
         if kind == "prepare":
-            self._emit(pb.AgentMessage(prepared=self.runner.prepare(message.prepare.allocation_id)))
+            prepare = message.prepare
+            prepared = self.runner.prepare(prepare.allocation_id, prepare.extra_ports)
+            self._emit(pb.AgentMessage(prepared=prepared))
         elif kind == "start":
             self.runner.spawn_task(self.runner.start(message.start))
         elif kind == "stop":

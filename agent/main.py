@@ -14,6 +14,7 @@ from typing import Any
 import typer
 from pydantic import ValidationError
 
+from agent import bootstrap
 from agent.devices import detect_devices
 from agent.gpu import open_nvml
 from agent.link import Agent, Refused
@@ -111,6 +112,15 @@ async def _serve(settings: AgentSettings) -> int:
     devices = detect_devices(settings.artificial_slots, gpu)
     settings.work_dir.mkdir(parents=True, exist_ok=True)
     agent = Agent(settings, devices, list_interfaces(), SystemSampler(gpu))
+    agent.runner.namespace_problem = await asyncio.to_thread(
+        bootstrap.probe_namespaces, settings.work_dir
+    )
+    if agent.runner.namespace_problem:
+        # Said once, here; every Determined-style launch is then refused with it.
+        log.warning(
+            "Determined-style (per-agent) launches are disabled on this agent: %s",
+            agent.runner.namespace_problem,
+        )
     log.info(
         "agent %s: %d %s slot(s), master %s",
         settings.id,

@@ -15,6 +15,7 @@ import io
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -26,11 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent import bootstrap
 from resolute_proto.agent.v1 import agent_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 MAX_LINE = 64 * 1024
+# Determined's wrap_rank prefixes every line of a rank with this.
+RANK_PREFIX = re.compile(rb"^\[rank=(\d+)\] ")
 
 
 # Ranks die with the agent: setpriv (util-linux) sets PR_SET_PDEATHSIG and execs the rank.
@@ -60,6 +64,7 @@ class AllocationRun:
     message: str = ""
     stopping: bool = False
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    per_agent: bool = False  # Determined's layout: one process, ranks tagged by its output
 
 
 Emit = Callable[[pb.AgentMessage], None]
@@ -77,10 +82,12 @@ class Runner:
         self.logs = logs
         self.runs: dict[str, AllocationRun] = {}
         self.unacked: dict[str, pb.AllocationExited] = {}
-        self.ports: dict[str, int] = {}
+        self.ports: dict[str, list[int]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.all_acked = asyncio.Event()
         self.all_acked.set()
+        # Why this agent cannot run Determined-style launches (bootstrap.probe_namespaces).
+        self.namespace_problem: str | None = None
 
     def spawn_task(self, work: Coroutine[Any, Any, None]) -> None:
         """Fire and forget, keeping a reference so the task is not collected mid-way."""
@@ -90,19 +97,19 @@ class Runner:
 
     # -- what the master asks ----------------------------------------------------------------
 
-    def prepare(self, allocation_id: str) -> pb.AllocationPrepared:
-        """Reserve a rendezvous port for the chief (the same one if asked twice)."""
-        if allocation_id not in self.ports:
+    def prepare(self, allocation_id: str, extra_ports: int = 0) -> pb.AllocationPrepared:
+        """Reserve free ports for the chief: the rendezvous, and `extra_ports` more (the
+        same ones if asked twice)."""
+        if len(self.ports.get(allocation_id, ())) < 1 + extra_ports:
             try:
-                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                    sock.bind(("", 0))
-                    self.ports[allocation_id] = int(sock.getsockname()[1])
+                self.ports[allocation_id] = _free_ports(1 + extra_ports)
             except OSError as exc:
                 return pb.AllocationPrepared(
                     allocation_id=allocation_id, error=f"no free port for the rendezvous: {exc}"
                 )
+        first, *rest = self.ports[allocation_id]
         return pb.AllocationPrepared(
-            allocation_id=allocation_id, master_port=self.ports[allocation_id]
+            allocation_id=allocation_id, master_port=first, extra_ports=rest
         )
 
     async def start(self, start: pb.StartAllocation) -> None:
@@ -110,11 +117,21 @@ class Runner:
         if allocation_id in self.runs or allocation_id in self.unacked:
             return  # a repeat after a reconnect
         run = AllocationRun(
-            allocation_id, self.work_dir / "allocations" / allocation_id, start.stop_grace_s
+            allocation_id,
+            self.work_dir / "allocations" / allocation_id,
+            start.stop_grace_s,
+            per_agent=start.layout == pb.LAUNCH_LAYOUT_PER_AGENT,
         )
         self.runs[allocation_id] = run
         try:
-            await asyncio.to_thread(_unpack, start.model_definition, run.work_dir)
+            if run.per_agent:
+                problem = await self._prepare_determined(start, run)
+                if problem:
+                    run.kind, run.message = pb.EXIT_KIND_UNRUNNABLE, problem
+                    self._note(run, -1, f"cannot start: {problem}")
+                    run.stopping = True
+            else:
+                await asyncio.to_thread(_unpack, start.model_definition, run.work_dir)
             for spec in start.ranks:
                 if run.stopping:
                     break  # a stop arrived while we were starting: start no more ranks
@@ -186,6 +203,35 @@ class Runner:
 
     # -- processes -------------------------------------------------------------------------
 
+    async def _prepare_determined(
+        self, start: pb.StartAllocation, run: AllocationRun
+    ) -> str | None:
+        """Lay out what Determined's harness reads (the context unpacked twice: the working
+        directory and the clean copy in train/model; the info files), then check the
+        interpreter. Returns why the allocation cannot run here, if it cannot."""
+        if self.namespace_problem:
+            return f"this agent cannot run Determined-style launches: {self.namespace_problem}"
+        if not start.ranks or not start.argv:
+            return "the entrypoint is empty"
+        slots = start.ranks[0].slot_ids
+        gpu_uuids = [
+            self.devices[s].uuid
+            for s in slots
+            if s in self.devices and self.devices[s].type == "cuda"
+        ]
+        problem = await asyncio.to_thread(_lay_out_determined, start, run.work_dir, gpu_uuids)
+        if problem:
+            return problem
+        env = self._rank_env(start, start.ranks[0], run)
+        return await asyncio.to_thread(
+            bootstrap.interpreter_problem,
+            list(start.argv),
+            env,
+            run.work_dir / "run",
+            start.shared_fs_host_path,
+            run.work_dir / "tmp",
+        )
+
     async def _spawn(
         self, start: pb.StartAllocation, spec: pb.RankSpec, run: AllocationRun
     ) -> asyncio.subprocess.Process:
@@ -193,11 +239,13 @@ class Runner:
         argv = list(start.argv)
         if not argv:
             raise LaunchFailed("the entrypoint is empty")
-        if (
-            shutil.which(argv[0], path=env["PATH"]) is None
-            and not (run.work_dir / argv[0]).exists()
-        ):
+        where = run.work_dir / "run" / "workdir" if run.per_agent else run.work_dir
+        if shutil.which(argv[0], path=env["PATH"]) is None and not (where / argv[0]).exists():
             raise LaunchFailed(f"entrypoint command {argv[0]!r} not found on PATH")
+        if run.per_agent:
+            argv = bootstrap.wrap(
+                argv, run.work_dir / "run", start.shared_fs_host_path, run.work_dir / "tmp"
+            )
         process = await asyncio.create_subprocess_exec(
             *_die_with_agent(argv),
             cwd=run.work_dir,
@@ -223,17 +271,22 @@ class Runner:
         env.update(start.env)
         devices = [self.devices[s] for s in spec.slot_ids if s in self.devices]
         gpus = [str(d.index) for d in devices if d.type == "cuda"]
+        if not run.per_agent:  # Determined's launchers set these for the ranks they start
+            env.update(
+                {
+                    "RANK": str(spec.rank),
+                    "LOCAL_RANK": str(spec.local_rank),
+                    "LOCAL_WORLD_SIZE": str(len(start.ranks)),
+                    "LOCAL_SIZE": str(len(start.ranks)),
+                }
+            )
         env.update(
             {
-                "RANK": str(spec.rank),
-                "LOCAL_RANK": str(spec.local_rank),
-                "LOCAL_WORLD_SIZE": str(len(start.ranks)),
-                "LOCAL_SIZE": str(len(start.ranks)),
                 "DET_AGENT_ID": self.agent_id,
                 "DET_SLOT_IDS": json.dumps(list(spec.slot_ids)),
                 "DET_CONTAINER_ID": f"{start.allocation_id}.{spec.rank}",
                 "DET_RESOURCES_ID": f"{start.allocation_id}.{self.agent_id}",
-                "DET_WORKDIR": str(run.work_dir),
+                "DET_WORKDIR": str(bootstrap.WORKDIR if run.per_agent else run.work_dir),
                 # CPU slots see no GPU, so a CPU trial never grabs one by accident.
                 "CUDA_VISIBLE_DEVICES": ",".join(gpus),
                 # NVML numbers GPUs in PCI bus order; make CUDA agree, or a rank may be
@@ -258,10 +311,17 @@ class Runner:
                 lines.append(pending)
                 pending = b""
             for line in lines:
+                line_rank = rank
+                if run.per_agent:
+                    # A launcher's own lines belong to no rank; its ranks say which they are.
+                    tagged = RANK_PREFIX.match(line)
+                    line_rank = int(tagged.group(1)) if tagged else -1
+                    if tagged:
+                        line = line[tagged.end() :]
                 self.logs(
                     pb.LogEntry(
                         allocation_id=run.allocation_id,
-                        rank=rank,
+                        rank=line_rank,
                         stdtype=stdtype,
                         unix_micros=time.time_ns() // 1000,
                         message=line.decode("utf-8", errors="replace") + "\n",
@@ -277,7 +337,9 @@ class Runner:
         run.exit_codes[rank] = code
         if code != 0 and not run.stopping and run.kind == pb.EXIT_KIND_UNSPECIFIED:
             run.kind = pb.EXIT_KIND_FAILED
-            run.message = f"rank {rank} exited with code {code}"
+            # per_agent: one process per agent runs the launcher, which starts the ranks.
+            who = f"the entrypoint (container rank {rank})" if run.per_agent else f"rank {rank}"
+            run.message = f"{who} exited with code {code}"
             self._note(run, rank, f"{run.message}; stopping the other ranks")
             run.stopping = True
             self.spawn_task(self._stop_processes(run))
@@ -341,6 +403,37 @@ class Runner:
 def _signal_group(process: asyncio.subprocess.Process, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, sig)
+
+
+def _lay_out_determined(
+    start: pb.StartAllocation, work_dir: Path, gpu_uuids: list[str]
+) -> str | None:
+    shared = start.shared_fs_host_path
+    if shared:
+        try:
+            Path(shared).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return (
+                f"checkpoint_storage.host_path {shared} does not exist on this agent and "
+                f"cannot be created: {exc.strerror}"
+            )
+    run_dir = work_dir / "run"
+    _unpack(start.model_definition, run_dir / "workdir")
+    _unpack(start.model_definition, run_dir / "train" / "model")
+    bootstrap.write_info(run_dir, dict(start.info_files), gpu_uuids)
+    return None
+
+
+def _free_ports(count: int) -> list[int]:
+    """Distinct ports free now (all held open together, so none is handed out twice)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [
+            stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            for _ in range(count)
+        ]
+        for sock in sockets:
+            sock.bind(("", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
 
 
 def _unpack(archive: bytes, target: Path) -> None:

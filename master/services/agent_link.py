@@ -51,7 +51,7 @@ from master.services import metrics as metric_service
 from master.services.allocations import HELD_STATES, ReleaseOutcome
 from master.services.loops import Loop
 from master.services.preemption import PreemptionSignals
-from master.settings import MasterSettings
+from master.settings import MasterSettings, TaskContainerDefaults
 from resolute_proto.agent.v1 import agent_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,8 @@ PREEMPTION_POLL_WINDOW_S = 15.0
 TASK_TOKEN_TTL = timedelta(days=7)
 _SENDS = "agent_link_sends"
 _LAUNCHING = (AllocationState.ASSIGNED, AllocationState.PULLING)
+# Exits that stop the rest of the gang.
+_FAILURES = (pb.EXIT_KIND_FAILED, pb.EXIT_KIND_UNRUNNABLE)
 # A gang rebuilt from the database (after a failure or a restart) resumes where it stood.
 _PHASE_OF_STATE = {
     AllocationState.ASSIGNED: "assigned",
@@ -104,6 +106,8 @@ class Gang:
     failure: str = ""
     failure_at: float | None = None  # when the first rank failure was reported (monotonic)
     stop_sent: bool = False
+    # The gang's addresses on its network interface, in gang order (set when preparing).
+    addresses: tuple[str, ...] = ()
     # When the hub first saw the master wants the ranks to stop on their own (monotonic).
     preempt_seen_at: float | None = None
     preempt_listening: bool = False
@@ -415,7 +419,7 @@ class AgentHub:
                     session, gang.allocation_id, ReleaseOutcome.FAILED, gang.failure
                 )
                 return
-            await self._start(session, gang, prepared.master_port)
+            await self._start(session, gang, prepared.master_port, tuple(prepared.extra_ports))
 
     async def on_started(self, connection: Connection, started: pb.AllocationStarted) -> None:
         gang = self.gangs.get(started.allocation_id)
@@ -470,24 +474,37 @@ class AgentHub:
                 pb.ExitKind.Name(exited.kind),
                 exited.message,
             )
-            if exited.kind == pb.EXIT_KIND_FAILED and not gang.failure:
+            if exited.kind in _FAILURES and not gang.failure:
                 gang.failure = f"agent {agent_id}: {exited.message or 'a rank failed'}"
                 gang.failure_at = time.monotonic()
             if gang.failure and not gang.stop_sent:
                 self._send_stop(session, gang, f"stopping the gang: {gang.failure}")
             if set(gang.exits) >= set(gang.agent_ids):
-                outcome, message = self._outcome(gang, allocation)
+                outcome, message = await self._outcome(session, gang, allocation)
                 await self._release(session, gang, outcome, message)
 
-    def _outcome(self, gang: Gang, allocation: AllocationModel) -> tuple[ReleaseOutcome, str]:
+    async def _outcome(
+        self, session: AsyncSession, gang: Gang, allocation: AllocationModel
+    ) -> tuple[ReleaseOutcome, str]:
         kinds = {e.kind for e in gang.exits.values()}
+        unrunnable = [e.message for e in gang.exits.values() if e.kind == pb.EXIT_KIND_UNRUNNABLE]
+        if unrunnable:
+            return ReleaseOutcome.UNRUNNABLE, unrunnable[0]
         if gang.failure:
             return ReleaseOutcome.FAILED, gang.failure
         if allocation.state == AllocationState.TERMINATING:
             return ReleaseOutcome.KILLED, "stopped on request"
-        if allocation.preempt_requested:
-            # Ranks that checkpoint and exit 0 when asked to stop have not finished their
-            # work: the trial runs again later from that checkpoint.
+        if kinds == {pb.EXIT_KIND_COMPLETED}:
+            trial = await session.get(TrialModel, allocation.trial_id)
+            early = await trial_reports.early_exit_reason(session, trial) if trial else None
+            if early is not None:  # det.InvalidHP: done, never rerun, even if preempted
+                return ReleaseOutcome.COMPLETED, early
+        if allocation.preempt_requested and (
+            allocation.preempt_acked or kinds != {pb.EXIT_KIND_COMPLETED}
+        ):
+            # Ranks that acknowledged the signal, checkpointed and exited 0 have not
+            # finished their work: the trial runs again later from that checkpoint. An
+            # exit 0 without an acknowledgement is a finished trial (Determined's rule).
             return ReleaseOutcome.PREEMPTED, "stopped for preemption"
         if kinds == {pb.EXIT_KIND_COMPLETED}:
             return ReleaseOutcome.COMPLETED, ""
@@ -587,7 +604,9 @@ class AgentHub:
                 allocation.pending_reason = f"cannot start: {choice.reason}"
                 log.warning("allocation %s cannot start: %s", allocation.id, choice.reason)
             return
-        if not await _still(session, allocation, AllocationState.ASSIGNED):
+        # PULLING too: a prepare asked again (no answer in time, an answer without the
+        # ports, a restarted master) finds the allocation there.
+        if not await _still(session, allocation, *_LAUNCHING):
             return
         allocation.pending_code = allocation.pending_reason = ""
         allocation.network_interface = choice.name
@@ -595,10 +614,20 @@ class AgentHub:
         allocation.state = AllocationState.PULLING
         gang.phase = "preparing"
         gang.prepare_sent_at = time.monotonic()
+        gang.addresses = tuple(choice.addresses[a] for a in gang.agent_ids)
+        experiment = await session.get(ExperimentModel, allocation.experiment_id)
+        layout = launch.stored_layout(experiment.config) if experiment else launch.PER_SLOT
+        per_agent = layout == launch.PER_AGENT
         self._send(
             session,
             gang.chief,
-            pb.MasterMessage(prepare=pb.PrepareAllocation(allocation_id=gang.allocation_id)),
+            pb.MasterMessage(
+                prepare=pb.PrepareAllocation(
+                    allocation_id=gang.allocation_id,
+                    # Determined's ZMQ broadcast listens on two more ports of the chief.
+                    extra_ports=2 if per_agent else 0,
+                )
+            ),
         )
 
     async def _choose_interface(
@@ -608,7 +637,7 @@ class AgentHub:
         environment = (experiment.config.get("environment") if experiment else None) or {}
         explicit = (
             environment.get("dtrain_network_interface")
-            or self.settings.task_container_defaults.dtrain_network_interface
+            or self._container_defaults(allocation.resource_pool).dtrain_network_interface
         )
         rows = (
             await session.execute(
@@ -623,7 +652,13 @@ class AgentHub:
         }
         return choose_interface({a: reported.get(a, {}) for a in gang.agent_ids}, explicit)
 
-    async def _start(self, session: AsyncSession, gang: Gang, master_port: int) -> None:
+    async def _start(
+        self,
+        session: AsyncSession,
+        gang: Gang,
+        master_port: int,
+        extra_ports: tuple[int, ...] = (),
+    ) -> None:
         allocation = await session.get(AllocationModel, gang.allocation_id)
         if allocation is None or not await _still(session, allocation, AllocationState.PULLING):
             return  # stopped meanwhile: the next tick releases it
@@ -652,18 +687,28 @@ class AgentHub:
             session_token=token,
         )
         device_type = await _device_type(session, gang)
+        layout = launch.stored_layout(experiment.config)
+        if layout == launch.PER_AGENT and len(extra_ports) < 2:
+            gang.phase = "assigned"  # an answer to an older prepare: ask again
+            return
         try:
             argv = launch.entrypoint_argv(experiment.config)
             launches = launch.build_launches(
                 gang.members,
                 info,
                 launch.Rendezvous(
-                    allocation.network_interface, allocation.chief_address, master_port
+                    allocation.network_interface,
+                    allocation.chief_address,
+                    master_port,
+                    addresses=gang.addresses,
+                    comm_ports=extra_ports,
                 ),
                 master_url=self.settings.master_url,
                 cluster_id=self.cluster_id,
                 master_id=self.master_id,
                 device_type=device_type,
+                layout=layout,
+                default_variables=self._default_variables(allocation.resource_pool, device_type),
             )
         except launch.LaunchError as exc:
             await self._fail_gang(session, gang.allocation_id, ReleaseOutcome.FAILED, str(exc))
@@ -689,18 +734,36 @@ class AgentHub:
                         env=agent_launch.env,
                         model_definition=archive,
                         stop_grace_s=self.link.stop_grace_s,
+                        layout=(
+                            pb.LAUNCH_LAYOUT_PER_AGENT
+                            if layout == launch.PER_AGENT
+                            else pb.LAUNCH_LAYOUT_PER_SLOT
+                        ),
+                        info_files=agent_launch.info_files,
+                        shared_fs_host_path=launch.shared_fs_host_path(experiment.config),
                     )
                 ),
             )
         log.info(
-            "allocation %s starting: %d ranks on %s, rendezvous %s:%d over %s",
+            "allocation %s starting (%s): %d processes on %s, rendezvous %s:%d over %s",
             allocation.id,
+            layout,
             sum(len(x.ranks) for x in launches),
             ", ".join(gang.agent_ids),
             allocation.chief_address,
             master_port,
             allocation.network_interface,
         )
+
+    def _container_defaults(self, pool_name: str) -> TaskContainerDefaults:
+        """task_container_defaults: the pool's own, else the master's."""
+        pool = self.settings.pool(pool_name)
+        own = pool.task_container_defaults if pool else None
+        return own or self.settings.task_container_defaults
+
+    def _default_variables(self, pool_name: str, device_type: str) -> dict[str, str]:
+        defaults = self._container_defaults(pool_name).environment_variables
+        return launch.runtime_variables(defaults, device_type)
 
     # -- stopping, failing, releasing --------------------------------------------------------
 
@@ -844,14 +907,14 @@ def _reading(sample: pb.MetricSample) -> metric_service.MetricReading:
 
 
 async def _still(
-    session: AsyncSession, allocation: AllocationModel, state: AllocationState
+    session: AsyncSession, allocation: AllocationModel, *states: AllocationState
 ) -> bool:
     """Lock out kill, pause and scheduling passes (the scheduler's row lock, without waking
-    the scheduler), then check that the allocation is still in `state` with no stop asked:
-    a kill committed after our read must not be overwritten by a launch."""
+    the scheduler), then check that the allocation is still in one of `states` with no stop
+    asked: a kill committed after our read must not be overwritten by a launch."""
     await allocations.hold_scheduler_for_pass(session)
     await session.refresh(allocation)
-    return allocation.state == state and not allocation.preempt_requested
+    return allocation.state in states and not allocation.preempt_requested
 
 
 async def _held_on_agent(

@@ -13,10 +13,19 @@ class ExitKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EXIT_KIND_COMPLETED: _ClassVar[ExitKind]
     EXIT_KIND_FAILED: _ClassVar[ExitKind]
     EXIT_KIND_STOPPED: _ClassVar[ExitKind]
+    EXIT_KIND_UNRUNNABLE: _ClassVar[ExitKind]
+
+class LaunchLayout(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LAUNCH_LAYOUT_PER_SLOT: _ClassVar[LaunchLayout]
+    LAUNCH_LAYOUT_PER_AGENT: _ClassVar[LaunchLayout]
 EXIT_KIND_UNSPECIFIED: ExitKind
 EXIT_KIND_COMPLETED: ExitKind
 EXIT_KIND_FAILED: ExitKind
 EXIT_KIND_STOPPED: ExitKind
+EXIT_KIND_UNRUNNABLE: ExitKind
+LAUNCH_LAYOUT_PER_SLOT: LaunchLayout
+LAUNCH_LAYOUT_PER_AGENT: LaunchLayout
 
 class AgentMessage(_message.Message):
     __slots__ = ("hello", "heartbeat", "prepared", "started", "exited", "logs")
@@ -143,14 +152,16 @@ class Heartbeat(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., sent_unix_nanos: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[MetricSample, _Mapping]]] = ...) -> None: ...
 
 class AllocationPrepared(_message.Message):
-    __slots__ = ("allocation_id", "master_port", "error")
+    __slots__ = ("allocation_id", "master_port", "error", "extra_ports")
     ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
     MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_PORTS_FIELD_NUMBER: _ClassVar[int]
     allocation_id: str
     master_port: int
     error: str
-    def __init__(self, allocation_id: _Optional[str] = ..., master_port: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    extra_ports: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, allocation_id: _Optional[str] = ..., master_port: _Optional[int] = ..., error: _Optional[str] = ..., extra_ports: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AllocationStarted(_message.Message):
     __slots__ = ("allocation_id", "pids")
@@ -247,10 +258,12 @@ class HeartbeatAck(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., sent_unix_nanos: _Optional[int] = ...) -> None: ...
 
 class PrepareAllocation(_message.Message):
-    __slots__ = ("allocation_id",)
+    __slots__ = ("allocation_id", "extra_ports")
     ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_PORTS_FIELD_NUMBER: _ClassVar[int]
     allocation_id: str
-    def __init__(self, allocation_id: _Optional[str] = ...) -> None: ...
+    extra_ports: int
+    def __init__(self, allocation_id: _Optional[str] = ..., extra_ports: _Optional[int] = ...) -> None: ...
 
 class RankSpec(_message.Message):
     __slots__ = ("rank", "local_rank", "slot_ids")
@@ -263,8 +276,15 @@ class RankSpec(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., slot_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StartAllocation(_message.Message):
-    __slots__ = ("allocation_id", "trial_id", "experiment_id", "ranks", "argv", "env", "model_definition", "stop_grace_s")
+    __slots__ = ("allocation_id", "trial_id", "experiment_id", "ranks", "argv", "env", "model_definition", "stop_grace_s", "layout", "info_files", "shared_fs_host_path")
     class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class InfoFilesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -279,6 +299,9 @@ class StartAllocation(_message.Message):
     ENV_FIELD_NUMBER: _ClassVar[int]
     MODEL_DEFINITION_FIELD_NUMBER: _ClassVar[int]
     STOP_GRACE_S_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    INFO_FILES_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FS_HOST_PATH_FIELD_NUMBER: _ClassVar[int]
     allocation_id: str
     trial_id: int
     experiment_id: int
@@ -287,7 +310,10 @@ class StartAllocation(_message.Message):
     env: _containers.ScalarMap[str, str]
     model_definition: bytes
     stop_grace_s: float
-    def __init__(self, allocation_id: _Optional[str] = ..., trial_id: _Optional[int] = ..., experiment_id: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankSpec, _Mapping]]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., model_definition: _Optional[bytes] = ..., stop_grace_s: _Optional[float] = ...) -> None: ...
+    layout: LaunchLayout
+    info_files: _containers.ScalarMap[str, str]
+    shared_fs_host_path: str
+    def __init__(self, allocation_id: _Optional[str] = ..., trial_id: _Optional[int] = ..., experiment_id: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankSpec, _Mapping]]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., model_definition: _Optional[bytes] = ..., stop_grace_s: _Optional[float] = ..., layout: _Optional[_Union[LaunchLayout, str]] = ..., info_files: _Optional[_Mapping[str, str]] = ..., shared_fs_host_path: _Optional[str] = ...) -> None: ...
 
 class StopAllocation(_message.Message):
     __slots__ = ("allocation_id", "reason", "grace_s")

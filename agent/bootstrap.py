@@ -1,0 +1,182 @@
+"""Determined's bootstrap for per-agent launches, without Docker.
+
+Determined 0.38.1's harness finds the cluster by reading fixed paths (`/run/determined/info/
+*.json`, `/run/determined/train/model`, `/determined_shared_fs`) and its launchers use
+`/tmp/pid_server-<allocation>`. Two allocations on one agent, or two agents on one host,
+must not see each other's files there, so each per-agent process runs in namespaces of its
+own (util-linux `unshare`):
+- a mount namespace in which the allocation's own directories are bound over those paths,
+  as Docker's container filesystem would give them, and /tmp is an overlay: the host's
+  /tmp shows through (an interpreter or data under /tmp stays usable) but what the trial
+  writes there (Determined's `/tmp/pid_server-<allocation>` sockets) is its own;
+- a PID namespace whose first process forwards SIGTERM/SIGINT/SIGHUP to the entrypoint and
+  whose end kills everything left in it, so no launcher child outlives the allocation,
+  even when the agent itself is killed (`--kill-child` with the agent's PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+RUN_DETERMINED = Path("/run/determined")
+SHARED_FS = Path("/determined_shared_fs")
+WORKDIR = RUN_DETERMINED / "workdir"
+
+# The namespace's first process: bind the allocation's directories, then run the
+# entrypoint, pass the stop signals on, and exit with its status. When it exits the kernel
+# kills whatever else still runs in the PID namespace (launcher children, data loaders).
+# Its tools are named by absolute path (the trial's PATH may hold only a venv), and `env
+# --default-signal` undoes the SIGINT/SIGQUIT ignore a shell gives background commands.
+_INIT = """set -e
+mount=$1 env=$2 run=$3 shared=$4 tmp=$5
+shift 5
+"$mount" --bind "$run" /run/determined
+if [ -n "$shared" ]; then "$mount" --bind "$shared" /determined_shared_fs; fi
+"$mount" -t overlay overlay -o "lowerdir=/tmp,upperdir=$tmp/upper,workdir=$tmp/work" /tmp
+cd /run/determined/workdir
+set +e
+"$env" --default-signal=INT,QUIT "$@" &
+child=$!
+trap 'kill -TERM $child 2>/dev/null' TERM
+trap 'kill -INT $child 2>/dev/null' INT
+trap 'kill -HUP $child 2>/dev/null' HUP
+while :; do
+  wait $child
+  code=$?
+  kill -0 $child 2>/dev/null || exit $code
+done
+"""
+
+
+def _unshare_argv(as_root: bool) -> list[str]:
+    unshare = shutil.which("unshare") or "unshare"
+    user = [] if as_root else ["--user", "--map-root-user"]
+    return [
+        unshare,
+        *user,
+        "--pid",
+        "--kill-child",
+        "--mount-proc",
+        "--propagation",
+        "private",
+        "--",
+    ]
+
+
+def probe_namespaces(work_dir: Path) -> str | None:
+    """None if this agent can give per-agent launches their namespaces, else one line
+    naming what is missing. Run once at start (the mount points are made here), with the
+    whole mechanism: namespaces, the binds and the /tmp overlay in `work_dir`."""
+    if shutil.which("unshare") is None or shutil.which("mount") is None:
+        return "util-linux's unshare and mount are not installed (apt-get install util-linux mount)"
+    if shutil.which("env") is None:
+        return "coreutils' env is not installed"
+    as_root = os.geteuid() == 0
+    for mount_point in (RUN_DETERMINED, SHARED_FS):
+        if as_root:
+            try:
+                mount_point.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                return f"cannot create the mount point {mount_point}: {exc.strerror}"
+        elif not mount_point.is_dir():
+            return (
+                f"the mount point {mount_point} does not exist and a non-root agent cannot "
+                f"create it (as root: mkdir -p {RUN_DETERMINED} {SHARED_FS})"
+            )
+    try:
+        with tempfile.TemporaryDirectory(prefix="probe-", dir=work_dir) as scratch:
+            run_dir = Path(scratch) / "run"
+            (run_dir / "workdir").mkdir(parents=True)
+            probe = subprocess.run(
+                wrap(["true"], run_dir, "", Path(scratch) / "tmp"),
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unshare could not run: {exc}"
+    if probe.returncode != 0:
+        detail = probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else "no output"
+        hint = "" if as_root else "; run the agent as root or allow unprivileged user namespaces"
+        return f"cannot create the mount and PID namespaces of a trial ({detail}){hint}"
+    return None
+
+
+def wrap(argv: Sequence[str], run_dir: Path, shared_fs: str, tmp_dir: Path) -> list[str]:
+    """The command that runs `argv` inside the allocation's namespaces. The overlay's
+    layers go in `tmp_dir`, made here."""
+    for layer in ("upper", "work"):
+        (tmp_dir / layer).mkdir(parents=True, exist_ok=True)
+    return [
+        *_unshare_argv(os.geteuid() == 0),
+        "/bin/sh",
+        "-c",
+        _INIT,
+        "resolute-init",
+        shutil.which("mount") or "/bin/mount",
+        shutil.which("env") or "/usr/bin/env",
+        str(run_dir),
+        shared_fs,
+        str(tmp_dir),
+        *argv,
+    ]
+
+
+def write_info(
+    run_dir: Path,
+    info_files: Mapping[str, str],
+    gpu_uuids: Sequence[str],
+) -> None:
+    """/run/determined/info/*.json (the master's files, plus resources.json: the GPUs
+    this agent gives the allocation, as Determined's `prep_container --resources` finds)."""
+    info = run_dir / "info"
+    info.mkdir(parents=True, exist_ok=True)
+    for name, content in info_files.items():
+        if "/" in name or name.startswith("."):
+            raise ValueError(f"bad bootstrap file name {name!r}")
+        (info / name).write_text(content)
+    (info / "resources.json").write_text(json.dumps({"gpu_uuids": list(gpu_uuids)}))
+
+
+def interpreter_problem(
+    argv: Sequence[str], env: Mapping[str, str], run_dir: Path, shared_fs: str, tmp_dir: Path
+) -> str | None:
+    """None if the entrypoint's Python has what Determined's harness imports at start,
+    else a sentence naming the interpreter and what it lacks. Checked inside the same
+    namespaces as the launch, so it sees what the entrypoint will see (a private /tmp)."""
+    name = argv[0] if Path(argv[0]).name.startswith("python") else "python3"
+    how = "choose the interpreter with PATH in environment.environment_variables"
+    check = (
+        "import importlib.util as u, shutil, sys\n"
+        "python = shutil.which(sys.argv[1]) if '/' not in sys.argv[1] else sys.argv[1]\n"
+        "if python is None:\n"
+        "    print('NOPYTHON'); sys.exit()\n"
+        "has = lambda m: u.find_spec(m) is not None\n"
+        "missing = [] if has('determined') else ['determined']\n"
+        "if not ((has('torch') and has('tensorboard')) or has('tensorflow')):\n"
+        "    missing.append('torch + tensorboard')\n"
+        "print(python, ', '.join(missing), sep='\\t')\n"
+    )
+    # The check runs under the interpreter it checks, found the way the shell will find it.
+    path = env.get("PATH", "")
+    found = shutil.which(name, path=path) if "/" not in name else name
+    if found is None:
+        return f"no {name} on the trial's PATH ({path}); {how}"
+    command = wrap([found, "-c", check, name], run_dir, shared_fs, tmp_dir)
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60, env=dict(env))
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{found} could not run: {exc}; {how}"
+    if result.returncode != 0 or not result.stdout.strip():
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"{found} could not run in the trial's namespace: {last}; {how}"
+    python, _, missing = result.stdout.strip().partition("\t")
+    if missing:
+        return f"{python} lacks {missing}, which Determined's harness needs; {how}"
+    return None
