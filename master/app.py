@@ -85,6 +85,27 @@ class _BodyTooLarge(Exception):
     pass
 
 
+class JsonBodyMiddleware:
+    """Reads every API request body as JSON whatever its Content-Type, as Determined's
+    gateway does: its trial harness posts without one, and `curl -d` sends
+    application/x-www-form-urlencoded. Multipart bodies are left as they are."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["method"] in ("POST", "PUT", "PATCH")
+            and scope["path"].startswith("/api/")
+        ):
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            declared = dict(scope["headers"]).get(b"content-type", b"")
+            if not declared.lower().startswith(b"multipart/"):
+                scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
+
+
 def request_body_limit(settings: MasterSettings) -> int:
     # base64 makes the model definition 4/3 larger; leave room for the config and JSON framing.
     return int(settings.max_model_definition_bytes * 4 / 3) + 4 * 2**20
@@ -170,6 +191,7 @@ def create_app(settings: MasterSettings) -> FastAPI:
     app.state.cluster_id = _cluster_id(settings)
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=request_body_limit(settings))
+    app.add_middleware(JsonBodyMiddleware)
     app.state.preemption = PreemptionSignals()
     for module in (info, auth, workspaces, templates, experiments, trials, cluster, logs):
         app.include_router(module.router)

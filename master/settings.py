@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -55,12 +55,49 @@ class SchedulerSettings(BaseModel):
     default_priority: int = Field(default=42, ge=1, le=99, description="For jobs that set none.")
 
 
+def _key_values(items: list[str]) -> list[str]:
+    for item in items:
+        if "=" not in item or item.startswith("="):
+            raise ValueError(f"{item!r} is not KEY=VALUE")
+    return items
+
+
+class TaskContainerDefaults(BaseModel):
+    dtrain_network_interface: str | None = Field(
+        default=None,
+        description=(
+            "Interface for NCCL/Gloo between agents (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME). "
+            "Unset: chosen per gang by the rule in the README. An experiment may override it "
+            "with environment.dtrain_network_interface."
+        ),
+    )
+    environment_variables: (
+        Annotated[list[str], AfterValidator(_key_values)]
+        | dict[
+            Literal["cpu", "cuda", "rocm", "gpu"],
+            Annotated[list[str], AfterValidator(_key_values)],
+        ]
+    ) = Field(
+        default_factory=list,
+        description=(
+            "KEY=VALUE for every trial's processes, beneath the experiment's own "
+            "environment.environment_variables (Determined's key): a list, or one list per "
+            "device type (cpu, cuda). `PATH=/opt/det/bin:/usr/bin:/bin` chooses the `python3` "
+            "entrypoints run, as a custom image would."
+        ),
+    )
+
+
 class ResourcePoolSettings(BaseModel):
     pool_name: str = Field(min_length=1, description="Name experiments and agents refer to.")
     description: str = Field(default="", description="Shown in `det resource-pool list`.")
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     max_aux_containers_per_agent: int = Field(
         default=100, ge=0, description="Zero-slot tasks one agent may run at once."
+    )
+    task_container_defaults: TaskContainerDefaults | None = Field(
+        default=None,
+        description="Replaces the master's task_container_defaults for this pool's trials.",
     )
 
 
@@ -102,17 +139,6 @@ class AgentLinkSettings(BaseModel):
     )
     max_message_mb: int = Field(
         default=160, ge=4, description="Largest gRPC message (the model definition rides in one)."
-    )
-
-
-class TaskContainerDefaults(BaseModel):
-    dtrain_network_interface: str | None = Field(
-        default=None,
-        description=(
-            "Interface for NCCL/Gloo between agents (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME). "
-            "Unset: chosen per gang by the rule in the README. An experiment may override it "
-            "with environment.dtrain_network_interface."
-        ),
     )
 
 

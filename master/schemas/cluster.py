@@ -211,6 +211,8 @@ def task(view: TaskView, slots_by_agent: dict[str, dict[int, SlotModel]]) -> dic
         "experimentId": a.experiment_id,
         "trialId": a.trial_id,
         "preemptRequested": a.preempt_requested,
+        # How it ended ("unrunnable: /usr/bin/python3 has no determined..."); "" while held.
+        "exitReason": a.exit_reason if a.state == AllocationState.TERMINATED else "",
     }
 
 

@@ -5,6 +5,7 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field
 
+from master.core import launch
 from master.db.models import TrialMetricModel, TrialModel
 from master.schemas.common import DbInt, Pagination, UtcTime, WireInput, WireModel
 from master.services.allocations import task_id
@@ -53,6 +54,11 @@ class Experiment(WireModel):
     template_name: str | None
     experiment_seed: int
     best_validation_metric: float | None = None
+    # How the entrypoint is launched (master.core.launch.choose_layout): the layout, what
+    # it means in processes, and why it was chosen.
+    launch_layout: str = launch.PER_SLOT
+    launch_layout_summary: str = ""
+    launch_reason: str = ""
 
     @classmethod
     def of(cls, view: ExperimentView) -> Experiment:
@@ -80,6 +86,9 @@ class Experiment(WireModel):
             labels=list(row.config.get("labels") or []),
             template_name=row.template_name,
             experiment_seed=row.experiment_seed,
+            launch_layout=launch.stored_layout(row.config),
+            launch_layout_summary=launch.layout_summary(launch.stored_layout(row.config)),
+            launch_reason=row.launch_reason,
         )
 
 
@@ -120,10 +129,12 @@ class Trial(WireModel):
     latest_validation: dict[str, Any] | None
     best_validation: dict[str, Any] | None
     # resolute additions: why a queued trial waits, from the scheduler's last pass; the
-    # checkpoint the next run would resume from; what the trial said of its progress.
+    # checkpoint the next run would resume from; what the trial said of its progress; why
+    # it ended, where the state alone does not say (an early exit, an unrunnable start).
     pending_reason: dict[str, Any] | None = None
     latest_checkpoint_uuid: str | None = None
     progress: float | None = None
+    end_reason: str = ""
 
     @classmethod
     def of(
@@ -162,6 +173,7 @@ class Trial(WireModel):
             best_validation=workload(summary.best_validation),
             latest_checkpoint_uuid=summary.latest_checkpoint,
             progress=row.progress,
+            end_reason=row.end_reason,
         )
 
 
@@ -187,7 +199,8 @@ class MetricValues(WireInput):
 class TrialMetrics(WireInput):
     trial_id: DbInt
     trial_run_id: DbInt
-    steps_completed: DbInt
+    # Null from the profiler (system metrics), which reports no step.
+    steps_completed: DbInt | None = None
     metrics: MetricValues
     report_time: UtcTime | None = None
 
@@ -223,6 +236,17 @@ class RunnerMetadata(WireInput):
 class RunStart(WireInput):
     run_id: DbInt | None = None
     checkpoint_storage: dict[str, Any] | None = None
+
+
+class RunMetadataIn(WireInput):
+    """TrainContext.set_metadata: `runId` is the trial id."""
+
+    run_id: DbInt | None = None
+    metadata: dict[str, Any]
+
+
+class RunMetadata(WireModel):
+    metadata: dict[str, Any]
 
 
 class CheckpointTraining(WireInput):
@@ -274,6 +298,33 @@ class CheckpointList(WireModel):
     pagination: Pagination
 
 
+class EarlyExit(WireInput):
+    """POST /api/v1/trials/{id}/early_exit: Determined's v1TrialEarlyExit."""
+
+    reason: str
+
+
+class AlertData(WireInput):
+    title: str | None = None
+    description: str | None = None
+    level: str | None = None
+
+
+class Alert(WireInput):
+    """POST /api/v1/webhooks/custom, as the harness's Context.alert() sends it."""
+
+    data: AlertData
+    experiment_id: DbInt
+    trial_id: DbInt | None = None
+
+
+class AcceleratorDataReport(WireInput):
+    """POST /api/v1/allocations/{id}/acceleratorData, from Determined's prep_container."""
+
+    allocation_id: str | None = None
+    accelerator_data: dict[str, Any]
+
+
 class PreemptionSignal(WireModel):
     preempt: bool
 
@@ -284,3 +335,37 @@ class BestMetric(WireModel):
 
 class Empty(WireModel):
     pass
+
+
+class ModelDefinition(WireModel):
+    """GET /api/v1/experiments/{id}/model_def: Determined's v1GetModelDefResponse."""
+
+    b64_tgz: str
+
+
+class MetricsReportOut(WireModel):
+    """One report in GET /api/v1/trials/metrics/trial_metrics: Determined's v1MetricsReport,
+    whose `metrics` nest the values under validation_metrics (the validation group) or
+    avg_metrics (any other group), as the official SDK reads them."""
+
+    id: int
+    trial_id: int
+    trial_run_id: int
+    total_batches: int
+    end_time: datetime
+    group: str
+    archived: bool = False
+    metrics: dict[str, Any]
+
+    @classmethod
+    def of(cls, row: TrialMetricModel) -> MetricsReportOut:
+        key = "validation_metrics" if row.group_name == "validation" else "avg_metrics"
+        return cls(
+            id=row.id,
+            trial_id=row.trial_id,
+            trial_run_id=row.trial_run_id,
+            total_batches=row.steps_completed,
+            end_time=row.report_time,
+            group=row.group_name,
+            metrics={key: row.metrics},
+        )

@@ -48,6 +48,9 @@ class ReleaseOutcome(enum.StrEnum):
     PREEMPTED = "preempted"  # asked to stop by the scheduler or a pause
     AGENT_LOST = "agent_lost"  # transient system error: requeue without counting a restart
     KILLED = "killed"  # stopped on request
+    # could not start, and no restart can help (no interpreter, no `determined` package):
+    # the trial ends in ERROR at once, with the reason
+    UNRUNNABLE = "unrunnable"
 
 
 def request_scheduling(session: AsyncSession) -> None:
@@ -190,6 +193,13 @@ async def get_allocation(session: AsyncSession, allocation_id: str) -> Allocatio
     return allocation
 
 
+async def acknowledge_preemption(session: AsyncSession, allocation_id: str) -> None:
+    """Trial code acknowledged the preemption signal: an exit 0 now means "stopped for
+    preemption", not "finished". Stored, so a restarted master still knows it."""
+    allocation = await get_allocation(session, allocation_id)
+    allocation.preempt_acked = True
+
+
 async def release_allocation(
     session: AsyncSession, allocation_id: str, outcome: ReleaseOutcome, message: str = ""
 ) -> None:
@@ -243,10 +253,14 @@ def _move_trial_after_release(
         states.set_trial_state(session, trial, TrialState.COMPLETED, reason)
     elif outcome == ReleaseOutcome.KILLED:
         states.set_trial_state(session, trial, TrialState.CANCELED, reason)
+    elif outcome == ReleaseOutcome.UNRUNNABLE:
+        trial.end_reason = message
+        states.set_trial_state(session, trial, TrialState.ERROR, reason)
     elif outcome == ReleaseOutcome.FAILED:
         trial.restarts += 1
         max_restarts = int(experiment.config.get("max_restarts", 5))
         if trial.restarts > max_restarts:
+            trial.end_reason = f"{message}; max_restarts={max_restarts} used"
             states.set_trial_state(
                 session, trial, TrialState.ERROR, f"{reason}; max_restarts={max_restarts} used"
             )

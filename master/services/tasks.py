@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.db.models import (
@@ -16,7 +17,9 @@ from master.db.models import (
     ExperimentModel,
     SlotModel,
     TrialModel,
+    TrialState,
     UserModel,
+    utcnow,
 )
 from master.services.allocations import HELD_STATES, task_id
 from master.settings import MasterSettings, ResourcePoolSettings
@@ -34,13 +37,24 @@ class TaskView:
     slots: dict[str, list[int]] = field(default_factory=dict)
 
 
-async def list_tasks(session: AsyncSession, pool: str | None = None) -> list[TaskView]:
-    """Every allocation that waits or holds resources, oldest first."""
+async def list_tasks(
+    session: AsyncSession, pool: str | None = None, failed_within: timedelta | None = None
+) -> list[TaskView]:
+    """Every allocation that waits or holds resources, oldest first; with `failed_within`,
+    also those that ended that recently with their trial in ERROR (so a trial that could
+    not start still shows why in `det task list` after it is gone)."""
+    wanted: ColumnElement[bool] = AllocationModel.state.in_(ACTIVE_STATES)
+    if failed_within is not None:
+        wanted = wanted | (
+            (AllocationModel.state == AllocationState.TERMINATED)
+            & (AllocationModel.ended_at >= utcnow() - failed_within)
+            & (TrialModel.state == TrialState.ERROR)
+        )
     query = (
         select(AllocationModel, TrialModel, ExperimentModel.name, ExperimentModel.priority)
         .join(TrialModel, TrialModel.id == AllocationModel.trial_id)
         .join(ExperimentModel, ExperimentModel.id == AllocationModel.experiment_id)
-        .where(AllocationModel.state.in_(ACTIVE_STATES))
+        .where(wanted)
         .order_by(AllocationModel.registered_at, AllocationModel.id)
     )
     if pool is not None:

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import math
-import re
 import uuid as uuidlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from datetime import datetime
 from pathlib import PurePosixPath
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -30,8 +31,10 @@ from master.db.models import (
 from master.errors import Conflict, InvalidArgument, NotFound, PermissionDenied
 from resolute.checkpoint import storage_directory
 
+log = logging.getLogger(__name__)
+
 MAX_METRICS_PER_REPORT = 1000
-_GROUP = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+MAX_GROUP_LENGTH = 64  # the column's size
 # JSON has no NaN or infinity; Determined's harness sends them as these strings.
 _NON_FINITE = {"NaN", "Infinity", "-Infinity"}
 TRAINING = "training"
@@ -108,17 +111,24 @@ async def report_metrics(
     trial_id: int,
     *,
     group: str,
-    steps_completed: int,
+    steps_completed: int | None,
     trial_run_id: int,
     values: Mapping[str, Any],
     report_time: datetime | None,
 ) -> None:
-    if not _GROUP.match(group):
+    """Store one report. Any group name is accepted (the profiler's are gpu, cpu...; users'
+    may hold spaces, '%' or '/'). A report without a step (the profiler's) is stored at the
+    trial's latest training step, where a later one of the same group replaces it."""
+    if not 0 < len(group) <= MAX_GROUP_LENGTH or any(c < " " or c == "\x7f" for c in group):
         raise InvalidArgument(
-            f"group: {group!r} must be 1 to 64 letters, digits, '_', '.' or '-' "
-            "(training and validation are the usual groups)"
+            f"group: {group!r} must be 1 to {MAX_GROUP_LENGTH} characters, none a control "
+            "character (training and validation are the usual groups)"
         )
+    if steps_completed is None and group in (TRAINING, VALIDATION):
+        raise InvalidArgument(f"metrics.stepsCompleted: required for {group} metrics")
     trial = await trial_for_report(session, trial_id, user)
+    if steps_completed is None:
+        steps_completed = trial.total_batches_processed
     if trial_run_id != trial.run_id:
         raise InvalidArgument(
             f"metrics.trialRunId: run {trial_run_id} is not trial {trial_id}'s current run "
@@ -202,6 +212,123 @@ async def report_runner_state(
         raise InvalidArgument("state: at most 256 characters")
     trial = await trial_for_report(session, trial_id, user)
     trial.runner_state = state
+
+
+# -- early exit and alerts -----------------------------------------------------------------
+
+# Determined's TrialEarlyExit reasons, and the end reason each gives the trial.
+EARLY_EXIT_REASONS = {
+    "EXITED_REASON_INVALID_HP": "the trial reported invalid hyperparameters (det.InvalidHP)",
+    "EXITED_REASON_INIT_INVALID_HP": (
+        "the trial reported invalid hyperparameters as it started (det.InvalidHP)"
+    ),
+    "EXITED_REASON_USER_REQUESTED_STOP": "the trial's code asked to stop early",
+    "EXITED_REASON_UNSPECIFIED": "the trial exited early without saying why",
+}
+_EARLY_EXIT_SENTENCES = tuple(EARLY_EXIT_REASONS.values())
+
+
+async def report_early_exit(
+    session: AsyncSession, user: UserModel, trial_id: int, reason: str
+) -> None:
+    """The trial's code says its run ends early (the harness, on det.InvalidHP): kept as the
+    trial's end reason; the ranks then exit 0 (see early_exit_reason).
+
+    The first reason of a run is kept. Every rank reports it, and the 0.38.1 client raises
+    on any error status (its "400 means already reported" branch is never reached), so the
+    same reason again is answered 200 as Determined does; only another reason is a 400.
+    """
+    sentence = EARLY_EXIT_REASONS.get(reason)
+    if sentence is None:
+        raise InvalidArgument(f"reason: {reason!r} is not one of {', '.join(EARLY_EXIT_REASONS)}")
+    trial = await trial_for_report(session, trial_id, user)
+    # One statement, so that of the ranks reporting together exactly one records it.
+    recorded = await session.scalar(
+        update(TrialModel)
+        .where(TrialModel.id == trial.id, TrialModel.end_reason.not_in(_EARLY_EXIT_SENTENCES))
+        .values(end_reason=sentence)
+        .returning(TrialModel.id)
+    )
+    if recorded is not None:
+        return
+    kept = await session.scalar(select(TrialModel.end_reason).where(TrialModel.id == trial.id))
+    if kept != sentence:
+        raise InvalidArgument(
+            f"reason: an early exit was already reported for trial {trial_id}'s run: {kept}"
+        )
+
+
+async def early_exit_reason(session: AsyncSession, trial: TrialModel) -> str | None:
+    """Why the trial's current run ended itself early, when its code reported it with
+    POST /api/v1/trials/{id}/early_exit; else None.
+
+    For the agent hub, once every rank of the trial's allocation has exited 0: a reason
+    means the trial ends COMPLETED with that reason (its end_reason already holds it), not
+    a failure and never restarted, even if the ranks also acknowledged a preemption (as in
+    Determined, where an InvalidHP trial is done and the searcher drops it). None means the
+    usual rules apply. A non-zero exit is a failure whatever this says. The reason belongs
+    to one run: start_run_from clears it when the next run starts.
+    """
+    # As committed: the report came in another transaction, maybe after `trial` was loaded.
+    await session.refresh(trial, ["end_reason"])
+    return trial.end_reason if trial.end_reason in _EARLY_EXIT_SENTENCES else None
+
+
+# Determined's log levels, as the word a trial log line starts with.
+ALERT_LEVELS = {
+    "LOG_LEVEL_UNSPECIFIED": "INFO",
+    "LOG_LEVEL_TRACE": "TRACE",
+    "LOG_LEVEL_DEBUG": "DEBUG",
+    "LOG_LEVEL_INFO": "INFO",
+    "LOG_LEVEL_WARNING": "WARNING",
+    "LOG_LEVEL_ERROR": "ERROR",
+    "LOG_LEVEL_CRITICAL": "CRITICAL",
+}
+
+
+@dataclass
+class AlertReport:
+    experiment_id: int
+    trial_id: int | None
+    title: str
+    description: str
+    level: str
+
+
+async def report_alert(session: AsyncSession, user: UserModel, alert: AlertReport) -> None:
+    """Context.alert(): Determined hands it to the experiment's webhooks; resolute has none,
+    so it becomes a line of the trial's logs, at its level."""
+    # Here, not at the top: logs imports allocations, which imports this module.
+    from master.services import logs
+
+    word = ALERT_LEVELS.get(alert.level)
+    if word is None:
+        raise InvalidArgument(
+            f"data.level: {alert.level!r} is not one of {', '.join(ALERT_LEVELS)}"
+        )
+    if alert.trial_id is None:
+        raise InvalidArgument("trialId: required; an alert is kept in its trial's logs")
+    trial = await trial_for_report(session, alert.trial_id, user)
+    if trial.experiment_id != alert.experiment_id:
+        raise InvalidArgument(
+            f"experimentId: {alert.experiment_id} is not the experiment of trial {trial.id}"
+        )
+    text = ": ".join(part for part in ("alert", alert.title, alert.description) if part)
+    allocation_id = await session.scalar(
+        select(AllocationModel.id)
+        .where(AllocationModel.trial_id == trial.id)
+        .order_by(AllocationModel.registered_at.desc(), AllocationModel.id.desc())
+        .limit(1)
+    )
+    line = logs.LogLine(
+        allocation_id=allocation_id or "",
+        rank=None,
+        stdtype="stdout",
+        timestamp=utcnow(),
+        message=f"{word}: {text}\n",
+    )
+    if not await logs.append_logs(session, "", [line]):
+        log.info("trial %d alert (%s): %s", trial.id, alert.level, text)
 
 
 # -- checkpoints ---------------------------------------------------------------------------
@@ -342,6 +469,8 @@ async def start_run_from(
     after it belongs to a timeline that was lost, and the steps count restarts there."""
     steps = checkpoint.steps_completed if checkpoint is not None else 0
     own = checkpoint is not None and checkpoint.trial_id == trial.id
+    if trial.end_reason in _EARLY_EXIT_SENTENCES:
+        trial.end_reason = ""  # an early exit belongs to the run that reported it
     await session.execute(
         delete(TrialMetricModel).where(
             TrialMetricModel.trial_id == trial.id,
@@ -530,3 +659,38 @@ async def checkpoint_metrics(
     for row in rows:
         found.setdefault((row.trial_id, row.steps_completed), {})[row.group_name] = row.metrics
     return found
+
+
+MAX_RUN_METADATA_BYTES = 1 << 20
+
+
+async def set_run_metadata(
+    session: AsyncSession, user: UserModel, trial_id: int, metadata: dict[str, Any]
+) -> dict[str, Any]:
+    """Merge what trial code sets (TrainContext.set_metadata) into the trial's metadata:
+    mappings merge key by key, any other value replaces; returns the whole result, as
+    Determined's PostRunMetadata does."""
+    trial = await trial_for_report(session, trial_id, user)
+    merged = _merge_metadata(dict(trial.run_metadata or {}), metadata)
+    if len(json.dumps(merged)) > MAX_RUN_METADATA_BYTES:
+        raise InvalidArgument(
+            f"metadata: the run's metadata would exceed {MAX_RUN_METADATA_BYTES} bytes"
+        )
+    trial.run_metadata = merged
+    return merged
+
+
+async def run_metadata(session: AsyncSession, trial_id: int) -> dict[str, Any]:
+    trial = await session.get(TrialModel, trial_id)
+    if trial is None:
+        raise NotFound(f"run {trial_id} not found")
+    return dict(trial.run_metadata or {})
+
+
+def _merge_metadata(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            base[key] = _merge_metadata(dict(base[key]), value)
+        else:
+            base[key] = value
+    return base

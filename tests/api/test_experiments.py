@@ -14,6 +14,8 @@ import yaml
 from sqlalchemy import select
 
 from master.db.models import ModelDefinitionModel
+from master.db.session import session_scope
+from master.services import agents as agent_service
 from tests.factories import EXPERIMENT_YAML, create_experiment, create_template, row_counts, v1_file
 
 REQUIRED_EXPERIMENT_KEYS = {
@@ -376,3 +378,149 @@ async def test_malformed_requests_get_400_not_500(api: httpx.AsyncClient) -> Non
         assert reply.status_code == 400, reply.text
         body = reply.json()
         assert body["code"] == 3 and body["message"]
+
+
+# --- what resolute's agents cannot run: refused at submit, nothing stored ---------------------
+
+
+async def register_agent(app: Any, agent_id: str, slots: int) -> None:
+    """As the agent link registers one (tests/api/test_scheduling.py does the same)."""
+    registration = agent_service.AgentRegistration(
+        id=agent_id,
+        resource_pool="default",
+        devices=tuple(agent_service.Device(slot_id=i) for i in range(slots)),
+    )
+    async with session_scope(app.state.session_factory) as session:
+        await agent_service.register_agent(session, app.state.settings, registration)
+
+
+def _with_entrypoint(entrypoint: Any, slots: int = 1) -> str:
+    data = yaml.safe_load(SINGLE_YAML)
+    data["entrypoint"] = entrypoint
+    data["resources"] = {"slots_per_trial": slots}
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "shown"),
+    [
+        ("model_def:MyTrial", "model_def:MyTrial"),
+        ("module.sub:Class", "module.sub:Class"),
+        (["model_def:MyTrial"], "model_def:MyTrial"),
+    ],
+)
+async def test_trial_class_entrypoint_is_refused(
+    api: httpx.AsyncClient, entrypoint: Any, shown: str
+) -> None:
+    reply = await create_experiment(api, _with_entrypoint(entrypoint))
+    assert reply.status_code == 400, reply.text
+    body = reply.json()
+    assert body["message"].startswith(
+        f"invalid config: entrypoint: {shown!r} names a Trial class (Determined's legacy API), "
+        "which resolute does not run; port it to the PyTorch Trainer and use `python3 -m "
+        "determined.launch.torch_distributed python3 train.py`"
+    )
+    assert [d["path"] for d in body["details"]] == ["entrypoint"]
+    assert await row_counts(api) == (0, 0)
+
+
+async def test_trial_class_entrypoint_in_a_template_is_refused(api: httpx.AsyncClient) -> None:
+    reply = await create_template(api, "legacy", {"entrypoint": "model_def:MyTrial"})
+    assert reply.status_code == 400, reply.text
+    assert "entrypoint: 'model_def:MyTrial' names a Trial class" in reply.json()["message"]
+    assert await row_counts(api) == (0, 0)
+
+
+async def test_horovod_launcher_is_refused(api: httpx.AsyncClient) -> None:
+    entrypoint = "python3 -m determined.launch.horovod --autohorovod python3 train.py"
+    reply = await create_experiment(api, _with_entrypoint(entrypoint))
+    assert reply.status_code == 400, reply.text
+    message = reply.json()["message"]
+    assert message.startswith("invalid config: entrypoint: runs determined.launch.horovod")
+    assert "Horovod needs sshd between containers" in message
+    assert "use determined.launch.torch_distributed" in message
+    assert await row_counts(api) == (0, 0)
+
+
+DEEPSPEED = "python3 -m determined.launch.deepspeed python3 train.py --deepspeed ds.json"
+
+
+async def test_deepspeed_beyond_one_agent_is_refused(api: httpx.AsyncClient, app: Any) -> None:
+    await register_agent(app, "gpu-a", 8)
+    await register_agent(app, "gpu-b", 4)
+    reply = await create_experiment(api, _with_entrypoint(DEEPSPEED, slots=16))
+    assert reply.status_code == 400, reply.text
+    body = reply.json()
+    assert body["message"].startswith(
+        "resources.slots_per_trial: 16 slots per trial fit on no agent of resource pool "
+        "default (the largest has 8), and determined.launch.deepspeed across agents needs "
+        "sshd between containers"
+    )
+    assert [d["path"] for d in body["details"]] == ["resources.slots_per_trial"]
+    assert await row_counts(api) == (0, 0)
+
+    # What fits on one agent is accepted; other launchers may span agents.
+    reply = await create_experiment(api, _with_entrypoint(DEEPSPEED, slots=8))
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["config"]["resources"]["slots_per_trial"] == 8
+    torch = "python3 -m determined.launch.torch_distributed python3 train.py"
+    reply = await create_experiment(api, _with_entrypoint(torch, slots=16))
+    assert reply.status_code == 200, reply.text
+    assert await row_counts(api) == (2, 0)
+
+
+async def test_deepspeed_with_no_agents_known_is_accepted(api: httpx.AsyncClient) -> None:
+    reply = await create_experiment(api, _with_entrypoint(DEEPSPEED, slots=16))
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["experiment"]["config"]["entrypoint"] == DEEPSPEED
+    assert await row_counts(api) == (1, 0)
+
+
+# --- Docker-only environment keys: accepted as they are, with a warning each ------------------
+
+# Shaped like Determined's examples: an image per accelerator, a forced pull, capabilities.
+DOCKER_ENVIRONMENT_YAML = (
+    SINGLE_YAML
+    + """\
+environment:
+  image:
+    cpu: determinedai/pytorch-ngc:0.38.1
+    cuda: determinedai/pytorch-ngc:0.38.1
+  environment_variables:
+    - NCCL_DEBUG=INFO
+  force_pull_image: true
+  registry_auth: {username: robot, password: s3cret}
+  add_capabilities: [IPC_LOCK]
+  ports: {tensorboard: 6006}
+"""
+)
+
+
+async def test_docker_only_keys_are_accepted_and_said_not_to_apply(
+    api: httpx.AsyncClient,
+) -> None:
+    reply = await create_experiment(api, DOCKER_ENVIRONMENT_YAML)
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    docker = [w for w in body["warningMessages"] if w.startswith("environment.")]
+    assert [w.split(" ", 1)[0] for w in docker] == [
+        "environment.image",
+        "environment.registry_auth",
+        "environment.force_pull_image",
+        "environment.add_capabilities",
+        "environment.ports",
+    ]
+    assert docker[0] == (
+        "environment.image (cpu: determinedai/pytorch-ngc:0.38.1, cuda: "
+        "determinedai/pytorch-ngc:0.38.1) does not apply: resolute agents run trials as "
+        "processes on the host, not in images; choose the interpreter with "
+        "environment.environment_variables PATH=..."
+    )
+    assert not any("s3cret" in w for w in body["warningMessages"])
+    experiment = body["experiment"]
+    assert experiment["originalConfig"] == DOCKER_ENVIRONMENT_YAML
+    stored = (await api.get(f"/api/v1/experiments/{experiment['id']}")).json()["experiment"]
+    environment = stored["config"]["environment"]
+    assert environment["image"]["cuda"] == "determinedai/pytorch-ngc:0.38.1"
+    assert environment["ports"] == {"tensorboard": 6006}
+    assert environment["environment_variables"] == ["NCCL_DEBUG=INFO"]

@@ -60,3 +60,123 @@ def test_unknown_and_bad_settings_are_errors(
 )
 def test_driver_is_chosen_for_the_user(url: str, expected: str) -> None:
     assert async_database_url(url, Path("unused")) == expected
+
+
+# -- task_container_defaults.environment_variables ------------------------------------------
+# What every trial's processes get beneath the experiment's own variables (Determined's
+# key): PATH there chooses the `python3` that runs Determined's scripts.
+
+from master.core.launch import runtime_variables  # noqa: E402  (appended section)
+
+
+def test_default_variables_as_a_list_apply_to_every_device_type(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = tmp_path / "master.yaml"
+    config.write_text(
+        "task_container_defaults:\n"
+        "  environment_variables:\n"
+        "    - PATH=/opt/det/bin:/usr/bin:/bin\n"
+        "    - NCCL_DEBUG=INFO\n"
+        "    - OPTS=a=b\n"  # only the first '=' splits
+    )
+    monkeypatch.setenv("DET_MASTER_CONFIG_FILE", str(config))
+    monkeypatch.delenv("DET_MASTER_TASK_CONTAINER_DEFAULTS__ENVIRONMENT_VARIABLES", raising=False)
+    variables = MasterSettings().task_container_defaults.environment_variables
+    expected = {"PATH": "/opt/det/bin:/usr/bin:/bin", "NCCL_DEBUG": "INFO", "OPTS": "a=b"}
+    for device in ("cpu", "cuda", "rocm"):
+        assert runtime_variables(variables, device) == expected
+
+
+def test_default_variables_per_device_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DET_MASTER_CONFIG_FILE", raising=False)
+    settings = MasterSettings(
+        task_container_defaults={
+            "environment_variables": {"cpu": ["PATH=/cpu/bin"], "cuda": ["PATH=/cuda/bin"]}
+        }
+    )
+    variables = settings.task_container_defaults.environment_variables
+    assert runtime_variables(variables, "cpu") == {"PATH": "/cpu/bin"}
+    assert runtime_variables(variables, "cuda") == {"PATH": "/cuda/bin"}
+    assert runtime_variables(variables, "rocm") == {}
+    # `gpu` is Determined's older name for cuda.
+    legacy = MasterSettings(
+        task_container_defaults={"environment_variables": {"gpu": ["NCCL_DEBUG=WARN"]}}
+    ).task_container_defaults.environment_variables
+    assert runtime_variables(legacy, "cuda") == {"NCCL_DEBUG": "WARN"}
+    assert runtime_variables(legacy, "cpu") == {}
+
+
+def test_default_variables_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DET_MASTER_CONFIG_FILE", raising=False)
+    name = "DET_MASTER_TASK_CONTAINER_DEFAULTS__ENVIRONMENT_VARIABLES"
+    monkeypatch.setenv(name, '["PATH=/x/bin:/usr/bin"]')
+    variables = MasterSettings().task_container_defaults.environment_variables
+    assert runtime_variables(variables, "cpu") == {"PATH": "/x/bin:/usr/bin"}
+    monkeypatch.setenv(name, '{"cuda": ["PATH=/cuda/bin"]}')
+    variables = MasterSettings().task_container_defaults.environment_variables
+    assert runtime_variables(variables, "cuda") == {"PATH": "/cuda/bin"}
+    assert runtime_variables(variables, "cpu") == {}
+
+
+def test_a_pool_has_its_own_defaults_and_the_others_keep_the_masters(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = tmp_path / "master.yaml"
+    config.write_text(
+        "task_container_defaults: {environment_variables: [PATH=/master/bin]}\n"
+        "resource_pools:\n"
+        "  - pool_name: default\n"
+        "  - pool_name: det\n"
+        "    task_container_defaults:\n"
+        "      environment_variables: {cpu: [PATH=/det/bin, DET_ONLY=1]}\n"
+    )
+    monkeypatch.setenv("DET_MASTER_CONFIG_FILE", str(config))
+    monkeypatch.delenv("DET_MASTER_TASK_CONTAINER_DEFAULTS__ENVIRONMENT_VARIABLES", raising=False)
+    settings = MasterSettings()
+    det = settings.pool("det")
+    default = settings.pool("default")
+    assert det is not None and det.task_container_defaults is not None
+    assert runtime_variables(det.task_container_defaults.environment_variables, "cpu") == {
+        "PATH": "/det/bin",
+        "DET_ONLY": "1",
+    }
+    assert default is not None and default.task_container_defaults is None  # the master's
+    assert runtime_variables(settings.task_container_defaults.environment_variables, "cpu") == {
+        "PATH": "/master/bin"
+    }
+
+
+@pytest.mark.parametrize(
+    ("defaults", "item"),
+    [
+        ({"environment_variables": ["PATH=/x", "NOPE"]}, "'NOPE' is not KEY=VALUE"),
+        ({"environment_variables": ["=value"]}, "'=value' is not KEY=VALUE"),
+        ({"environment_variables": {"cuda": ["A=1", "BARE"]}}, "'BARE' is not KEY=VALUE"),
+        ({"environment_variables": {"tpu": ["A=1"]}}, "'cpu', 'cuda', 'rocm' or 'gpu'"),
+    ],
+)
+def test_a_default_variable_that_is_not_key_value_is_refused_naming_the_field(
+    monkeypatch: pytest.MonkeyPatch, defaults: dict[str, object], item: str
+) -> None:
+    monkeypatch.delenv("DET_MASTER_CONFIG_FILE", raising=False)
+    with pytest.raises(ValidationError) as master_error:
+        MasterSettings(task_container_defaults=defaults)
+    text = str(master_error.value)
+    assert "task_container_defaults.environment_variables" in text, text
+    assert item in text, text
+    with pytest.raises(ValidationError) as pool_error:
+        MasterSettings(
+            resource_pools=[{"pool_name": "default", "task_container_defaults": defaults}]
+        )
+    assert "resource_pools.0.task_container_defaults.environment_variables" in str(pool_error.value)
+
+
+def test_a_bad_default_variable_in_the_environment_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("DET_MASTER_CONFIG_FILE", raising=False)
+    name = "DET_MASTER_TASK_CONTAINER_DEFAULTS__ENVIRONMENT_VARIABLES"
+    monkeypatch.setenv(name, '["PATH=/x/bin", "oops"]')
+    with pytest.raises(ValidationError, match="'oops' is not KEY=VALUE"):
+        MasterSettings()

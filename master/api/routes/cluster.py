@@ -115,8 +115,20 @@ async def disable_agent(
 
 
 @router.get("/tasks")
-async def list_tasks(session: SessionDep, _user: CurrentUser) -> dict[str, Any]:
-    views = await tasks.list_tasks(session)
+async def list_tasks(
+    session: SessionDep,
+    _user: CurrentUser,
+    failed_within_s: int = Query(
+        0,
+        ge=0,
+        le=MAX_INT,
+        alias="failedWithinSeconds",
+        description="resolute: also list allocations that ended this recently with their "
+        "trial in ERROR, with their exitReason",
+    ),
+) -> dict[str, Any]:
+    window = timedelta(seconds=failed_within_s) if failed_within_s else None
+    views = await tasks.list_tasks(session, failed_within=window)
     slots: dict[str, dict[int, SlotModel]] = {}
     for slot in (await session.scalars(select(SlotModel))).all():
         slots.setdefault(slot.agent_id, {})[slot.slot_id] = slot

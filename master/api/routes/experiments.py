@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import base64
+import json
+import logging
+from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
+from pydantic import Field
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from master.api.deps import MAX_INT, CurrentUser, ObjectId, SessionDep, SettingsDep
-from master.db.models import ExperimentState
+from master.db.models import ExperimentState, TrialMetricModel
 from master.errors import InvalidArgument
 from master.schemas.common import Pagination
 from master.schemas.experiments import (
@@ -17,11 +24,15 @@ from master.schemas.experiments import (
     ExperimentCreate,
     ExperimentList,
     ExperimentResponse,
+    MetricsReportOut,
+    ModelDefinition,
     Trial,
     TrialList,
     TrialResponse,
 )
 from master.services import experiments, trial_reports
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/api/v1", tags=["Experiments"])
 
@@ -160,3 +171,47 @@ async def get_trial(trial_id: ObjectId, session: SessionDep, _user: CurrentUser)
     experiment = (await experiments.get_experiment(session, trial.experiment_id)).experiment
     summaries = await trial_reports.trial_summaries(session, [trial], experiment.config)
     return TrialResponse(trial=Trial.of(trial, reasons.get(trial.id), summaries[trial.id]))
+
+
+# -- what Determined's Python SDK reads ------------------------------------------------------
+
+
+@router.get("/experiments/{experiment_id}/model_def")
+async def get_model_definition(
+    experiment_id: ObjectId, session: SessionDep, _user: CurrentUser
+) -> ModelDefinition:
+    """The files the experiment was created with, a base64 tar.gz (Experiment.download_code)."""
+    archive = await experiments.model_definition_archive(session, experiment_id)
+    return ModelDefinition(b64_tgz=base64.b64encode(archive).decode("ascii"))
+
+
+TrialIdQuery = Annotated[int, Field(ge=0, le=MAX_INT)]
+
+
+@router.get("/trials/metrics/trial_metrics", response_class=StreamingResponse)
+async def stream_trial_metrics(
+    request: Request,
+    session: SessionDep,
+    _user: CurrentUser,
+    group: Annotated[str, Query(min_length=1, max_length=256)],
+    trial_ids: Annotated[list[TrialIdQuery], Query(alias="trialIds")] = [],  # noqa: B006
+) -> StreamingResponse:
+    """Determined's GetMetrics (Trial.iter_metrics): NDJSON lines {"result": {"metrics": [...]}}
+    with every report of `group`, then new ones until all the trials have ended."""
+    await experiments.check_trials_exist(session, trial_ids)
+    # The request's session ends before the body is sent: the stream reads with its own.
+    factory: async_sessionmaker[AsyncSession] = request.app.state.session_factory
+    batches = experiments.stream_trial_metrics(factory, trial_ids, group)
+    return StreamingResponse(_metrics_ndjson(batches), media_type="application/json")
+
+
+async def _metrics_ndjson(batches: AsyncIterator[list[TrialMetricModel]]) -> AsyncIterator[str]:
+    try:
+        async for rows in batches:
+            reports = [MetricsReportOut.of(r).model_dump(mode="json", by_alias=True) for r in rows]
+            yield json.dumps({"result": {"metrics": reports}}) + "\n"
+    except Exception:
+        # The 200 is already sent: grpc-gateway ends a failed stream with an error line.
+        log.exception("metrics stream failed")
+        error = {"grpcCode": 13, "httpCode": 500, "message": "internal error; see the master log"}
+        yield json.dumps({"error": {**error, "details": []}}) + "\n"

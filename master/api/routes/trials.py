@@ -16,17 +16,22 @@ from master.db.models import AllocationState, CheckpointModel, ExperimentModel, 
 from master.errors import InvalidArgument, NotFound
 from master.schemas.common import Pagination
 from master.schemas.experiments import (
+    AcceleratorDataReport,
+    Alert,
     BestMetric,
     Checkpoint,
     CheckpointIn,
     CheckpointList,
     CheckpointResponse,
+    EarlyExit,
     Empty,
     MetricRow,
     MetricRows,
     MetricsReport,
     PreemptionSignal,
     ProgressReport,
+    RunMetadata,
+    RunMetadataIn,
     RunnerMetadata,
     RunStart,
     WorkloadList,
@@ -111,10 +116,55 @@ async def report_progress(
 
 @router.post("/trials/{trial_id}/runner/metadata")
 async def report_runner_state(
-    trial_id: ObjectId, body: RunnerMetadata, session: SessionDep, user: CurrentUser
+    trial_id: ObjectId, session: SessionDep, user: CurrentUser, body: RunnerMetadata | None = None
 ) -> Empty:
-    await trial_reports.report_runner_state(session, user, trial_id, body.state)
+    state = body.state if body is not None else ""
+    await trial_reports.report_runner_state(session, user, trial_id, state)
     return Empty()
+
+
+@router.post("/trials/{trial_id}/early_exit")
+async def report_early_exit(
+    trial_id: ObjectId, body: EarlyExit, session: SessionDep, user: CurrentUser
+) -> Empty:
+    """The harness on det.InvalidHP, from every rank: the same reason again is a 200."""
+    await trial_reports.report_early_exit(session, user, trial_id, body.reason)
+    return Empty()
+
+
+@router.post("/webhooks/custom")
+async def report_alert(body: Alert, session: SessionDep, user: CurrentUser) -> Empty:
+    """Context.alert(): a line of the trial's logs."""
+    await trial_reports.report_alert(
+        session,
+        user,
+        trial_reports.AlertReport(
+            experiment_id=body.experiment_id,
+            trial_id=body.trial_id,
+            title=body.data.title or "",
+            description=body.data.description or "",
+            level=body.data.level or "LOG_LEVEL_UNSPECIFIED",
+        ),
+    )
+    return Empty()
+
+
+@router.post("/runs/{run_id}/metadata")
+async def set_run_metadata(
+    run_id: ObjectId, body: RunMetadataIn, session: SessionDep, user: CurrentUser
+) -> RunMetadata:
+    """TrainContext.set_metadata (a run is a trial here): merged into what is there."""
+    if body.run_id is not None and body.run_id != run_id:
+        raise InvalidArgument(f"runId: {body.run_id} does not match run {run_id} of the path")
+    merged = await trial_reports.set_run_metadata(session, user, run_id, body.metadata)
+    return RunMetadata(metadata=merged)
+
+
+@router.get("/runs/{run_id}/metadata")
+async def get_run_metadata(
+    run_id: ObjectId, session: SessionDep, _user: CurrentUser
+) -> RunMetadata:
+    return RunMetadata(metadata=await trial_reports.run_metadata(session, run_id))
 
 
 @router.post("/runs/start")
@@ -191,7 +241,11 @@ CHECKPOINT_SORTS = (
 
 
 def _sort_checkpoints(
-    views: list[Checkpoint], sort_by: str, order_by: str, smaller_is_better: bool
+    views: list[Checkpoint],
+    sort_by: str,
+    order_by: str,
+    smaller_is_better: bool,
+    sort_by_metric: str = "",
 ) -> list[Checkpoint]:
     if sort_by not in CHECKPOINT_SORTS:
         raise InvalidArgument(
@@ -202,6 +256,16 @@ def _sort_checkpoints(
             f"orderBy: {order_by!r} is not one of ORDER_BY_UNSPECIFIED, ORDER_BY_ASC, ORDER_BY_DESC"
         )
     descending = order_by == "ORDER_BY_DESC"
+    if sort_by_metric:
+        # A validation metric by name (the SDK's top_checkpoint(sort_by="accuracy")); those
+        # without it, or with a value that is not a number, go last.
+        def value(view: Checkpoint) -> float | None:
+            metrics = view.training.get("validationMetrics", {}).get("avgMetrics", {})
+            return trial_reports.numeric(metrics.get(sort_by_metric))
+
+        scored = [v for v in views if value(v) is not None]
+        scored.sort(key=lambda v: float(value(v) or 0.0), reverse=descending)
+        return scored + [v for v in views if value(v) is None]
     if sort_by == "SORT_BY_SEARCHER_METRIC":
         # Best first unless an order is asked for; checkpoints without the metric go last.
         if order_by == "ORDER_BY_UNSPECIFIED":
@@ -229,10 +293,13 @@ async def _checkpoint_list(
     sort_by: str = "SORT_BY_UNSPECIFIED",
     order_by: str = "ORDER_BY_UNSPECIFIED",
     smaller_is_better: bool = True,
+    sort_by_metric: str = "",
+    states: tuple[str, ...] = (),
 ) -> CheckpointList:
-    views = _sort_checkpoints(
-        await _checkpoint_views(session, rows), sort_by, order_by, smaller_is_better
-    )
+    views = await _checkpoint_views(session, rows)
+    if states:
+        views = [v for v in views if v.state in states]
+    views = _sort_checkpoints(views, sort_by, order_by, smaller_is_better, sort_by_metric)
     page = views[offset : offset + limit] if limit else views[offset:]
     return CheckpointList(
         checkpoints=page, pagination=Pagination.of(offset, limit, len(page), len(views))
@@ -270,6 +337,8 @@ class CheckpointQuery:
     limit: int = Query(0, ge=0, le=MAX_INT, description="0 returns every checkpoint")
     sort_by: str = Query("SORT_BY_UNSPECIFIED", alias="sortByAttr")
     order_by: str = Query("ORDER_BY_UNSPECIFIED", alias="orderBy")
+    sort_by_metric: str = Query("", alias="sortByMetric", max_length=256)
+    states: list[str] | None = Query(None, alias="states")  # noqa: RUF009 - a query
 
 
 async def _checkpoint_page(
@@ -287,6 +356,8 @@ async def _checkpoint_page(
         sort_by=query.sort_by,
         order_by=query.order_by,
         smaller_is_better=smaller_is_better,
+        sort_by_metric=query.sort_by_metric,
+        states=tuple(query.states or ()),
     )
 
 
@@ -360,6 +431,16 @@ async def ack_preemption(
     signals: PreemptionDep,
     _body: dict[str, Any] | None = None,
 ) -> Empty:
-    await allocations.get_allocation(session, allocation_id)
+    await allocations.acknowledge_preemption(session, allocation_id)
     signals.acknowledge(allocation_id)
+    return Empty()
+
+
+@router.post("/allocations/{allocation_id}/acceleratorData")
+async def accelerator_data(
+    allocation_id: str, _body: AcceleratorDataReport, session: SessionDep, _user: CurrentUser
+) -> Empty:
+    """Determined's prep_container reports the devices it sees; resolute's agents report
+    theirs over the agent link, so this is only checked and acknowledged."""
+    await allocations.get_allocation(session, allocation_id)
     return Empty()
