@@ -186,9 +186,14 @@ def _one_format(as_json: bool, as_csv: bool) -> None:
         raise CliError("--json and --csv cannot be used together")
 
 
-def _tasks(api: MasterClient) -> dict[str, dict[str, Any]]:
+# `det task list` also shows tasks that ended in an error this recently, with why.
+RECENT_FAILURES_S = 3600
+
+
+def _tasks(api: MasterClient, failed_within_s: int = 0) -> dict[str, dict[str, Any]]:
+    params = {"failedWithinSeconds": failed_within_s} if failed_within_s else None
     summaries: dict[str, dict[str, Any]] = (
-        api.get("/api/v1/tasks").get("allocationIdToSummary") or {}
+        api.get("/api/v1/tasks", params=params).get("allocationIdToSummary") or {}
     )
     return summaries
 
@@ -211,10 +216,11 @@ def list_tasks(
     as_json: bool = JsonOpt,
     as_csv: bool = CsvOpt,
 ) -> None:
-    """List tasks with their agent, and for waiting ones the reason they wait."""
+    """List tasks with their agent, and for waiting ones the reason they wait (tasks that
+    ended in an error within the last hour are listed too, with the reason)."""
     with cli_errors():
         _one_format(as_json, as_csv)
-        tasks = _tasks(client(ctx))
+        tasks = _tasks(client(ctx), RECENT_FAILURES_S)
         if as_json:
             print_json(tasks)
             return
@@ -240,7 +246,7 @@ def list_tasks(
                     priority,
                     task.get("resourcePool"),
                     _enum(task.get("state"), "STATE_"),
-                    reason.get("message") or "",
+                    reason.get("message") or task.get("exitReason") or "",
                 ]
             )
         _render(TASK_HEADERS, rows, as_csv=as_csv)

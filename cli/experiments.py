@@ -7,8 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import typer
+import yaml
+from rich.markup import escape
 
 from cli.client import CliError
+from cli.config_overrides import ConfigOverrideError, apply_config_overrides
 from cli.context import read_model_dir
 from cli.output import (
     cli_errors,
@@ -42,6 +45,14 @@ def create(
     test: bool = typer.Option(
         False, "-t", "--test", help="Validate and print the effective config; store nothing."
     ),
+    overrides: list[str] | None = typer.Option(
+        None,
+        "--config",
+        metavar="KEY=VALUE",
+        help="Change the config before it is sent; repeatable. KEY is a dotted path "
+        "(resources.slots_per_trial=4), VALUE is YAML (lr=0.1, 'bind_mounts=[{...}]'), "
+        "a,b is a list. Applied before the template merge, as Determined's CLI does.",
+    ),
 ) -> None:
     """Create an experiment: prints `Created experiment N`."""
     with cli_errors():
@@ -49,6 +60,8 @@ def create(
             config_text = config_file.read_text(encoding="utf-8")
         except OSError as exc:
             raise CliError(f"cannot read {config_file}: {exc.strerror}") from None
+        if overrides:
+            config_text = _with_overrides(config_file, config_text, overrides)
         files = read_model_dir(model_dir) if model_dir is not None else []
         body = {
             "activate": not paused,
@@ -61,11 +74,28 @@ def create(
         }
         reply = client(ctx).post("/api/v1/experiments", json=body)
         for message in reply.get("warningMessages") or []:
-            warn(message)
+            warn(escape(message))  # it quotes the user's values, which may hold [brackets]
         if test:
             print_yaml(reply["config"])
             return
         stdout.print(f"Created experiment {reply['experiment']['id']}", markup=False)
+
+
+def _with_overrides(config_file: Path, config_text: str, overrides: list[str]) -> str:
+    """The config file with `--config` overrides applied, as YAML. As in Determined's CLI,
+    the file is re-serialised only when there are overrides (its comments are lost)."""
+    from master.core.errors import ConfigError  # imported here: pydantic is slow to load
+    from master.core.expconf import parse_yaml
+
+    try:
+        config = parse_yaml(config_text)  # the master's own reading of the file
+    except ConfigError as exc:
+        raise CliError(f"{config_file}: {exc}") from None
+    try:
+        changed = apply_config_overrides(config, overrides)
+    except ConfigOverrideError as exc:
+        raise CliError(str(exc)) from None
+    return yaml.safe_dump(changed, sort_keys=False, allow_unicode=True)
 
 
 @app.command("list")
@@ -136,6 +166,7 @@ def describe(
                 ["Template", experiment.get("templateName") or "-"],
                 ["Experiment seed", experiment["experimentSeed"]],
                 ["Slots per trial", experiment["config"]["resources"]["slots_per_trial"]],
+                ["Launch", launch_line(experiment)],
                 ["Start Time", short_time(experiment["startTime"])],
                 ["End Time", short_time(experiment.get("endTime"))],
             ],
@@ -151,7 +182,7 @@ def describe(
                     t["restarts"],
                     t["totalBatchesProcessed"],
                     compact_json(t["hparams"]),
-                    (t.get("pendingReason") or {}).get("message", ""),
+                    (t.get("pendingReason") or {}).get("message") or t.get("endReason") or "",
                 ]
                 for t in trials
             ],
@@ -163,6 +194,14 @@ def describe(
         if show_config:
             stdout.print()
             print_yaml(experiment["config"])
+
+
+def launch_line(experiment: dict[str, Any]) -> str:
+    """ "per_agent: the entrypoint runs once per agent ... (because train.py imports ...)"."""
+    layout = experiment.get("launchLayout") or "per_slot"
+    summary = experiment.get("launchLayoutSummary") or ""
+    reason = experiment.get("launchReason") or ""
+    return f"{layout}: {summary}" + (f" (because {reason})" if reason else "")
 
 
 @app.command("wait")
