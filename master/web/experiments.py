@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.api.deps import MAX_INT, ObjectId, SessionDep
+from master.core import launch
 from master.core.errors import ConfigError
 from master.core.expconf import parse_yaml
 from master.db.models import ExperimentState, TrialModel, TrialState
@@ -171,9 +172,11 @@ async def _live_context(
     summaries = await trial_reports.trial_summaries(session, rows, view.experiment.config)
     metric, _smaller = trial_reports.searcher_metric(view.experiment.config)
     state = ExperimentState(view.experiment.state)
+    layout = launch.stored_layout(view.experiment.config)
     return {
         "view": view,
         "state": state,
+        "launch": {"layout": layout, "summary": launch.layout_summary(layout)},
         "trials": rows,
         "reasons": reasons,
         "summaries": summaries,

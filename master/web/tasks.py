@@ -3,6 +3,7 @@ jobs' priorities, changed through the same service as `det job update`."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -29,13 +30,15 @@ from master.web.common import (
 router = APIRouter(route_class=WebRoute)
 
 TasksPaging = Annotated[Paging, Depends(paging_by(50))]
+RECENT_FAILURES = timedelta(hours=1)
 NOTICES = {"priority": "Priority changed; the next scheduling pass reorders the queue."}
 
 
 async def _context(
     session: AsyncSession, paged: Paging, *, with_jobs: bool = True
 ) -> dict[str, Any]:
-    allocations = await tasks.list_tasks(session)
+    # Trials that ended in an error lately stay listed, with why (as `det task list`).
+    allocations = await tasks.list_tasks(session, failed_within=RECENT_FAILURES)
     shown = slice_page(allocations, paged)
     # The 3-second refresh (tasks_live.html) shows allocations only.
     jobs = await tasks.list_jobs(session) if with_jobs else []

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import html
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -14,12 +14,21 @@ from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from master.db.models import AllocationModel
 from master.db.session import session_scope
 from master.services import agents as agent_service
 from master.services import scheduler
 from master.services.logs import LogLine, append_logs
 from master.services.metrics import GpuReading, MetricReading, MetricsBuffer
-from tests.factories import EXPERIMENT_YAML, TEMPLATE_CONFIG, create_experiment, create_template
+from resolute_proto.agent.v1 import agent_pb2 as pb
+from tests.api.test_agent_link import connect, exited, hub_of, of_kind, sent
+from tests.factories import (
+    EXPERIMENT_YAML,
+    TEMPLATE_CONFIG,
+    create_experiment,
+    create_template,
+    v1_file,
+)
 from tests.web.conftest import COOKIE, csrf_of, web_csrf
 
 ORIGIN = {"Origin": "http://master"}
@@ -713,3 +722,110 @@ async def template_names_signed_in(client: httpx.AsyncClient) -> list[str]:
     """Templates as the page lists them (the fuzzed client has no API token)."""
     page = await client.get("/ui/templates", params={"per_page": 200})
     return re.findall(r'<td><a href="/ui/templates/[^"]+">([^<]*)</a></td>', page.text)
+
+
+# -- Determined's scripts: the launch layout, and trials that could not run -----------------
+
+
+DET_TRIAL_YAML = """\
+name: det-script
+entrypoint: python3 train.py
+searcher: {name: single, metric: loss, max_length: 1}
+"""
+UNRUNNABLE = "/usr/bin/python3 lacks determined, torch + tensorboard (needs determined>=0.38)"
+
+
+def launch_row(page: str) -> str:
+    match = re.search(r'<div class="wide" id="launch-layout">(.*?)</div>', page, re.DOTALL)
+    assert match, "the experiment page has no Launch row"
+    return html.unescape(re.sub(r"<[^>]+>", "", match.group(1)))
+
+
+def reason_cell(page: str, row: str) -> str:
+    """The text of the Reason column of the row whose opening tag holds `row`."""
+    match = re.search(row + r'[^>]*>.*?<td class="reason">(.*?)</td>', page, re.DOTALL)
+    assert match, f"no row {row} with a reason cell"
+    return html.unescape(re.sub(r"<[^>]+>", "", match.group(1))).strip()
+
+
+async def test_the_experiment_page_says_how_the_entrypoint_is_launched_and_why(
+    web: httpx.AsyncClient,
+) -> None:
+    await bearer(web)
+    determined = await experiment_with_trials(
+        web,
+        config=DET_TRIAL_YAML,
+        modelDefinition=[v1_file("train.py", b"import determined as det\n")],
+    )
+    row = launch_row((await web.get(f"/ui/experiments/{determined['id']}")).text)
+    assert row.startswith("Launchper_agent: the entrypoint runs once per agent"), row
+    assert row.endswith("(because train.py imports determined)"), row
+    live = await web.get(f"/ui/experiments/{determined['id']}/live")  # the 2-second refresh
+    assert launch_row(live.text) == row
+
+    ours = await experiment_with_trials(
+        web, config=DET_TRIAL_YAML, modelDefinition=[v1_file("train.py", b"import resolute\n")]
+    )
+    row = launch_row((await web.get(f"/ui/experiments/{ours['id']}")).text)
+    assert row.startswith("Launchper_slot: the entrypoint runs once per slot"), row
+    assert row.endswith("(because train.py does not import determined)"), row
+
+
+async def unrunnable_trial(web: httpx.AsyncClient, app: FastAPI) -> tuple[int, int, str]:
+    """A per_agent trial whose agent could not run its interpreter: ended in ERROR at once.
+    Returns the experiment, trial and allocation ids."""
+    hub = hub_of(app)
+    agent = await connect(hub, "agent-a")
+    experiment = await experiment_with_trials(
+        web,
+        config=DET_TRIAL_YAML,
+        modelDefinition=[v1_file("train.py", b"import determined as det\n")],
+    )
+    await schedule(app)
+    await hub.tick()
+    (prepare,) = of_kind(sent(agent), "prepare")
+    allocation_id: str = prepare.allocation_id
+    ready = pb.AllocationPrepared(
+        allocation_id=allocation_id, master_port=29500, extra_ports=[29501, 29502]
+    )
+    await hub.on_message(agent, pb.AgentMessage(prepared=ready))
+    assert of_kind(sent(agent), "start")
+    await hub.on_message(agent, exited(allocation_id, pb.EXIT_KIND_UNRUNNABLE, UNRUNNABLE))
+    (trial,) = (await web.get(f"/api/v1/experiments/{experiment['id']}/trials")).json()["trials"]
+    assert (trial["state"], trial["endReason"]) == ("STATE_ERROR", UNRUNNABLE)
+    return experiment["id"], trial["id"], allocation_id
+
+
+async def test_a_trial_that_could_not_run_shows_why_in_the_reason_column(
+    web: httpx.AsyncClient, app: FastAPI
+) -> None:
+    await bearer(web)
+    experiment_id, trial_id, _ = await unrunnable_trial(web, app)
+    page = await web.get(f"/ui/experiments/{experiment_id}")
+    assert page.status_code == 200
+    assert f'data-trial-id="{trial_id}" data-state="ERROR"' in page.text
+    assert reason_cell(page.text, f'<tr data-trial-id="{trial_id}"') == UNRUNNABLE
+    assert "determined&gt;=0.38" in page.text  # escaped, never markup
+
+
+async def test_the_tasks_page_keeps_an_allocation_that_failed_within_the_hour(
+    web: httpx.AsyncClient, app: FastAPI
+) -> None:
+    await bearer(web)
+    _, _, allocation_id = await unrunnable_trial(web, app)
+    row = f'<tr data-allocation-id="{allocation_id}"'
+    for page in (await web.get("/ui/tasks"), await web.get("/ui/tasks", headers=HTMX)):
+        assert page.status_code == 200
+        assert row in page.text
+        assert reason_cell(page.text, row) == f"unrunnable: {UNRUNNABLE}"
+        assert "Nothing is queued or running." not in page.text
+    listed = (await web.get("/api/v1/tasks")).json()["allocationIdToSummary"]
+    assert allocation_id not in listed  # the API lists it only when asked to
+
+    # An hour later it is gone from the page too.
+    async with session_scope(app.state.session_factory) as session:
+        allocation = await session.get(AllocationModel, allocation_id)
+        assert allocation is not None and allocation.ended_at is not None
+        allocation.ended_at = allocation.ended_at - timedelta(hours=1, minutes=1)
+    page = await web.get("/ui/tasks")
+    assert row not in page.text and "Nothing is queued or running." in page.text
