@@ -29,6 +29,19 @@ $(DET_VENV)/bin/det:
 
 official-client: $(DET_VENV)/bin/det
 
+# The interpreter that trials of Determined workloads (determined.core, its launchers, the
+# PyTorch Trainer) run with on this machine. determined 0.38.1's core.init() imports torch
+# plus tensorboard (or TensorFlow) even for scripts that never touch them.
+TRIAL_VENV ?= .venv-trial
+.PHONY: trial-venv
+$(TRIAL_VENV)/.installed:
+	$(PYTHON) -m venv $(TRIAL_VENV)
+	$(TRIAL_VENV)/bin/pip install -q -U pip
+	$(TRIAL_VENV)/bin/pip install -q determined==0.38.1 torch==2.13.0 tensorboard==2.21.0
+	touch $@
+
+trial-venv: $(TRIAL_VENV)/.installed
+
 run: install
 	BIN=$(BIN) PORT=$(PORT) DATA_DIR=$(DATA_DIR) bash scripts/local-cluster.sh
 
@@ -55,10 +68,11 @@ lint: install
 	$(BIN)/mypy
 	PYTHON=$(BIN)/python bash scripts/gen-protos.sh --check
 
-pytest: install official-client postgres chromium
-	DET_OFFICIAL_CLIENT=$(abspath $(DET_VENV))/bin/det $(BIN)/pytest
+pytest: install official-client trial-venv postgres chromium
+	DET_OFFICIAL_CLIENT=$(abspath $(DET_VENV))/bin/det DET_TRIAL_VENV=$(abspath $(TRIAL_VENV)) \
+		$(BIN)/pytest
 
 test: lint pytest
 
 clean:
-	rm -rf $(VENV) $(DET_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(DET_VENV) $(TRIAL_VENV) .pytest_cache .mypy_cache .ruff_cache

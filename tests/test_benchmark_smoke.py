@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +86,22 @@ def test_quick_trial_runtime_benchmark_starts_every_rank_and_times_each_loop() -
         assert loop["steps_per_variant"] == params["steps"]
         for variant in ("library", "library_to_stub_server", "naive_sync_http"):
             assert loop[variant]["calls_on_loop_thread_mean_us"] > 0
+
+
+@pytest.mark.e2e
+def test_quick_determined_benchmark_times_every_variant() -> None:
+    venv = os.environ.get("DET_TRIAL_VENV", "")
+    require(
+        bool(venv) and Path(venv, "bin", "python3").exists(),
+        "DET_TRIAL_VENV names no interpreter with determined (make trial-venv)",
+    )
+    report = run_quick("bench_determined")
+    runs = report["raw_seconds"]
+    assert set(runs) == {"core_api", "resolute", "stamp_per_agent", "stamp_per_slot"}
+    assert all(len(values) == 3 and all(v > 0 for v in values) for values in runs.values())
+    targets = report["targets"]
+    assert targets["bootstrap_added_p50_s"] == pytest.approx(
+        report["post_to_entrypoint_started"]["per_agent"]["p50_s"]
+        - report["post_to_entrypoint_started"]["per_slot"]["p50_s"],
+        abs=1e-3,
+    )
