@@ -121,6 +121,11 @@ class Agent:
                 self.settings.id,
                 len(self.devices),
             )
+            # What the ranks wrote while we were away goes before their exits, so a trial
+            # the master ends on one of them already has its last log lines.
+            self._flush_logs()
+            for exited in list(self.runner.unacked.values()):
+                outbox.put_nowait(pb.AgentMessage(exited=exited))
             for allocation_id in welcome.stop_allocation_ids:
                 self.runner.spawn_task(
                     self.runner.stop(allocation_id, "stopped by the master after a reconnect", 10.0)

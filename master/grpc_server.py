@@ -60,7 +60,6 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
 
         async def read() -> None:
             try:
-                await self.hub.after_welcome(connection, hello)
                 async for message in request_iterator:
                     try:
                         await self.hub.on_message(connection, message)

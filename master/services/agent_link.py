@@ -278,11 +278,6 @@ class AgentHub:
         )
         return connection, welcome
 
-    async def after_welcome(self, connection: Connection, hello: pb.Hello) -> None:
-        for exited in hello.exited:
-            async with self._lock:
-                await self.on_exited(connection, exited)
-
     async def _reconcile(self, session: AsyncSession, hello: pb.Hello) -> list[str]:
         """Match the agent's running allocations with ours. Returns those it must stop."""
         agent_id = hello.agent_id
