@@ -54,6 +54,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from typing_extensions import TypeAliasType
 
+from master.core import asha
 from master.core.errors import ConfigError, ConfigProblem
 
 __all__ = [
@@ -101,8 +102,9 @@ __all__ = [
 MAX_EXPERIMENT_SEED = 2**31 - 1
 """Determined documents experiment seeds as integers in [0, 2**31 - 1]."""
 
-SUPPORTED_SEARCHERS: tuple[str, ...] = ("single", "grid", "random")
-"""Searchers this master implements; Determined's others (asha, custom, ...) are rejected."""
+SUPPORTED_SEARCHERS: tuple[str, ...] = ("single", "grid", "random", *asha.ASHA_SEARCHERS)
+"""Searchers this master implements; those Determined 0.38 removed (custom, adaptive,
+adaptive_simple, sync_halving) are rejected, as it does."""
 
 HYPERPARAMETER_TYPES: tuple[str, ...] = ("const", "int", "double", "log", "categorical")
 
@@ -279,26 +281,56 @@ class Reproducibility(_Strict):
 
 # Which searcher settings each searcher has; Determined rejects the others.
 _SEARCHER_ONLY_FIELDS: dict[str, tuple[str, ...]] = {
-    "max_trials": ("random",),
-    "max_concurrent_trials": ("grid", "random"),
+    "max_trials": ("random", *asha.ASHA_SEARCHERS),
+    "max_concurrent_trials": ("grid", "random", *asha.ASHA_SEARCHERS),
+    "time_metric": asha.ASHA_SEARCHERS,
+    "max_time": asha.ASHA_SEARCHERS,
+    "divisor": asha.ASHA_SEARCHERS,
+    "stop_once": asha.ASHA_SEARCHERS,
+    "mode": ("adaptive_asha",),
+    "max_rungs": ("adaptive_asha",),
+    "bracket_rungs": ("adaptive_asha",),
+    "num_rungs": ("async_halving",),
+}
+
+
+_REMOVED_SEARCHERS = ("custom", "adaptive", "adaptive_simple", "sync_halving")
+
+_ASHA_DEFAULTS: dict[str, dict[str, Any]] = {
+    "adaptive_asha": {"mode": "standard", "divisor": 4, "max_rungs": 5, "bracket_rungs": []},
+    "async_halving": {"divisor": 4},
 }
 
 
 class Searcher(_Strict):
     """How trials are chosen. One model for the three supported searchers."""
 
-    name: Literal["single", "grid", "random"] | None = None
+    name: Literal["single", "grid", "random", "adaptive_asha", "async_halving"] | None = None
     metric: str | None = None
     smaller_is_better: bool = True
     max_length: MaxLengthSpec | None = None
     max_trials: int | None = Field(default=None, ge=1)
     max_concurrent_trials: int = Field(default=16, ge=0)
+    # adaptive_asha / async_halving (their combinations are checked in asha.parse_config)
+    time_metric: str | None = None
+    max_time: int | None = Field(default=None, ge=1)
+    mode: Literal["aggressive", "standard", "conservative"] | None = None
+    divisor: float | None = Field(default=None, gt=1)
+    max_rungs: int | None = Field(default=None, ge=1)
+    bracket_rungs: list[Annotated[int, Field(ge=1)]] | None = None
+    num_rungs: int | None = Field(default=None, ge=1)
+    stop_once: bool | None = None  # deprecated in 0.38; accepted and ignored
     source_trial_id: int | None = None
     source_checkpoint_uuid: str | None = None
 
     @field_validator("name", mode="before")
     @classmethod
     def _supported(cls, value: Any) -> Any:
+        if isinstance(value, str) and value in _REMOVED_SEARCHERS:
+            raise ValueError(
+                f"the {value!r} searcher was removed in Determined 0.38 and is not valid for "
+                "new experiments; supported searchers: " + ", ".join(SUPPORTED_SEARCHERS)
+            )
         if isinstance(value, str) and value not in SUPPORTED_SEARCHERS:
             raise ValueError(
                 f"unsupported searcher {value!r}; supported searchers: "
@@ -1156,8 +1188,9 @@ def _missing_required(document: Mapping[str, Any]) -> list[ConfigProblem]:
         )
     if searcher.get("metric") is None:
         problems.append(ConfigProblem("searcher.metric", "required"))
-    if searcher.get("name") == "random" and searcher.get("max_trials") is None:
-        problems.append(ConfigProblem("searcher.max_trials", "required by the random searcher"))
+    name = searcher.get("name")
+    if name in ("random", *asha.ASHA_SEARCHERS) and searcher.get("max_trials") is None:
+        problems.append(ConfigProblem("searcher.max_trials", f"required by the {name} searcher"))
     return problems
 
 
@@ -1165,11 +1198,19 @@ def _check_searcher_fields(cfg: ExperimentConfig, complete: bool) -> list[Config
     searcher = cfg.searcher
     if searcher is None or searcher.name is None:
         return []
-    return [
+    problems = [
         ConfigProblem(f"searcher.{field}", f"not a setting of the {searcher.name} searcher")
         for field, owners in _SEARCHER_ONLY_FIELDS.items()
         if field in searcher.model_fields_set and searcher.name not in owners
     ]
+    # max_trials and metric missing are reported by _missing_required.
+    required_present = searcher.max_trials is not None and searcher.metric is not None
+    if complete and required_present and not problems and searcher.name in asha.ASHA_SEARCHERS:
+        try:
+            asha.parse_config(searcher.model_dump(exclude_unset=True))
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    return problems
 
 
 def _is_within(sub: str, host: str) -> bool:
@@ -1388,6 +1429,10 @@ def effective_dict(cfg: ExperimentConfig) -> dict[str, Any]:
         for field, owners in _SEARCHER_ONLY_FIELDS.items():
             if cfg.searcher.name not in owners:
                 searcher.pop(field, None)
+        # Determined's defaults, written out so the stored config says what the search used.
+        for field, default in _ASHA_DEFAULTS.get(cfg.searcher.name, {}).items():
+            if searcher.get(field) is None:
+                searcher[field] = copy.deepcopy(default)
     return out
 
 

@@ -1,4 +1,5 @@
-"""Trial planning for the `single`, `random` and `grid` searchers.
+"""Trial planning for the `single`, `random` and `grid` searchers, and the trial draws of
+the ASHA searchers (whose stop rule lives in `asha.py`).
 
 Plans must be reproducible from the experiment seed and must match what Determined derives
 from the same seed (hyperparameters, request IDs and trial seeds drawn from one NumPy-legacy
@@ -17,10 +18,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from master.core import asha
 from master.core.errors import ConfigError, ConfigProblem
 from master.core.seeds import LegacyRandom
 
-SUPPORTED_SEARCHERS: tuple[str, ...] = ("single", "grid", "random")
+SUPPORTED_SEARCHERS: tuple[str, ...] = ("single", "grid", "random", *asha.ASHA_SEARCHERS)
 
 _TRIAL_SEED_BOUND = 1 << 31  # Determined: TrialSeed = uint32(Int64n(1 << 31))
 
@@ -94,6 +96,8 @@ def count_trials(searcher: Mapping[str, Any], hyperparameters: Mapping[str, Any]
         return 1
     if name == "random":
         return _max_trials(searcher)
+    if name in asha.ASHA_SEARCHERS:
+        return asha.parse_config(searcher).max_trials
     return _grid_size(tree)
 
 
@@ -110,10 +114,22 @@ def plan_trials(
     name = _searcher_name(searcher)
     tree = _parse_hyperparameters(hyperparameters, require_count=name == "grid")
     rng = LegacyRandom(experiment_seed)
+    if name in asha.ASHA_SEARCHERS:
+        initial = asha.initial_creates(asha.parse_config(searcher).brackets)
+        return [_new_trial(rng, _sample_group(tree, rng)) for _ in initial]
     if name == "grid":
         return [_new_trial(rng, point) for point in _grid_points_in_creation_order(tree)]
     trials = 1 if name == "single" else _max_trials(searcher)
     return [_new_trial(rng, _sample_group(tree, rng)) for _ in range(trials)]
+
+
+def sample_trials(
+    hyperparameters: Mapping[str, Any] | None, rng: LegacyRandom, count: int
+) -> list[TrialPlan]:
+    """The next `count` trials of a search that creates them as it goes (ASHA), drawn from
+    the experiment's generator where the last create left it."""
+    tree = _parse_hyperparameters(hyperparameters, require_count=False)
+    return [_new_trial(rng, _sample_group(tree, rng)) for _ in range(count)]
 
 
 def grid_points(hyperparameters: Mapping[str, Any] | None) -> list[dict[str, Any]]:

@@ -39,6 +39,24 @@ class LegacyRandom:
         # Position 624 makes the first draw regenerate the whole block, as NumPy does.
         self._gen.setstate((3, (*key, _STATE_WORDS), None))
 
+    def state(self) -> list[int]:
+        """The generator's position: 624 key words then the index, for storing as JSON."""
+        _, words, _ = self._gen.getstate()
+        return list(words)
+
+    @classmethod
+    def from_state(cls, words: list[int]) -> LegacyRandom:
+        """The generator at a position `state()` returned."""
+        if len(words) != _STATE_WORDS + 1 or not all(
+            isinstance(w, int) and 0 <= w <= _MASK32 for w in words[:-1]
+        ):
+            raise ValueError("not a stored MT19937 state (624 32-bit words and a position)")
+        if not 0 <= words[-1] <= _STATE_WORDS:
+            raise ValueError(f"MT19937 position {words[-1]} is outside 0..{_STATE_WORDS}")
+        rng = cls(0)
+        rng._gen.setstate((3, tuple(words), None))
+        return rng
+
     def bits32(self) -> int:
         """One raw 32-bit output (RandomKit `rk_random`, Determined `Bits32`)."""
         return self._gen.getrandbits(32)

@@ -419,13 +419,27 @@ ERROR_CASES: list[tuple[str, dict[str, Any], bool, list[tuple[str, str]]]] = [
         [("resources.weight", "must be greater than 0")],
     ),
     (
-        "unsupported searcher",
-        {"searcher": {"name": "adaptive_asha"}},
+        "removed searcher",
+        {"searcher": {"name": "custom"}},
         False,
         [
             (
                 "searcher.name",
-                "unsupported searcher 'adaptive_asha'; supported searchers: single, grid, random",
+                "the 'custom' searcher was removed in Determined 0.38 and is not valid for new "
+                "experiments; supported searchers: single, grid, random, adaptive_asha, "
+                "async_halving",
+            )
+        ],
+    ),
+    (
+        "unknown searcher",
+        {"searcher": {"name": "bayesian"}},
+        False,
+        [
+            (
+                "searcher.name",
+                "unsupported searcher 'bayesian'; supported searchers: single, grid, random, "
+                "adaptive_asha, async_halving",
             )
         ],
     ),
@@ -452,7 +466,10 @@ ERROR_CASES: list[tuple[str, dict[str, Any], bool, list[tuple[str, str]]]] = [
         {"entrypoint": "python3 a.py", "searcher": {"max_trials": 2}},
         True,
         [
-            ("searcher.name", "required; one of: single, grid, random"),
+            (
+                "searcher.name",
+                "required; one of: single, grid, random, adaptive_asha, async_halving",
+            ),
             ("searcher.metric", "required"),
         ],
     ),

@@ -394,7 +394,7 @@ def test_grid_reports_every_missing_count() -> None:
     assert problem_paths(exc) == ["hyperparameters.a.count", "hyperparameters.b.count"]
 
 
-@pytest.mark.parametrize("name", ["adaptive_asha", "custom", "", None, 3])
+@pytest.mark.parametrize("name", ["sync_halving", "custom", "", None, 3])
 def test_unknown_searcher_name_lists_supported_ones(name: Any) -> None:
     searcher = {"metric": "loss"} if name is None else {"name": name}
     for call in (lambda: count_trials(searcher, {}), lambda: plan_trials(searcher, {}, 0)):
