@@ -138,10 +138,14 @@ def read_environment(
 
 def max_length_batches(config: Mapping[str, Any]) -> int | None:
     """searcher.max_length in batches: an int, or {batches: N}; records/epochs have no
-    batch count the library could know, so they give None."""
+    batch count the library could know, so they give None. The ASHA searchers' max_time
+    counts when their time_metric is batches."""
     searcher = config.get("searcher")
     if not isinstance(searcher, Mapping):
         return None
+    max_time = searcher.get("max_time")
+    if searcher.get("time_metric") == "batches" and isinstance(max_time, int):
+        return max_time
     value = searcher.get("max_length")
     if isinstance(value, Mapping):
         value = value.get("batches")

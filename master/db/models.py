@@ -220,6 +220,9 @@ class ExperimentModel(Base):
     end_time: Mapped[datetime | None] = mapped_column(UTCDateTime())
     # Why its launch_layout is what it is ("4_distributed.py imports determined").
     launch_reason: Mapped[str] = mapped_column(Text, default="", server_default="")
+    # ASHA searchers: where the experiment's generator is (MT19937 words and position), so
+    # trials created after a master restart get the draws they would have got anyway.
+    searcher_state: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
 
     owner: Mapped[UserModel] = relationship(lazy="raise")
     project: Mapped[ProjectModel] = relationship(lazy="raise")
@@ -267,6 +270,34 @@ class TrialModel(Base):
     end_reason: Mapped[str] = mapped_column(Text, default="", server_default="")
     # What its code set with TrainContext.set_metadata (POST /api/v1/runs/{id}/metadata).
     run_metadata: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
+    # ASHA searchers only: the bracket, the next rung to reach, the rung the searcher
+    # stopped it at, and how the searcher saw it close (stopped, completed, errored...).
+    searcher_bracket: Mapped[int | None] = mapped_column(Integer)
+    searcher_rung: Mapped[int | None] = mapped_column(Integer)
+    searcher_stopped_rung: Mapped[int | None] = mapped_column(Integer)
+    searcher_closed: Mapped[str | None] = mapped_column(String(16))
+
+
+class SearcherRungEntryModel(Base):
+    """A trial's value in one rung of an ASHA bracket: one row per (trial, rung), so a
+    trial that keeps reporting after its stop can never enter a rung twice. `value` is
+    normalised so smaller is better (+inf for a missing or NaN metric)."""
+
+    __tablename__ = "searcher_rung_entries"
+    __table_args__ = (
+        Index("ix_searcher_rung_entries_rank", "experiment_id", "bracket", "rung", "value"),
+    )
+
+    trial_id: Mapped[int] = mapped_column(
+        ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True
+    )
+    rung: Mapped[int] = mapped_column(Integer, primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"))
+    bracket: Mapped[int] = mapped_column(Integer)
+    value: Mapped[float] = mapped_column(Float)
+    # The report's time (in the searcher's time_metric) and the metric as reported.
+    time: Mapped[float] = mapped_column(Float)
+    metric: Mapped[float | None] = mapped_column(Float)
 
 
 class TrialMetricModel(Base):

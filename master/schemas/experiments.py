@@ -24,6 +24,12 @@ class ExperimentCreate(WireInput):
     unmanaged: bool | None = None
 
 
+class PreviewSearchRequest(WireInput):
+    """Determined's v1PreviewHPSearchRequest: the experiment config, as an object."""
+
+    config: Any = None
+
+
 class Experiment(WireModel):
     """Determined's v1Experiment; the first block is what the official client requires."""
 
@@ -135,6 +141,9 @@ class Trial(WireModel):
     latest_checkpoint_uuid: str | None = None
     progress: float | None = None
     end_reason: str = ""
+    # ASHA searchers: its bracket, the rungs it entered (with the metric at each), the
+    # rung the searcher stopped it at.
+    searcher: dict[str, Any] | None = None
 
     @classmethod
     def of(
@@ -142,6 +151,7 @@ class Trial(WireModel):
         row: TrialModel,
         reason: PendingReason | None = None,
         summary: TrialSummary | None = None,
+        searcher: dict[str, Any] | None = None,
     ) -> Trial:
         summary = summary or TrialSummary()
 
@@ -174,6 +184,7 @@ class Trial(WireModel):
             latest_checkpoint_uuid=summary.latest_checkpoint,
             progress=row.progress,
             end_reason=row.end_reason,
+            searcher=searcher,
         )
 
 

@@ -111,6 +111,8 @@ class Gang:
     # When the hub first saw the master wants the ranks to stop on their own (monotonic).
     preempt_seen_at: float | None = None
     preempt_listening: bool = False
+    # The experiment's preemption_timeout, read when a stop is first wanted (None: unread).
+    preemption_timeout_s: float | None = None
 
     @property
     def agent_ids(self) -> list[str]:
@@ -562,8 +564,11 @@ class AgentHub:
         if gang is None:
             gang = await self._gang_from_db(session, allocation.id, state)
         if stop_wanted and not gang.stop_sent:
-            if state != AllocationState.TERMINATING and self._trial_may_stop_itself(gang):
-                return
+            if state != AllocationState.TERMINATING:
+                if gang.preemption_timeout_s is None:
+                    gang.preemption_timeout_s = await self._preemption_timeout(session, allocation)
+                if self._trial_may_stop_itself(gang):
+                    return
             self._send_stop(session, gang, "stop requested")
             return
         if gang.phase == "assigned":
@@ -585,7 +590,21 @@ class AgentHub:
         )
         if not gang.preempt_listening:
             return False
-        return now - gang.preempt_seen_at < self.link.preemption_timeout_s
+        timeout = gang.preemption_timeout_s
+        return now - gang.preempt_seen_at < (
+            self.link.preemption_timeout_s if timeout is None else timeout
+        )
+
+    async def _preemption_timeout(
+        self, session: AsyncSession, allocation: AllocationModel
+    ) -> float:
+        """The experiment's `preemption_timeout` (Determined's per-experiment setting), or
+        the master's default."""
+        config = await session.scalar(
+            select(ExperimentModel.config).where(ExperimentModel.id == allocation.experiment_id)
+        )
+        value = (config or {}).get("preemption_timeout")
+        return float(value) if value is not None else self.link.preemption_timeout_s
 
     async def _prepare(
         self, session: AsyncSession, gang: Gang, allocation: AllocationModel

@@ -230,6 +230,11 @@ async def release_allocation(
     assert trial is not None and experiment is not None  # foreign keys guarantee both
     _move_trial_after_release(session, trial, experiment, outcome, message)
     await session.flush()
+    if TrialState(trial.state).is_terminal:
+        # Imported here: the searcher queues and stops trials through this module.
+        from master.services import search
+
+        await search.on_trial_closed(session, trial, experiment)
     await trial_reports.refresh_experiment_progress(session, experiment.id)
     await finish_experiment_if_done(session, experiment)
     request_scheduling(session)
@@ -298,6 +303,8 @@ async def finish_experiment_if_done(session: AsyncSession, experiment: Experimen
         final = ExperimentState.COMPLETED
     else:
         final = ExperimentState.ERROR
+    if final == ExperimentState.COMPLETED:
+        experiment.progress = 1.0  # as Determined sets it when a search completes
     states.set_experiment_state(session, experiment, final, "every trial has ended")
 
 

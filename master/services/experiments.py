@@ -14,7 +14,7 @@ import yaml
 from sqlalchemy import Select, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from master.core import launch, placement
+from master.core import asha, launch, placement
 from master.core.errors import ConfigError
 from master.core.expconf import (
     DEEPSPEED_LAUNCHER,
@@ -25,7 +25,7 @@ from master.core.expconf import (
     validate_config,
 )
 from master.core.merge import merge_template
-from master.core.searcher import count_trials, plan_trials
+from master.core.searcher import TrialPlan, count_trials, plan_trials
 from master.core.seeds import MAX_EXPERIMENT_SEED
 from master.db.models import (
     AllocationModel,
@@ -39,7 +39,7 @@ from master.db.models import (
     UserModel,
 )
 from master.errors import Conflict, InvalidArgument, NotFound
-from master.services import allocations, states, trial_reports
+from master.services import allocations, search, states, trial_reports
 from master.services.configs import config_errors_as_invalid_argument
 from master.services.model_definitions import (
     PackedModelDefinition,
@@ -248,10 +248,20 @@ async def create_experiment(
         return None, prepared
     project = await resolve_project(session, request.project_id)
     effective = prepared.effective_config
+    searcher_state: dict[str, Any] | None = None
     try:
-        plans = plan_trials(
-            effective["searcher"], effective.get("hyperparameters") or {}, prepared.seed
-        )
+        if asha.is_asha(effective["searcher"]):
+            # ASHA creates its first trials now and the rest as trials close.
+            initial = search.initial_trials(effective, prepared.seed)
+            plans: list[tuple[int | None, TrialPlan]] = list(initial.plans)
+            searcher_state = initial.searcher_state
+        else:
+            plans = [
+                (None, plan)
+                for plan in plan_trials(
+                    effective["searcher"], effective.get("hyperparameters") or {}, prepared.seed
+                )
+            ]
     except ConfigError as exc:  # count_trials accepted it, so this is a core bug
         raise InvalidArgument(f"invalid experiment config: {exc}") from exc
 
@@ -269,6 +279,7 @@ async def create_experiment(
         resource_pool=prepared.resource_pool,
         priority=prepared.priority,
         launch_reason=prepared.launch_reason,
+        searcher_state=searcher_state,
         owner_id=owner.id,
         project_id=project.id,
         job_id=str(uuid.uuid4()),
@@ -287,23 +298,7 @@ async def create_experiment(
             file_count=prepared.model_definition.file_count,
         )
     )
-    trial_state = TrialState.QUEUED if request.activate else TrialState.PAUSED
-    trials = [
-        TrialModel(
-            experiment_id=experiment.id,
-            request_id=str(plan.request_id),
-            state=trial_state,
-            hparams=plan.hparams,
-            seed=plan.seed,
-        )
-        for plan in plans
-    ]
-    session.add_all(trials)
-    await session.flush()
-    for trial in trials:
-        states.record_initial_state(session, "trial", trial.id, trial_state)
-        if trial_state == TrialState.QUEUED:
-            allocations.enqueue_trial(session, trial, experiment)
+    trials = await search.add_trials(session, experiment, plans)
     await session.flush()
     log.info(
         "created experiment %s (%s trials, seed %s, template %s) for %s",

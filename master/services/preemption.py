@@ -39,6 +39,11 @@ class PreemptionSignals:
             self._last_poll[allocation_id] = time.monotonic()
         return True
 
+    def told_at_once(self, allocation_id: str) -> None:
+        """A poll was answered "stop" without waiting (the master's wish was already
+        stored): the trial polls, so it counts as listening like one woken from a wait."""
+        self._last_poll[allocation_id] = time.monotonic()
+
     def acknowledge(self, allocation_id: str) -> None:
         self._acked.add(allocation_id)
 

@@ -17,6 +17,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from master.core.asha import ASHA_SEARCHERS
 from master.db.models import (
     MAX_INT,
     AllocationModel,
@@ -115,10 +116,11 @@ async def report_metrics(
     trial_run_id: int,
     values: Mapping[str, Any],
     report_time: datetime | None,
-) -> None:
-    """Store one report. Any group name is accepted (the profiler's are gpu, cpu...; users'
-    may hold spaces, '%' or '/'). A report without a step (the profiler's) is stored at the
-    trial's latest training step, where a later one of the same group replaces it."""
+) -> TrialModel:
+    """Store one report and return the trial. Any group name is accepted (the profiler's
+    are gpu, cpu...; users' may hold spaces, '%' or '/'). A report without a step (the
+    profiler's) is stored at the trial's latest training step, where a later one of the
+    same group replaces it."""
     if not 0 < len(group) <= MAX_GROUP_LENGTH or any(c < " " or c == "\x7f" for c in group):
         raise InvalidArgument(
             f"group: {group!r} must be 1 to {MAX_GROUP_LENGTH} characters, none a control "
@@ -163,6 +165,7 @@ async def report_metrics(
     )
     if group == TRAINING and steps_completed > trial.total_batches_processed:
         trial.total_batches_processed = steps_completed
+    return trial
 
 
 async def metric_rows(
@@ -199,8 +202,8 @@ async def refresh_experiment_progress(session: AsyncSession, experiment_id: int)
         )
     ).all()
     experiment = await session.get(ExperimentModel, experiment_id)
-    if experiment is None or not rows:
-        return
+    if experiment is None or not rows or experiment.searcher_type in ASHA_SEARCHERS:
+        return  # an ASHA search's progress is the searcher's (services.search)
     done = [1.0 if s == TrialState.COMPLETED else (p or 0.0) for s, p in rows]
     experiment.progress = sum(done) / len(done)
 

@@ -6,7 +6,7 @@ import base64
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
@@ -26,11 +26,12 @@ from master.schemas.experiments import (
     ExperimentResponse,
     MetricsReportOut,
     ModelDefinition,
+    PreviewSearchRequest,
     Trial,
     TrialList,
     TrialResponse,
 )
-from master.services import experiments, trial_reports
+from master.services import experiments, search, trial_reports
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,13 @@ def _check_order(order_by: str) -> bool:
     if order_by not in ORDER_BY:
         raise InvalidArgument(f"orderBy: {order_by!r} is not one of {', '.join(ORDER_BY)}")
     return order_by == "ORDER_BY_DESC"
+
+
+@router.post("/preview-hp-search")
+async def preview_hp_search(body: PreviewSearchRequest, _user: CurrentUser) -> dict[str, Any]:
+    """What `det preview-search` prints: the searcher with its defaults, and how many trials
+    train how far."""
+    return search.preview(body.config)
 
 
 @router.post("/experiments")
@@ -158,8 +166,9 @@ async def list_trials(
     reasons = await experiments.pending_reasons(session, [r.id for r in rows])
     experiment = (await experiments.get_experiment(session, experiment_id)).experiment
     summaries = await trial_reports.trial_summaries(session, rows, experiment.config)
+    searches = await search.trial_search_views(session, experiment)
     return TrialList(
-        trials=[Trial.of(r, reasons.get(r.id), summaries[r.id]) for r in rows],
+        trials=[Trial.of(r, reasons.get(r.id), summaries[r.id], searches.get(r.id)) for r in rows],
         pagination=Pagination.of(offset, limit, len(rows), total),
     )
 
@@ -170,7 +179,10 @@ async def get_trial(trial_id: ObjectId, session: SessionDep, _user: CurrentUser)
     reasons = await experiments.pending_reasons(session, [trial.id])
     experiment = (await experiments.get_experiment(session, trial.experiment_id)).experiment
     summaries = await trial_reports.trial_summaries(session, [trial], experiment.config)
-    return TrialResponse(trial=Trial.of(trial, reasons.get(trial.id), summaries[trial.id]))
+    searches = await search.trial_search_views(session, experiment)
+    return TrialResponse(
+        trial=Trial.of(trial, reasons.get(trial.id), summaries[trial.id], searches.get(trial.id))
+    )
 
 
 # -- what Determined's Python SDK reads ------------------------------------------------------

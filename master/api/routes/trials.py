@@ -36,7 +36,7 @@ from master.schemas.experiments import (
     RunStart,
     WorkloadList,
 )
-from master.services import allocations, experiments, trial_reports
+from master.services import allocations, experiments, search, trial_reports
 
 router = APIRouter(prefix="/api/v1", tags=["Trials"])
 _Row = TypeVar("_Row", TrialModel, ExperimentModel)
@@ -53,7 +53,7 @@ async def report_metrics(
         raise InvalidArgument(
             f"metrics.trialId: {body.metrics.trial_id} does not match trial {trial_id} of the path"
         )
-    await trial_reports.report_metrics(
+    trial = await trial_reports.report_metrics(
         session,
         user,
         trial_id,
@@ -63,6 +63,10 @@ async def report_metrics(
         values=body.metrics.metrics.avg_metrics,
         report_time=body.metrics.report_time,
     )
+    if body.group == trial_reports.VALIDATION and body.metrics.steps_completed is not None:
+        await search.on_validation(
+            session, trial, body.metrics.metrics.avg_metrics, body.metrics.steps_completed
+        )
     return Empty()
 
 
@@ -418,6 +422,7 @@ async def preemption_signal(
     # The wait must not hold a database connection: end the transaction first.
     await session.commit()
     if stop_wanted or signals.is_raised(allocation_id):
+        signals.told_at_once(allocation_id)
         return PreemptionSignal(preempt=True)
     wait = min(timeout_seconds, MAX_PREEMPTION_WAIT_S)
     return PreemptionSignal(preempt=await signals.wait(allocation_id, wait))
