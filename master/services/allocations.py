@@ -172,8 +172,11 @@ async def held_allocations(
     return list((await session.scalars(query)).all())
 
 
-async def ask_to_stop(session: AsyncSession, trial_ids: Sequence[int], *, terminate: bool) -> None:
-    """Signal the holders: preemption (checkpoint and exit) or, with terminate, a kill."""
+async def ask_to_stop(
+    session: AsyncSession, trial_ids: Sequence[int], *, terminate: bool
+) -> list[str]:
+    """Signal the holders: preemption (checkpoint and exit) or, with terminate, a kill.
+    Returns the allocations asked."""
     held = await held_allocations(session, trial_ids)
     if held:
         request_scheduling(session)
@@ -182,6 +185,7 @@ async def ask_to_stop(session: AsyncSession, trial_ids: Sequence[int], *, termin
         if terminate:
             allocation.state = AllocationState.TERMINATING
     await session.flush()
+    return [allocation.id for allocation in held]
 
 
 async def get_allocation(session: AsyncSession, allocation_id: str) -> AllocationModel:

@@ -84,13 +84,13 @@ async def _lock_search(session: AsyncSession, experiment: ExperimentModel) -> No
 
 async def on_validation(
     session: AsyncSession, trial: TrialModel, metrics: Mapping[str, Any], steps_completed: int
-) -> None:
+) -> list[str]:
     """A validation report of a trial of an ASHA experiment: enter the rungs its time has
-    reached and stop it where the rule says."""
+    reached and stop it where the rule says. Returns the allocations asked to stop."""
     experiment = await session.get(ExperimentModel, trial.experiment_id)
     assert experiment is not None  # foreign key
     if not is_asha_experiment(experiment):
-        return
+        return []
     await _lock_search(session, experiment)
     await session.refresh(trial)
     if (
@@ -99,7 +99,7 @@ async def on_validation(
         or trial.searcher_closed is not None
         or TrialState(trial.state) not in _DECIDING_STATES
     ):
-        return  # a stopped trial's later reports enter no rung
+        return []  # a stopped trial's later reports enter no rung
     cfg = config_of(experiment)
     time = asha.searcher_time(cfg, metrics, steps_completed)
     if time is None:
@@ -109,13 +109,13 @@ async def on_validation(
             f"WARNING: the {cfg.name} searcher ignored the validation at step "
             f"{steps_completed}: it has no number for the time metric {cfg.time_metric!r}",
         )
-        return
+        return []
     value, problem = asha.searcher_value(cfg, metrics)
     bracket = cfg.brackets[trial.searcher_bracket]
     next_rung = trial.searcher_rung or 0
     reached = asha.rungs_reached(bracket, next_rung, time)
     if not reached:
-        return
+        return []
     standings = {
         r: await _standing(session, experiment.id, bracket.index, r, value) for r in reached
     }
@@ -138,10 +138,12 @@ async def on_validation(
         await _trial_log(
             session, trial, f"WARNING: {problem}; the searcher counts it as the worst value"
         )
+    stopped: list[str] = []
     if result.stopped_at is not None:
-        await _stop(session, trial, cfg, bracket, result, standings, problem)
+        stopped = await _stop(session, trial, cfg, bracket, result, standings, problem)
     await session.flush()
     await refresh_progress(session, experiment)
+    return stopped
 
 
 async def _standing(
@@ -170,7 +172,7 @@ async def _stop(
     result: asha.Climb,
     standings: Mapping[int, asha.Standing],
     problem: str | None,
-) -> None:
+) -> list[str]:
     rung = result.stopped_at
     assert rung is not None
     units = bracket.rung_units[rung]
@@ -190,7 +192,7 @@ async def _stop(
     states.set_trial_state(session, trial, TrialState.STOPPING_COMPLETED, why)
     # The preemption signal: the trial checkpoints and exits, or is stopped after its
     # preemption_timeout; its slots then go to the next trial.
-    await allocations.ask_to_stop(session, [trial.id], terminate=False)
+    return await allocations.ask_to_stop(session, [trial.id], terminate=False)
 
 
 async def _trial_log(session: AsyncSession, trial: TrialModel, text: str) -> None:

@@ -47,7 +47,11 @@ MAX_PREEMPTION_WAIT_S = 60
 
 @router.post("/trials/{trial_id}/metrics")
 async def report_metrics(
-    trial_id: ObjectId, body: MetricsReport, session: SessionDep, user: CurrentUser
+    trial_id: ObjectId,
+    body: MetricsReport,
+    session: SessionDep,
+    user: CurrentUser,
+    signals: PreemptionDep,
 ) -> Empty:
     if body.metrics.trial_id != trial_id:
         raise InvalidArgument(
@@ -64,9 +68,14 @@ async def report_metrics(
         report_time=body.metrics.report_time,
     )
     if body.group == trial_reports.VALIDATION and body.metrics.steps_completed is not None:
-        await search.on_validation(
+        stopped = await search.on_validation(
             session, trial, body.metrics.metrics.avg_metrics, body.metrics.steps_completed
         )
+        if stopped:
+            # Told now, not at the hub's next tick: every batch after the decision is waste.
+            await session.commit()
+            for allocation_id in stopped:
+                signals.raise_signal(allocation_id)
     return Empty()
 
 
