@@ -122,6 +122,7 @@ def list_experiments(
                 e["username"],
                 e["name"],
                 state_name(e["state"]),
+                progress_text(e.get("progress")),
                 e["numTrials"],
                 e.get("templateName") or "",
                 short_time(e["startTime"]),
@@ -130,7 +131,17 @@ def list_experiments(
             ]
             for e in experiments
         ]
-        headers = ["ID", "Owner", "Name", "State", "Trials", "Template", "Start Time", "End Time"]
+        headers = [
+            "ID",
+            "Owner",
+            "Name",
+            "State",
+            "Progress",
+            "Trials",
+            "Template",
+            "Start Time",
+            "End Time",
+        ]
         print_table([*headers, "Resource Pool"], rows)
 
 
@@ -161,6 +172,7 @@ def describe(
                 ["ID", experiment["id"]],
                 ["Name", experiment["name"]],
                 ["State", state_name(experiment["state"])],
+                ["Progress", progress_text(experiment.get("progress"))],
                 ["Owner", experiment["username"]],
                 ["Searcher", experiment["searcherType"]],
                 ["Template", experiment.get("templateName") or "-"],
@@ -187,6 +199,10 @@ def describe(
                 for t in trials
             ],
         )
+        searched = [t for t in trials if t.get("searcher")]
+        if searched:
+            stdout.print()
+            print_rungs(searched)
         if metrics:
             for trial in trials:
                 stdout.print()
@@ -194,6 +210,33 @@ def describe(
         if show_config:
             stdout.print()
             print_yaml(experiment["config"])
+
+
+def progress_text(progress: float | None) -> str:
+    return "" if progress is None else f"{progress * 100:.0f}%"
+
+
+def print_rungs(trials: list[dict[str, Any]]) -> None:
+    """Where each trial of an ASHA search stands: its bracket, the rungs it entered (with
+    the metric it had there) and the rung the searcher stopped it at."""
+    rows = []
+    for trial in trials:
+        searcher = trial["searcher"]
+        stopped = searcher.get("stoppedAtRung")
+        entered = ", ".join(
+            f"{r['rung']} at {r['units']} {searcher['unit']}: "
+            + ("worst" if r["metric"] is None else format(r["metric"], ".4g"))
+            for r in searcher.get("rungs") or []
+        )
+        rows.append(
+            [
+                trial["id"],
+                searcher["bracket"],
+                entered or "-",
+                "-" if stopped is None else stopped,
+            ]
+        )
+    print_table(["Trial ID", "Bracket", "Rungs entered (metric)", "Stopped at rung"], rows)
 
 
 def launch_line(experiment: dict[str, Any]) -> str:
@@ -257,3 +300,37 @@ def _action(verb: str, past: str) -> Any:
 app.command("kill")(_action("kill", "Killed"))
 app.command("pause")(_action("pause", "Paused"))
 app.command("activate")(_action("activate", "Activated"))
+
+
+def preview_search(ctx: typer.Context, config_file: Path) -> None:
+    """`det preview-search`: the searcher with its defaults, trials per training length,
+    and the budget."""
+    with cli_errors():
+        try:
+            config_text = config_file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise CliError(f"cannot read {config_file}: {exc.strerror}") from None
+        reply = client(ctx).post("/api/v1/preview-hp-search", json={"config": config_text})
+        summary = reply["summary"]
+        searcher = summary["config"]
+        stdout.print("Using search configuration:", markup=False)
+        print_yaml(searcher)
+        rows = []
+        total_trials = total_units = 0
+        unit = ""
+        for trial in summary["trials"]:
+            length = trial["unit"]
+            total_trials += trial["count"]
+            if length.get("maxLength"):
+                rows.append([trial["count"], "train to completion"])
+            else:
+                unit = length["name"]
+                total_units += trial["count"] * length["value"]
+                rows.append([trial["count"], f"train for {length['value']} {unit}"])
+        print_table(["Trials", "Training Time"], rows)
+        if unit:
+            full = searcher["max_trials"] * (searcher.get("max_time") or 0)
+            budget = f"Budget: {total_trials} trials, {total_units} {unit} in all"
+            if full:
+                budget += f" ({total_units / full:.0%} of {full} without early stopping)"
+            stdout.print(budget, markup=False)

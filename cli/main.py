@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import typer
 
@@ -52,6 +53,16 @@ def root(
     ),
 ) -> None:
     ctx.obj = Globals(master=master, user=user)
+
+
+@app.command("preview-search")
+def preview_search(
+    ctx: typer.Context,
+    config_file: Path = typer.Argument(..., help="Experiment config (YAML)."),
+) -> None:
+    """Show the trials a searcher would run and how far each trains (Determined's
+    preview-search)."""
+    experiments.preview_search(ctx, config_file)
 
 
 @app.command("version")
