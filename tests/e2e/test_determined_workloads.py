@@ -360,3 +360,41 @@ def test_an_interpreter_without_determined_ends_the_trial_with_the_reason(
     listed = json.loads(ok(cluster.master.det("task", "list", "--json")).stdout)
     reasons = [t["exitReason"] for t in listed.values() if t["trialId"] == trial["id"]]
     assert reasons and "lacks determined" in reasons[0], listed
+
+
+def test_adaptive_asha_stops_core_api_trials_through_should_preempt(cluster: Cluster) -> None:
+    """Determined's own kind of search config, submitted as it is: the searcher's stops
+    reach the trials as should_preempt(), they checkpoint and exit, and the search runs
+    its max_trials."""
+    preview = ok(cluster.master.official("preview-search", str(WORKLOADS / "hpsearch.yaml")))
+    assert "train for 10 batches" in preview.stdout, describe_run(preview)
+    assert "train for 40 batches" in preview.stdout, describe_run(preview)
+
+    experiment_id = cluster.create("hpsearch")
+
+    def ended() -> dict[str, Any] | None:
+        experiment = cluster.master.api("GET", f"/api/v1/experiments/{experiment_id}")
+        state = experiment["experiment"]["state"].removeprefix("STATE_")
+        return experiment["experiment"] if state in TERMINAL else None
+
+    experiment = cluster.master.wait_for("the search to end", ended, TRIAL_TIMEOUT_S, 1.0)
+    trials = cluster.master.api("GET", f"/api/v1/experiments/{experiment_id}/trials")["trials"]
+    assert experiment["state"] == "STATE_COMPLETED", cluster.diagnostics()
+    assert experiment["progress"] == 1.0
+    assert len(trials) == 6
+    stopped_early = 0
+    for trial in trials:
+        logs = "".join(line["message"] for line in cluster.logs(trial["id"]))
+        assert (trial["state"], trial["restarts"]) == ("STATE_COMPLETED", 0), logs[-3000:]
+        search = trial["searcher"]
+        if search["stoppedAtRung"] == 0 and search["bracket"] == 0:
+            # Stopped at 10 batches: told through should_preempt() after that checkpoint
+            # or the next one, never trained to the end.
+            stopped_early += 1
+            assert re.search(r"PREEMPTED at batches=(10|20)\b", logs), logs[-3000:]
+            assert trial["totalBatchesProcessed"] < 40
+            assert trial["endReason"].startswith("stopped by the searcher at rung 0"), trial
+    assert stopped_early >= 1, [t["searcher"] for t in trials]
+
+    described = ok(cluster.master.official("experiment", "describe", str(experiment_id)))
+    assert "COMPLETED" in described.stdout, describe_run(described)
