@@ -17,7 +17,7 @@ from master.core.errors import ConfigError
 from master.core.expconf import parse_yaml
 from master.db.models import ExperimentState, TrialModel, TrialState
 from master.errors import InvalidArgument, MasterError
-from master.services import experiments, logs, trial_reports
+from master.services import experiments, logs, search, trial_reports
 from master.services.experiments import ExperimentView
 from master.services.logs import LogFilter
 from master.web.common import (
@@ -173,6 +173,7 @@ async def _live_context(
     metric, _smaller = trial_reports.searcher_metric(view.experiment.config)
     state = ExperimentState(view.experiment.state)
     layout = launch.stored_layout(view.experiment.config)
+    asha = search.is_asha_experiment(view.experiment)
     return {
         "view": view,
         "state": state,
@@ -180,6 +181,8 @@ async def _live_context(
         "trials": rows,
         "reasons": reasons,
         "summaries": summaries,
+        # Each trial's place in an ASHA search (its rung, where it stopped); None otherwise.
+        "searches": await search.trial_search_views(session, view.experiment) if asha else None,
         "metric": metric,
         "selected": selected if selected is not None else (rows[0].id if rows else None),
         "trials_page": trials_page,

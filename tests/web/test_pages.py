@@ -22,6 +22,7 @@ from master.services.logs import LogLine, append_logs
 from master.services.metrics import GpuReading, MetricReading, MetricsBuffer
 from resolute_proto.agent.v1 import agent_pb2 as pb
 from tests.api.test_agent_link import connect, exited, hub_of, of_kind, sent
+from tests.api.test_asha_search import connect_agent, start_queued, submit, trials_of, validate
 from tests.factories import (
     EXPERIMENT_YAML,
     TEMPLATE_CONFIG,
@@ -829,3 +830,81 @@ async def test_the_tasks_page_keeps_an_allocation_that_failed_within_the_hour(
         allocation.ended_at = allocation.ended_at - timedelta(hours=1, minutes=1)
     page = await web.get("/ui/tasks")
     assert row not in page.text and "Nothing is queued or running." in page.text
+
+
+# -- ASHA searches: each trial's rung and why it stopped; the searcher's progress -----------
+
+
+def rung_cell(page: str, trial_id: int) -> str | None:
+    """The text of the Rung column of a trial's row; None when the table has no such column."""
+    match = re.search(
+        rf'<tr data-trial-id="{trial_id}"[^>]*>.*?(?:<td class="rung"[^>]*>(.*?)</td>|</tr>)',
+        page,
+        re.DOTALL,
+    )
+    assert match, f"no row for trial {trial_id}"
+    return html.unescape(match.group(1)).strip() if match.group(1) is not None else None
+
+
+def progress_cell(page: str, experiment_id: int) -> str:
+    """The text of the Progress column of an experiment's row in the list."""
+    row = re.search(
+        rf'<td><a href="/ui/experiments/{experiment_id}">{experiment_id}</a></td>(.*?)</tr>',
+        page,
+        re.DOTALL,
+    )
+    assert row, f"no row for experiment {experiment_id}"
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.DOTALL)
+    return html.unescape(re.sub(r"<[^>]+>", "", cells[2])).strip()  # name, state, progress
+
+
+async def test_an_asha_experiment_shows_each_trials_rung_and_why_the_searcher_stopped_it(
+    web: httpx.AsyncClient, app: FastAPI
+) -> None:
+    await bearer(web)
+    hub = hub_of(app)
+    agent = await connect_agent(hub)
+    experiment_id = await submit(web)  # async_halving: 2 rungs at 2 and 4 batches
+    waiting = await web.get(f"/ui/experiments/{experiment_id}")
+    assert "<th>Rung</th>" in waiting.text
+    for trial in await trials_of(web, experiment_id):
+        assert rung_cell(waiting.text, trial["id"]) == "bracket 0, below rung 0 (2 batches) of 2"
+    assert await start_queued(app, hub, agent)
+    first, second = await trials_of(web, experiment_id)
+    await validate(web, first, {"loss": 1.0, "batches": 2})
+    await validate(web, second, {"loss": 2.0, "batches": 2})  # the worse half of rung 0
+    first, second = await trials_of(web, experiment_id)
+    stop = "stopped by the searcher at rung 0 (2 batches): place 2 of 2, not in the top 1/2"
+    assert second["endReason"] == stop
+
+    for page in (
+        await web.get(f"/ui/experiments/{experiment_id}"),
+        await web.get(f"/ui/experiments/{experiment_id}/live"),  # the 2-second refresh
+    ):
+        assert page.status_code == 200
+        assert rung_cell(page.text, first["id"]) == "bracket 0, rung 0 (2 batches) of 2"
+        assert rung_cell(page.text, second["id"]) == (
+            "bracket 0, rung 0 (2 batches) of 2; stopped at rung 0"
+        )
+        assert rung_cell(page.text, second["id"]) == second["searcher"]["summary"]
+        assert f'data-trial-id="{second["id"]}" data-state="STOPPING_COMPLETED"' in page.text
+        assert reason_cell(page.text, f'<tr data-trial-id="{second["id"]}"') == stop
+        assert reason_cell(page.text, f'<tr data-trial-id="{first["id"]}"') == ""
+
+    experiment = (await web.get(f"/api/v1/experiments/{experiment_id}")).json()["experiment"]
+    assert 0 < experiment["progress"] < 1
+    listed = await web.get("/ui/experiments")
+    assert "<th>Progress</th>" in listed.text
+    assert progress_cell(listed.text, experiment_id) == f"{experiment['progress'] * 100:.0f}%"
+
+    # Other searchers' trials have no rungs: no Rung column, the table as before.
+    other = await experiment_with_trials(web)
+    page = await web.get(f"/ui/experiments/{other['id']}")
+    assert "<th>Rung</th>" not in page.text and 'class="rung"' not in page.text
+    (trial, *_) = (await web.get(f"/api/v1/experiments/{other['id']}/trials")).json()["trials"]
+    assert rung_cell(page.text, trial["id"]) is None
+    progress = (await web.get(f"/api/v1/experiments/{other['id']}")).json()["experiment"][
+        "progress"
+    ]
+    shown = progress_cell((await web.get("/ui/experiments")).text, other["id"])
+    assert shown == ("\u2013" if progress is None else f"{progress * 100:.0f}%")
