@@ -105,3 +105,28 @@ def test_quick_determined_benchmark_times_every_variant() -> None:
         - report["post_to_entrypoint_started"]["per_slot"]["p50_s"],
         abs=1e-3,
     )
+
+
+def test_quick_asha_benchmark_decides_alike_and_saves_compute() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_asha", "--quick", "--postgres", ""],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    sqlite = report["decision"]["sqlite"]
+    # The naive way decides the same: the same trials stop at rung 0.
+    stopped = sqlite["ours"]["trials_stopped_at_rung_0"]
+    assert stopped == sqlite["naive_read_rung_per_report"]["trials_stopped_at_rung_0"] > 0
+    assert sqlite["ours"]["decision"]["reports"] == report["parameters"]["trials_in_flight"]
+    reference = report["compute"]["reference_aggressive_16_trials"]
+    honoured = reference["stops_honoured"]
+    ignored = reference["stops_ignored_as_determined_0_38"]
+    assert ignored["batches_trained"] == 16 * 64  # every trial to max_time, as in 0.38
+    assert honoured["batches_trained"] < ignored["batches_trained"]
+    assert honoured["peak_concurrent_trials"] <= 4  # max_concurrent_trials held
+    assert honoured["trials"] == ignored["trials"] == 16

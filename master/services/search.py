@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm.attributes import set_committed_value
 
 from master.core import asha
 from master.core.errors import ConfigError, ConfigProblem
@@ -70,13 +71,16 @@ def initial_trials(effective: Mapping[str, Any], seed: int) -> InitialTrials:
 async def _lock_search(session: AsyncSession, experiment: ExperimentModel) -> None:
     # A write first: on Postgres a row lock, on SQLite the database's write lock, taken
     # before anything the decision reads.
-    await session.execute(
+    # The state as committed comes back with it; the generator's position is read again
+    # only by a create (create_trials).
+    state = await session.scalar(
         update(ExperimentModel)
         .where(ExperimentModel.id == experiment.id)
         .values(searcher_state=ExperimentModel.searcher_state)
+        .returning(ExperimentModel.state)
         .execution_options(synchronize_session=False)
     )
-    await session.refresh(experiment, ["state", "searcher_state"])
+    set_committed_value(experiment, "state", state)
 
 
 # --- validations ---------------------------------------------------------------------------
@@ -142,7 +146,8 @@ async def on_validation(
     if result.stopped_at is not None:
         stopped = await _stop(session, trial, cfg, bracket, result, standings, problem)
     await session.flush()
-    await refresh_progress(session, experiment)
+    if 0 in result.entered:  # the only input of progress a validation changes
+        await refresh_progress(session, experiment)
     return stopped
 
 
@@ -292,6 +297,7 @@ async def create_trials(
 ) -> list[TrialModel]:
     """New trials drawn from where the experiment's generator stands; the generator's new
     position is stored in the same transaction."""
+    await session.refresh(experiment, ["searcher_state"])
     stored = (experiment.searcher_state or {}).get("rng")
     rng = LegacyRandom.from_state(stored) if stored else LegacyRandom(experiment.experiment_seed)
     plans = sample_trials(experiment.config.get("hyperparameters") or {}, rng, len(brackets))
