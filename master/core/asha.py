@@ -38,6 +38,9 @@ ASHA_SEARCHERS = ("adaptive_asha", "async_halving")
 MODES = ("aggressive", "standard", "conservative")
 LEGACY_TIME = "batches"  # what `max_length` counts when no time_metric is named
 WORST = math.inf
+# Rungs per bracket. 64 rungs with divisor 2 already span 2**63 units of time; more would
+# only build enormous rung tables from a typo.
+MAX_RUNGS = 64
 
 CloseKind = Literal["stopped", "completed", "errored", "canceled", "invalid_hp"]
 
@@ -106,6 +109,8 @@ def parse_config(searcher: Mapping[str, Any]) -> AshaConfig:
     rungs_per_bracket: list[int] = []
     if name == "async_halving":
         num_rungs = _int_at_least(searcher, "num_rungs", 1, bad, required=True)
+        if num_rungs > MAX_RUNGS:
+            bad("num_rungs", f"must be at most {MAX_RUNGS}, got {num_rungs}")
         for field_name in ("mode", "max_rungs", "bracket_rungs"):
             if searcher.get(field_name) is not None:
                 bad(field_name, "is a setting of adaptive_asha, not of async_halving")
@@ -126,20 +131,36 @@ def parse_config(searcher: Mapping[str, Any]) -> AshaConfig:
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:
                 # Determined accepts 0 and then panics indexing an empty rung list.
                 bad(f"bracket_rungs[{i}]", f"must be an integer >= 1, got {count!r}")
+            elif count > MAX_RUNGS:
+                bad(f"bracket_rungs[{i}]", f"must be at most {MAX_RUNGS}, got {count}")
+        if len(bracket_rungs) > max_trials:
+            # Every bracket runs at least one trial.
+            bad(
+                "bracket_rungs",
+                f"lists {len(bracket_rungs)} brackets, but max_trials is {max_trials}: "
+                "each bracket needs at least one trial",
+            )
         if not problems:
             rungs_per_bracket = bracket_rungs or mode_rungs(
                 mode, max_rungs, max_time, max_trials, float(divisor)
             )
     if problems:
         raise ConfigError(problems)
-    brackets = make_brackets(
-        rungs_per_bracket,
-        max_trials=max_trials,
-        max_concurrent=mct,
-        divisor=float(divisor),
-        max_time=max_time,
-        adaptive=name == "adaptive_asha",
-    )
+    try:
+        brackets = make_brackets(
+            rungs_per_bracket,
+            max_trials=max_trials,
+            max_concurrent=mct,
+            divisor=float(divisor),
+            max_time=max_time,
+            adaptive=name == "adaptive_asha",
+        )
+    except OverflowError:
+        # divisor ** (rungs - 1) past the largest float: no rung could ever be reached.
+        most = max(rungs_per_bracket)
+        raise ConfigError(
+            [ConfigProblem("searcher.divisor", f"{divisor!r} is too large for {most} rungs")]
+        ) from None
     assert isinstance(metric, str) and isinstance(smaller, bool)
     return AshaConfig(
         name=str(name),
@@ -241,6 +262,8 @@ def bracket_max_trials(max_trials: int, divisor: float, rungs: Sequence[int]) ->
     """Trials per bracket, by each bracket's budget weight; the remainder to the first."""
     weights = [divisor ** (r - 1) / r for r in rungs]
     total = sum(weights)
+    if not math.isfinite(total):
+        raise OverflowError("bracket weights past the largest float")
     trials = [max(int(w / total * max_trials), 1) for w in weights]
     trials[0] += max(max_trials - sum(trials), 0)
     return trials
@@ -341,8 +364,15 @@ def searcher_value(cfg: AshaConfig, metrics: Mapping[str, Any]) -> tuple[float, 
     """The value the rungs rank (smaller is better), and why it is the worst, if it is."""
     raw = metrics.get(cfg.metric)
     value = _number(raw)
-    if value is None or math.isnan(value):
-        what = "missing" if raw is None else f"{raw!r}, not a number"
+    if value is None or not math.isfinite(value):
+        # Infinities too: a diverged loss (or an integer past the largest float) must not
+        # rank first, and the API could not show it in JSON.
+        if raw is None:
+            what = "missing"
+        elif value is None or math.isnan(value):
+            what = f"{_short(raw)}, not a number"
+        else:
+            what = f"{_short(raw)}, not a finite number"
         return WORST, f"validation metric {cfg.metric!r} was {what}"
     return (value if cfg.smaller_is_better else -value), None
 
@@ -362,11 +392,19 @@ def searcher_time(
     return value
 
 
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _number(value: Any) -> float | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer past the largest float
+            return math.inf if value > 0 else -math.inf
     if value == "NaN":  # how Determined's harness sends NaN in JSON
         return math.nan
     if value in ("Infinity", "-Infinity"):

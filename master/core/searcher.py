@@ -97,7 +97,8 @@ def count_trials(searcher: Mapping[str, Any], hyperparameters: Mapping[str, Any]
     if name == "random":
         return _max_trials(searcher)
     if name in asha.ASHA_SEARCHERS:
-        return asha.parse_config(searcher).max_trials
+        # Each bracket runs at least one trial, so the sum can pass max_trials.
+        return sum(b.max_trials for b in asha.parse_config(searcher).brackets)
     return _grid_size(tree)
 
 

@@ -4,8 +4,8 @@ stops delivered to running trials, and progress.
 The rules are `master.core.asha`'s; this module only gathers what they need and stores
 what they decide, in the caller's transaction, so an event and the searcher state it
 changes commit together (a master killed in between loses neither). Every event first
-locks the experiment's row, so two reports of one search are decided one after the
-other on SQLite and Postgres alike.
+holds the scheduler's row, then locks the experiment's, in that order everywhere, so two
+reports of one search are decided one after the other on SQLite and Postgres alike.
 """
 
 from __future__ import annotations
@@ -95,15 +95,22 @@ async def on_validation(
     assert experiment is not None  # foreign key
     if not is_asha_experiment(experiment):
         return []
+    # The scheduler's lock before the experiment's, the order a release takes them in
+    # (release -> on_trial_closed); the other order deadlocks on Postgres. Holding it also
+    # keeps the hub from marking the trial RUNNING over the stop decided here.
+    await allocations.hold_scheduler_for_pass(session)
     await _lock_search(session, experiment)
     await session.refresh(trial)
     if (
         trial.searcher_bracket is None
         or trial.searcher_stopped_rung is not None
         or trial.searcher_closed is not None
+        or trial.end_reason in _INVALID_HP_REASONS
         or TrialState(trial.state) not in _DECIDING_STATES
     ):
-        return []  # a stopped trial's later reports enter no rung
+        # A stopped trial's later reports enter no rung; one that said its hyperparameters
+        # are invalid leaves the rungs when it exits.
+        return []
     cfg = config_of(experiment)
     time = asha.searcher_time(cfg, metrics, steps_completed)
     if time is None:

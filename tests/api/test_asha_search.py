@@ -229,6 +229,33 @@ async def test_errored_and_invalid_trials_are_replaced(
     assert trials[1]["searcher"]["rungs"] == [{"rung": 0, "units": 2, "time": 0.0, "metric": None}]
 
 
+async def test_reports_after_invalid_hyperparameters_or_past_any_float_stop_nothing_wrongly(
+    app: FastAPI, api: httpx.AsyncClient
+) -> None:
+    hub = hub_of(app)
+    agent = await connect_agent(hub)
+    experiment_id = await submit(api)
+    await start_queued(app, hub, agent)
+    first, second = await trials_of(api, experiment_id)
+    reply = await api.post(
+        f"/api/v1/trials/{first['id']}/early_exit", json={"reason": "EXITED_REASON_INVALID_HP"}
+    )
+    assert reply.status_code == 200, reply.text
+    await validate(api, second, {"loss": 1.0, "batches": 2})
+    # A validation after det.InvalidHP (it would place last) neither stops the trial nor
+    # replaces the reason it gave.
+    await validate(api, first, {"loss": 5.0, "batches": 2})
+    first = (await trials_of(api, experiment_id))[0]
+    assert first["state"] == "STATE_RUNNING" and first["searcher"]["rungs"] == []
+    assert first["endReason"] == "the trial reported invalid hyperparameters (det.InvalidHP)"
+    # A metric past the largest float is the worst value, not a 500.
+    await validate(api, second, {"loss": 10**400, "batches": 4})
+    second = (await trials_of(api, experiment_id))[1]
+    assert second["state"] == "STATE_STOPPING_COMPLETED"
+    assert "not a finite number" in second["endReason"]
+    assert second["searcher"]["rungs"][-1] == {"rung": 1, "units": 4, "time": 4.0, "metric": None}
+
+
 async def test_trials_are_drawn_as_determined_draws_them(api: httpx.AsyncClient) -> None:
     config = CONFIG.replace("hyperparameters: {lr: {type: double, minval: 0.001, maxval: 0.1}}", "")
     config = config.replace("experiment_seed: 7", "experiment_seed: 0")

@@ -381,6 +381,9 @@ def test_progress_never_passes_one() -> None:
         ({"max_trials": 0}, "searcher.max_trials"),
         ({"metric": None}, "searcher.metric"),
         ({"num_rungs": 3}, "searcher.num_rungs"),
+        ({"bracket_rungs": [65]}, "searcher.bracket_rungs[0]"),
+        ({"bracket_rungs": [3, 2, 1, 1, 1]}, "searcher.bracket_rungs"),  # 5 brackets, 4 trials
+        ({"bracket_rungs": [64], "divisor": 1e10}, "searcher.divisor"),  # 1e10**63 overflows
     ],
 )
 def test_bad_configs_name_the_field(fields: dict[str, Any], path: str) -> None:
@@ -412,6 +415,50 @@ def test_legacy_max_length_counts_steps_completed() -> None:
                 "max_length": {"epochs": 2},
             }
         )
+
+
+def test_rung_counts_are_bounded_so_a_typo_cannot_stall_the_master() -> None:
+    with pytest.raises(ConfigError, match=r"searcher\.num_rungs: must be at most 64, got 10000000"):
+        async_halving(num_rungs=10_000_000, max_trials=4, max_time=16)
+    assert async_halving(num_rungs=64, max_trials=4, max_time=16).brackets[0].num_rungs == 64
+    # max_rungs is only a cap on what max_time and max_trials allow, so any size is harmless.
+    assert shape(cfg(max_rungs=10**30, max_trials=16, max_time=16, divisor=2)) == shape(
+        cfg(max_rungs=5, max_trials=16, max_time=16, divisor=2)
+    )
+
+
+def test_count_trials_counts_one_trial_per_bracket_at_least() -> None:
+    from master.core.searcher import count_trials
+
+    searcher = {
+        "name": "adaptive_asha",
+        "metric": "loss",
+        "max_trials": 3,
+        "max_time": 256,
+        "time_metric": "batches",
+        "divisor": 2,
+        "bracket_rungs": [1, 1, 8],
+    }
+    brackets = asha.parse_config(searcher).brackets
+    assert [b.max_trials for b in brackets] == [2, 1, 1]
+    assert count_trials(searcher, {}) == 4
+
+
+@pytest.mark.parametrize(
+    ("raw", "what"),
+    [
+        (math.inf, "inf, not a finite number"),
+        ("-Infinity", "'-Infinity', not a finite number"),
+        (10**400, "1000000000000000000000000000000000000..., not a finite number"),
+    ],
+)
+def test_infinite_or_huge_metrics_count_as_the_worst(raw: Any, what: str) -> None:
+    for smaller in (True, False):
+        config = cfg(max_trials=4, max_time=16, smaller_is_better=smaller)
+        value, problem = asha.searcher_value(config, {"loss": raw})
+        assert value == asha.WORST and problem == f"validation metric 'loss' was {what}"
+    # a huge time is past every rung, not a crash
+    assert asha.searcher_time(cfg(max_trials=4, max_time=16), {"batches": 10**400}, 0) is None
 
 
 def test_async_halving_needs_num_rungs() -> None:
