@@ -35,8 +35,14 @@ class PreemptionSignals:
         except TimeoutError:
             return False
         finally:
-            self._waiting[allocation_id] -= 1
-            self._last_poll[allocation_id] = time.monotonic()
+            # The allocation may have ended (forget) while this poll waited.
+            left = self._waiting.get(allocation_id, 0) - 1
+            if left > 0:
+                self._waiting[allocation_id] = left
+            else:
+                self._waiting.pop(allocation_id, None)
+            if allocation_id in self._events:
+                self._last_poll[allocation_id] = time.monotonic()
         return True
 
     def told_at_once(self, allocation_id: str) -> None:
