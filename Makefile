@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PORT ?= 8080
 DATA_DIR ?= data
 
-.PHONY: install run migrate test lint pytest official-client postgres chromium clean
+.PHONY: install run migrate test lint pytest official-client postgres chromium azurite clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,8 @@ $(DET_VENV)/bin/det:
 	$(DET_VENV)/bin/pip install -q -U pip
 	$(DET_VENV)/bin/pip install -q --no-deps determined==0.38.1
 	$(DET_VENV)/bin/pip install -q requests==2.31.0 termcolor tabulate argcomplete ruamel.yaml \
-		filelock pyOpenSSL packaging python-dateutil pathspec appdirs psutil numpy
+		filelock pyOpenSSL packaging python-dateutil pathspec appdirs psutil numpy \
+		boto3 google-cloud-storage azure-storage-blob
 
 official-client: $(DET_VENV)/bin/det
 
@@ -62,17 +63,25 @@ chromium:
 		fi; \
 	fi
 
+# Azurite, the Azure Blob server the checkpoint-storage tests talk to (S3 and GCS servers
+# come from PyPI with the test group).
+AZURITE_VERSION ?= 3.37.0
+.azurite/node_modules/.bin/azurite-blob:
+	npm install --prefix .azurite --no-audit --no-fund --loglevel=error azurite@$(AZURITE_VERSION)
+
+azurite: .azurite/node_modules/.bin/azurite-blob
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	PYTHON=$(BIN)/python bash scripts/gen-protos.sh --check
 
-pytest: install official-client trial-venv postgres chromium
+pytest: install official-client trial-venv postgres chromium azurite
 	DET_OFFICIAL_CLIENT=$(abspath $(DET_VENV))/bin/det DET_TRIAL_VENV=$(abspath $(TRIAL_VENV)) \
 		$(BIN)/pytest
 
 test: lint pytest
 
 clean:
-	rm -rf $(VENV) $(DET_VENV) $(TRIAL_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(DET_VENV) $(TRIAL_VENV) .azurite .pytest_cache .mypy_cache .ruff_cache

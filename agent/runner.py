@@ -27,12 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import bootstrap
+from agent import bootstrap, storage_secrets
+from resolute.storage import CLOUD_TYPES as CLOUD_STORAGE
 from resolute_proto.agent.v1 import agent_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 MAX_LINE = 64 * 1024
+# The test write to a trial's object store before its ranks start (connect and retries).
+STORAGE_CHECK_TIMEOUT_S = 60.0
 # Determined's wrap_rank prefixes every line of a rank with this.
 RANK_PREFIX = re.compile(rb"^\[rank=(\d+)\] ")
 
@@ -124,6 +127,8 @@ class Runner:
         )
         self.runs[allocation_id] = run
         try:
+            # Beside the allocation's directory, not in it: that is the ranks' cwd.
+            storage_secrets.move_s3_keys(start.env, start.info_files, self._secrets_dir(run))
             if run.per_agent:
                 problem = await self._prepare_determined(start, run)
                 if problem:
@@ -132,6 +137,12 @@ class Runner:
                     run.stopping = True
             else:
                 await asyncio.to_thread(_unpack, start.model_definition, run.work_dir)
+            if not run.stopping:
+                problem = await self._storage_problem(start, run)
+                if problem:
+                    run.kind, run.message = pb.EXIT_KIND_FAILED, problem
+                    self._note(run, -1, problem)
+                    run.stopping = True
             for spec in start.ranks:
                 if run.stopping:
                     break  # a stop arrived while we were starting: start no more ranks
@@ -231,6 +242,46 @@ class Runner:
             start.shared_fs_host_path,
             run.work_dir / "tmp",
         )
+
+    async def _storage_problem(self, start: pb.StartAllocation, run: AllocationRun) -> str | None:
+        """Write, read and delete a file in the trial's object store before any rank
+        starts, so a wrong bucket, endpoint or credential fails the trial in seconds with
+        the store's own words, not at its first checkpoint. Run in the ranks' environment
+        (their credential chain); file systems are checked by the code that writes them."""
+        try:
+            config = json.loads(start.env.get(storage_secrets.CONFIG_VARIABLE, ""))
+        except ValueError:
+            return None
+        storage = config.get("checkpoint_storage") if isinstance(config, dict) else None
+        if not isinstance(storage, dict) or storage.get("type") not in CLOUD_STORAGE:
+            return None
+        if not start.ranks:
+            return None
+        env = self._rank_env(start, start.ranks[0], run)
+        check = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "resolute.storage_check",
+            env=env,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        try:
+            output, _ = await asyncio.wait_for(
+                check.communicate(json.dumps(storage).encode()), STORAGE_CHECK_TIMEOUT_S
+            )
+        except TimeoutError:
+            check.kill()
+            await check.wait()
+            return (
+                f"checkpoint storage {storage.get('type')} did not answer a test write within "
+                f"{STORAGE_CHECK_TIMEOUT_S:g} s"
+            )
+        if check.returncode == 0:
+            return None
+        lines = output.decode(errors="replace").strip().splitlines()
+        return lines[-1] if lines else f"checkpoint storage check exited {check.returncode}"
 
     async def _spawn(
         self, start: pb.StartAllocation, spec: pb.RankSpec, run: AllocationRun
@@ -386,6 +437,10 @@ class Runner:
             run.message,
         )
         await asyncio.to_thread(shutil.rmtree, run.work_dir, True)
+        await asyncio.to_thread(shutil.rmtree, self._secrets_dir(run), True)
+
+    def _secrets_dir(self, run: AllocationRun) -> Path:
+        return self.work_dir / "secrets" / run.allocation_id
 
     def _note(self, run: AllocationRun, rank: int, message: str) -> None:
         """A line in the trial's logs from the agent itself."""

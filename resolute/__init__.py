@@ -20,10 +20,11 @@ from types import TracebackType
 from typing import Any
 
 from resolute import data
+from resolute import storage as _storage
 from resolute._api import MasterError, Session
 from resolute._env import BadEnvironment, Environment, max_length_batches, read_environment
 from resolute._metrics import Shipper, ShippingError
-from resolute.checkpoint import CheckpointContext, storage_directory
+from resolute.checkpoint import CheckpointContext
 from resolute.preempt import CLIENT_TIMEOUT_S, PreemptContext
 from resolute.seeding import make_deterministic
 from resolute.seeding import seed_everything as _seed_everything
@@ -50,7 +51,7 @@ class Context:
     """One rank's view of its trial; made by init(). Close it (or use it as a context
     manager) so that queued reports are sent before the process exits."""
 
-    def __init__(self, env: Environment, checkpoint_dir: Path) -> None:
+    def __init__(self, env: Environment, storage: _storage.Storage) -> None:
         self.env = env
         self.rank = env.rank
         self.local_rank = env.local_rank
@@ -91,7 +92,7 @@ class Context:
             is_chief=self.is_chief,
         )
         self.checkpoint = CheckpointContext(
-            checkpoint_dir,
+            storage,
             session=session,
             is_chief=self.is_chief,
             trial_id=env.trial_id,
@@ -161,13 +162,13 @@ def init(
     if env.cluster:
         if not isinstance(storage, dict):
             raise BadEnvironment("DET_EXPERIMENT_CONFIG has no checkpoint_storage")
-        directory = storage_directory(storage)
+        store = _storage.from_config(storage)
     elif checkpoint_dir is not None:
-        directory = Path(checkpoint_dir)
+        store = _storage.DirectoryStorage("directory", Path(checkpoint_dir).absolute())
     elif isinstance(storage, dict):
-        directory = storage_directory(storage)
+        store = _storage.from_config(storage)
     else:
-        directory = Path(DEFAULT_LOCAL_CHECKPOINTS)
+        store = _storage.DirectoryStorage("directory", Path(DEFAULT_LOCAL_CHECKPOINTS).absolute())
     if deterministic is None:
         reproducibility = env.config.get("reproducibility")
         deterministic = isinstance(reproducibility, dict) and (
@@ -177,4 +178,4 @@ def init(
         _seed_everything(env.trial_seed, env.rank)
     if deterministic:
         make_deterministic()
-    return Context(env, directory.absolute())
+    return Context(env, store)

@@ -1,13 +1,13 @@
-"""Checkpoints: a fresh directory per checkpoint in the experiment's checkpoint storage, and
-a report to the master once the training code has written it, so that the master can resume
-the trial from it (DET_LATEST_CHECKPOINT)."""
+"""Checkpoints: a fresh directory per checkpoint, stored in the experiment's checkpoint
+storage (in place on a file system, uploaded to an object store), and a report to the master
+once it is stored, so that the master can resume the trial from it (DET_LATEST_CHECKPOINT)."""
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
+import tempfile
 import uuid as uuidlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -17,45 +17,14 @@ from typing import Any
 
 from resolute._api import MasterError, Session
 from resolute._metrics import check_steps
+from resolute.storage import Storage, check_name, list_files
 
 logger = logging.getLogger(__name__)
-
-SUPPORTED_STORAGE = ("shared_fs", "directory")
-
-
-def storage_directory(storage: Mapping[str, Any]) -> Path:
-    """The directory the checkpoints of `checkpoint_storage` live in, the same rule as the
-    master's: shared_fs host_path, joined with storage_path when that is relative (an
-    absolute storage_path stands alone); directory container_path."""
-    kind = storage.get("type")
-    if kind == "shared_fs":
-        host = storage.get("host_path")
-        if not isinstance(host, str) or not host:
-            raise ValueError("checkpoint_storage.host_path: required for shared_fs storage")
-        sub = storage.get("storage_path")
-        if sub is None or sub == "":
-            return Path(host)
-        if not isinstance(sub, str):
-            raise ValueError("checkpoint_storage.storage_path: must be a string")
-        return Path(host) / sub  # an absolute `sub` replaces `host`
-    if kind == "directory":
-        path = storage.get("container_path")
-        if not isinstance(path, str) or not path:
-            raise ValueError("checkpoint_storage.container_path: required for directory storage")
-        return Path(path)
-    raise ValueError(
-        f"checkpoint_storage.type: {kind!r} is not supported by resolute; "
-        f"use {' or '.join(SUPPORTED_STORAGE)}"
-    )
 
 
 def list_resources(directory: Path) -> dict[str, str]:
     """Every file under `directory`, relative path (with /) to its size in bytes as a string."""
-    return {
-        path.relative_to(directory).as_posix(): str(path.stat().st_size)
-        for path in sorted(directory.rglob("*"))
-        if path.is_file()
-    }
+    return {path: str(size) for path, size in list_files(directory).items()}
 
 
 class CheckpointContext:
@@ -64,7 +33,7 @@ class CheckpointContext:
 
     def __init__(
         self,
-        directory: Path,
+        storage: Storage,
         *,
         session: Session | None,
         is_chief: bool,
@@ -72,7 +41,9 @@ class CheckpointContext:
         task_id: str | None,
         allocation_id: str | None,
     ) -> None:
-        self.directory = directory
+        self.storage = storage
+        # Where checkpoints are written in place; None for an object store.
+        self.directory = storage.local_directory()
         self._session = session
         self._is_chief = is_chief
         self._trial_id = trial_id
@@ -100,16 +71,28 @@ class CheckpointContext:
         except (TypeError, ValueError) as exc:
             raise ValueError(f"checkpoint metadata must be JSON-serializable: {exc}") from None
         checkpoint_uuid = str(uuidlib.uuid4())
-        path = self.directory / checkpoint_uuid
+        staging = None
+        if self.directory is not None:
+            path = self.directory / checkpoint_uuid
+        else:
+            staging = Path(tempfile.mkdtemp(prefix="resolute-checkpoint-"))
+            path = staging / checkpoint_uuid
         path.mkdir(parents=True)
         try:
-            yield path, checkpoint_uuid
-        except BaseException:
-            shutil.rmtree(path, ignore_errors=True)
-            raise
-        resources = list_resources(path)
+            try:
+                yield path, checkpoint_uuid
+            except BaseException:
+                shutil.rmtree(path, ignore_errors=True)
+                raise
+            resources = list_resources(path)
+            if staging is not None:
+                self.storage.upload(path, checkpoint_uuid)
+        finally:
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
         self._report(checkpoint_uuid, full_metadata, resources)
-        logger.info("checkpoint %s after %d steps stored in %s", checkpoint_uuid, steps, path)
+        where = self.storage.location(checkpoint_uuid)
+        logger.info("checkpoint %s after %d steps stored in %s", checkpoint_uuid, steps, where)
 
     def _report(self, checkpoint_uuid: str, metadata: dict[str, Any], resources: Any) -> None:
         if self._session is None:
@@ -130,18 +113,22 @@ class CheckpointContext:
 
     @contextmanager
     def restore_path(self, checkpoint_uuid: str) -> Iterator[Path]:
-        """Yield the directory of checkpoint `checkpoint_uuid` (files are read in place).
+        """Yield the directory of checkpoint `checkpoint_uuid`.
 
-        Looks in this experiment's storage first, then asks the master where the
-        checkpoint lives (one from another experiment, as with source_checkpoint_uuid)."""
-        yield self._find(checkpoint_uuid)
+        On a file system the files are read in place: this experiment's storage first,
+        then where the master says the checkpoint lives (one from another experiment, as
+        with source_checkpoint_uuid). From an object store they are downloaded into a
+        temporary directory, removed when the block ends."""
+        check_name(checkpoint_uuid)
+        if self.directory is not None:
+            yield self._find(checkpoint_uuid, self.directory)
+            return
+        with tempfile.TemporaryDirectory(prefix="resolute-restore-") as scratch:
+            self.storage.download(checkpoint_uuid, Path(scratch))
+            yield Path(scratch)
 
-    def _find(self, checkpoint_uuid: str) -> Path:
-        if not isinstance(checkpoint_uuid, str) or not checkpoint_uuid:
-            raise ValueError(f"checkpoint uuid must be a non-empty string, got {checkpoint_uuid!r}")
-        if os.sep in checkpoint_uuid or checkpoint_uuid in (".", ".."):
-            raise ValueError(f"{checkpoint_uuid!r} is not a checkpoint uuid")
-        path = self.directory / checkpoint_uuid
+    def _find(self, checkpoint_uuid: str, directory: Path) -> Path:
+        path = directory / checkpoint_uuid
         if path.is_dir():
             return path
         where = [str(path)]

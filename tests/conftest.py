@@ -22,6 +22,7 @@ from master.services import auth as auth_service
 from master.services import workspaces as workspace_service
 from master.services.preemption import PreemptionSignals
 from master.settings import DatabaseSettings, MasterSettings
+from tests.object_stores import StoreServer, start_server
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 POSTGRES_ADMIN_DSN = os.environ.get(
@@ -164,3 +165,43 @@ async def api(anon: httpx.AsyncClient) -> httpx.AsyncClient:
 @pytest.fixture
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
+
+
+# --- object stores ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def store_servers(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, StoreServer | str]]:
+    """The object-store servers started so far in this session (or why one could not be)."""
+    started: dict[str, StoreServer | str] = {}
+    yield started
+    for server in started.values():
+        if isinstance(server, StoreServer):
+            server.stop()
+
+
+def store_server(
+    kind: str, servers: dict[str, StoreServer | str], tmp_path_factory: pytest.TempPathFactory
+) -> StoreServer:
+    if kind not in servers:
+        servers[kind] = start_server(kind, tmp_path_factory.mktemp(f"{kind}-server"))
+    server = servers[kind]
+    require(isinstance(server, StoreServer), str(server))
+    assert isinstance(server, StoreServer)
+    if kind == "gcs":
+        # google-cloud-storage (ours and Determined's) finds the emulator through this.
+        os.environ["STORAGE_EMULATOR_HOST"] = server.url
+    return server
+
+
+@pytest.fixture(params=["s3", "gcs", "azure"])
+def object_store(
+    request: pytest.FixtureRequest,
+    store_servers: dict[str, StoreServer | str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> StoreServer:
+    """A running server of each object store in turn (moto for S3, gcp-storage-emulator,
+    Azurite), shared by the whole session; each test makes its own bucket."""
+    return store_server(str(request.param), store_servers, tmp_path_factory)

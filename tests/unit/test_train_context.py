@@ -16,7 +16,8 @@ import torch
 import resolute
 from resolute._env import BadEnvironment, max_length_batches, read_environment
 from resolute._metrics import check_steps, convert_metrics, metric_value
-from resolute.checkpoint import list_resources, storage_directory
+from resolute.checkpoint import list_resources
+from resolute.storage import directory_of, from_config
 
 CLUSTER_ENV = {
     "DET_MASTER": "http://127.0.0.1:8080/",
@@ -200,21 +201,23 @@ def test_metric_names_and_steps_are_checked() -> None:
     ],
 )
 def test_storage_directory(storage: dict[str, Any], expected: str) -> None:
-    assert storage_directory(storage) == Path(expected)
+    assert directory_of(storage) == Path(expected)
 
 
 @pytest.mark.parametrize(
     ("storage", "message"),
     [
-        ({"type": "s3", "bucket": "b"}, "checkpoint_storage.type: 's3' is not supported"),
-        ({}, "checkpoint_storage.type: None is not supported"),
+        ({"type": "s4", "bucket": "b"}, "checkpoint_storage.type: 's4' is not one of shared_fs"),
+        ({}, "checkpoint_storage.type: None is not one of"),
+        ({"type": "s3"}, "checkpoint_storage.bucket: required for s3"),
+        ({"type": "azure", "container": "c"}, "checkpoint_storage.connection_string: azure"),
         ({"type": "shared_fs"}, "checkpoint_storage.host_path: required"),
         ({"type": "directory"}, "checkpoint_storage.container_path: required"),
     ],
 )
 def test_unsupported_storage_is_named(storage: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        storage_directory(storage)
+        from_config(storage)
 
 
 def test_local_checkpoint_dir_comes_from_the_config_when_not_given(
