@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import typer
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from cli.client import CliError
 from cli.output import cli_errors, print_json, print_table, short_time, state_name
@@ -60,6 +65,16 @@ def _trial_id(checkpoint: dict[str, Any]) -> Any:
     return checkpoint.get("trialId") or (checkpoint.get("training") or {}).get("trialId")
 
 
+def storage_state(checkpoint: dict[str, Any]) -> str:
+    """ACTIVE, DELETING, DELETED or PARTIALLY_DELETED (Determined's `state` has no
+    DELETING; a master without `storageState` is read as Determined's)."""
+    shown = checkpoint.get("storageState")
+    if isinstance(shown, str) and shown:
+        return shown
+    state = state_name(checkpoint.get("state") or "")
+    return "ACTIVE" if state == "COMPLETED" else state
+
+
 def _searcher_metric(checkpoint: dict[str, Any]) -> float | None:
     value = (checkpoint.get("training") or {}).get("searcherMetric")
     return value if isinstance(value, int | float) and not isinstance(value, bool) else None
@@ -94,14 +109,19 @@ def list_checkpoints(
                 _steps(c),
                 c["uuid"],
                 "" if _searcher_metric(c) is None else format_value(_searcher_metric(c)),
-                state_name(c.get("state") or ""),
+                storage_state(c),
                 short_time(c.get("reportTime")),
                 format_resources(c.get("resources")),
                 c.get("storagePath") or "",
             ]
             for c in checkpoints
         ]
-        print_table(LIST_HEADERS, rows)
+        headers = list(LIST_HEADERS)
+        if any(c.get("stateReason") for c in checkpoints):
+            headers.append("State reason")
+            for row, c in zip(rows, checkpoints, strict=True):
+                row.append(c.get("stateReason") or "")
+        print_table(headers, rows)
 
 
 app.command("ls", hidden=True)(list_checkpoints)
@@ -131,7 +151,8 @@ def describe(
                 ["Experiment ID", checkpoint.get("experimentId") or training.get("experimentId")],
                 ["Trial ID", _trial_id(checkpoint)],
                 ["Steps completed", _steps(checkpoint)],
-                ["State", state_name(checkpoint.get("state") or "")],
+                ["State", storage_state(checkpoint)],
+                ["State reason", checkpoint.get("stateReason") or ""],
                 ["Report time", short_time(checkpoint.get("reportTime"))],
                 ["Storage path", checkpoint.get("storagePath") or ""],
                 ["Resources", format_resources(checkpoint.get("resources"))],
@@ -147,3 +168,93 @@ def describe(
                 ["Metadata", json.dumps(checkpoint.get("metadata") or {}, sort_keys=True)],
             ],
         )
+
+
+@app.command("delete")
+def delete(
+    ctx: typer.Context,
+    uuids: list[str] = typer.Argument(
+        ..., help="Checkpoint UUIDs, separated by spaces or commas (as Determined's)."
+    ),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+) -> None:
+    """Delete checkpoints from their storage. Their files are removed in the background and
+    retried until they are gone; `det checkpoint list` shows how it goes."""
+    with cli_errors():
+        wanted = [u.strip() for arg in uuids for u in arg.split(",") if u.strip()]
+        if not wanted:
+            raise CliError("give at least one checkpoint UUID")
+        if not yes and not typer.confirm(
+            f"Delete {len(wanted)} checkpoint(s) and all their files in checkpoint storage?"
+        ):
+            print("Stopping deletion of checkpoints.")
+            return
+        client(ctx).request("DELETE", "/api/v1/checkpoints", json={"checkpointUuids": wanted})
+        print(f"Deletion of checkpoints {','.join(wanted)} is in progress")
+
+
+class _ChunkReader(io.RawIOBase):
+    """The bytes of an iterator of chunks, as a file tarfile can read in stream mode."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._left = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._left:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._left = chunk
+        size = min(len(buffer), len(self._left))
+        buffer[:size] = self._left[:size]
+        self._left = self._left[size:]
+        return size
+
+
+@app.command("download")
+def download(
+    ctx: typer.Context,
+    uuid: str = typer.Argument(..., help="Checkpoint UUID."),
+    output_dir: Path | None = typer.Option(
+        None, "--output-dir", "-o", help="Where to put its files (default checkpoints/UUID)."
+    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the directory."),
+) -> None:
+    """Download a checkpoint's files through the master, from whatever storage holds them
+    (no credentials needed here), with a progress bar."""
+    with cli_errors():
+        api = client(ctx)
+        path = f"/api/v1/checkpoints/{quote(uuid, safe='')}"
+        checkpoint = api.get(path)["checkpoint"]
+        total = sum(
+            int(v) for k, v in (checkpoint.get("resources") or {}).items() if not k.endswith("/")
+        )
+        target = output_dir or Path("checkpoints") / checkpoint["uuid"]
+        target.mkdir(parents=True, exist_ok=True)
+        columns = [
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+        ]
+        with (
+            api.stream_body(path, accept="application/gzip") as reply,
+            Progress(*columns, disable=quiet, transient=False) as progress,
+        ):
+            task = progress.add_task(checkpoint["uuid"][:8], total=total)
+            reader = io.BufferedReader(_ChunkReader(reply.iter_bytes()))
+            try:
+                with tarfile.open(fileobj=reader, mode="r|gz") as tar:
+                    for member in tar:
+                        tar.extract(member, target, filter="data")
+                        progress.advance(task, member.size)
+            except (tarfile.TarError, OSError, EOFError) as exc:
+                raise CliError(f"checkpoint {uuid}: the download broke off: {exc}") from None
+        if quiet:
+            print(target)
+        else:
+            print(f"Local checkpoint path: {target}")

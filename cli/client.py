@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -111,6 +113,24 @@ class MasterClient:
             return reply.json()
         except ValueError:
             raise CliError(f"the master sent a reply that is not JSON for {path}") from None
+
+    @contextlib.contextmanager
+    def stream_body(self, path: str, *, accept: str) -> Iterator[httpx.Response]:
+        """A GET whose body is read as it arrives (a checkpoint download)."""
+        if self._token is None:
+            self._token = self._login()
+        headers = {"Authorization": f"Bearer {self._token}", "Accept": accept}
+        timeout = httpx.Timeout(60.0, read=600.0)
+        try:
+            with self._http.stream("GET", path, headers=headers, timeout=timeout) as reply:
+                if reply.status_code != 200:
+                    reply.read()
+                    raise CliError(_error_message(reply))
+                yield reply
+        except httpx.ConnectError:
+            raise CliError(f"cannot reach the master at {self.base_url}") from None
+        except httpx.HTTPError as exc:
+            raise CliError(f"download from {self.base_url}{path} failed: {exc}") from None
 
 
 def _error_message(reply: httpx.Response) -> str:

@@ -302,6 +302,25 @@ app.command("pause")(_action("pause", "Paused"))
 app.command("activate")(_action("activate", "Activated"))
 
 
+@app.command("delete")
+def delete(
+    ctx: typer.Context,
+    experiment_id: int = typer.Argument(..., help="Experiment ID."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+) -> None:
+    """Delete an ended experiment with its trials, metrics and checkpoints (their files in
+    checkpoint storage too). It shows as DELETING until its checkpoints are gone."""
+    with cli_errors():
+        if not yes and not typer.confirm(
+            f"Delete experiment {experiment_id} and every checkpoint it stored? This cannot "
+            "be undone."
+        ):
+            stdout.print("Aborting experiment deletion.", markup=False)
+            return
+        client(ctx).request("DELETE", f"/api/v1/experiments/{experiment_id}")
+        stdout.print(f"Deletion of experiment {experiment_id} is in progress", markup=False)
+
+
 def preview_search(ctx: typer.Context, config_file: Path) -> None:
     """`det preview-search`: the searcher with its defaults, trials per training length,
     and the budget."""

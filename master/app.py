@@ -30,6 +30,7 @@ from master.services import allocations as allocation_service
 from master.services import auth as auth_service
 from master.services import workspaces as workspace_service
 from master.services.agent_link import AgentHub, HubLoop, read_or_create_join_token
+from master.services.checkpoint_gc import CheckpointDeleter
 from master.services.metrics import MetricsBuffer, MetricsLoop
 from master.services.preemption import PreemptionSignals
 from master.services.scheduler import SchedulerLoop
@@ -149,6 +150,7 @@ def create_app(settings: MasterSettings) -> FastAPI:
             scheduler,
             HubLoop(hub),
             MetricsLoop(app.state.session_factory, metrics, settings),
+            CheckpointDeleter(app.state.session_factory),
         ]
         grpc_server = None
         if settings.run_loops:
@@ -195,6 +197,7 @@ def create_app(settings: MasterSettings) -> FastAPI:
     app.state.preemption = PreemptionSignals()
     for module in (info, auth, workspaces, templates, experiments, trials, cluster, logs):
         app.include_router(module.router)
+    app.include_router(trials.download_router)
     web.mount_static(app)
     app.include_router(web.router)
     return app

@@ -19,6 +19,7 @@ import math
 import posixpath
 import re
 import shlex
+import urllib.parse
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from types import NoneType, UnionType
 from typing import (
@@ -475,6 +476,16 @@ def _relative_prefix(value: str) -> str:
     return value
 
 
+def _endpoint_url(value: str) -> str:
+    parsed = urllib.parse.urlsplit(value)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
+    return value
+
+
+EndpointUrl = Annotated[str, AfterValidator(_endpoint_url)]
+
+
 class _StorageBase(_Strict):
     """Checkpoint garbage-collection policy, common to every storage type."""
 
@@ -506,7 +517,7 @@ class S3Storage(_StorageBase):
     bucket: str | None = None
     access_key: str | None = None
     secret_key: str | None = None
-    endpoint_url: str | None = None
+    endpoint_url: EndpointUrl | None = None
     prefix: Annotated[str, AfterValidator(_relative_prefix)] | None = None
 
 
@@ -541,7 +552,7 @@ class PartialStorage(_StorageBase):
     bucket: str | None = None
     access_key: str | None = None
     secret_key: str | None = None
-    endpoint_url: str | None = None
+    endpoint_url: EndpointUrl | None = None
     prefix: Annotated[str, AfterValidator(_relative_prefix)] | None = None
     container: str | None = None
     connection_string: str | None = None
@@ -1254,6 +1265,20 @@ def _check_storage(cfg: ExperimentConfig, complete: bool) -> list[ConfigProblem]
             problems.append(
                 ConfigProblem(f"checkpoint_storage.{field}", f"required for {storage.type} storage")
             )
+    if isinstance(storage, S3Storage) and (storage.access_key is None) != (
+        storage.secret_key is None
+    ):
+        given, missing = (
+            ("access_key", "secret_key")
+            if storage.secret_key is None
+            else ("secret_key", "access_key")
+        )
+        problems.append(
+            ConfigProblem(
+                f"checkpoint_storage.{missing}",
+                f"required with {given} (or leave both out for the standard AWS credential chain)",
+            )
+        )
     if isinstance(storage, AzureStorage) and (storage.connection_string is None) == (
         storage.account_url is None
     ):

@@ -81,6 +81,8 @@ class ExperimentState(enum.StrEnum):
     COMPLETED = "COMPLETED"
     CANCELED = "CANCELED"
     ERROR = "ERROR"
+    # `det experiment delete`: its checkpoints are being deleted; then its rows go.
+    DELETING = "DELETING"
 
     @property
     def is_terminal(self) -> bool:
@@ -88,7 +90,12 @@ class ExperimentState(enum.StrEnum):
 
 
 _TERMINAL_EXPERIMENT_STATES = frozenset(
-    {ExperimentState.COMPLETED, ExperimentState.CANCELED, ExperimentState.ERROR}
+    {
+        ExperimentState.COMPLETED,
+        ExperimentState.CANCELED,
+        ExperimentState.ERROR,
+        ExperimentState.DELETING,
+    }
 )
 
 
@@ -340,9 +347,17 @@ class CheckpointModel(Base):
     # {relative path: size in bytes as a string}, as Determined's harness reports it.
     resources: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JsonType, default=dict)
-    # Where the files are: the storage directory resolved from the experiment config.
+    # Where the files are: a directory, or s3://bucket/prefix/uuid and the like.
     storage_path: Mapped[str] = mapped_column(Text, default="")
     report_time: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # Deletion (master.services.checkpoint_gc): `state` goes COMPLETED -> DELETING ->
+    # DELETED, or PARTIALLY_DELETED while some files are gone and others not yet; the
+    # store's last error is the reason, and the deleter retries at delete_next_at.
+    state_reason: Mapped[str] = mapped_column(Text, default="", server_default="")
+    delete_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    delete_next_at: Mapped[datetime | None] = mapped_column(
+        UTCDateTime(), nullable=True, index=True
+    )
 
 
 class StateChangeModel(Base):

@@ -11,6 +11,7 @@ from master.schemas.common import DbInt, Pagination, UtcTime, WireInput, WireMod
 from master.services.allocations import task_id
 from master.services.experiments import ExperimentView, PendingReason
 from master.services.trial_reports import TrialSummary, metrics_workload
+from resolute.storage import mask_config
 
 
 class ExperimentCreate(WireInput):
@@ -73,7 +74,7 @@ class Experiment(WireModel):
             id=row.id,
             name=row.name,
             archived=row.archived,
-            config=row.config,
+            config=mask_config(row.config),
             original_config=row.original_config,
             job_id=row.job_id,
             num_trials=view.num_trials,
@@ -298,6 +299,14 @@ class Checkpoint(WireModel):
     experiment_id: int
     steps_completed: int
     storage_path: str
+    # ACTIVE, DELETING, DELETED or PARTIALLY_DELETED, and why it is being deleted or what
+    # the store last said (`state` is Determined's, which has no DELETING).
+    storage_state: str = "ACTIVE"
+    state_reason: str = ""
+
+
+class DeleteCheckpoints(WireInput):
+    checkpoint_uuids: list[str] = Field(max_length=10_000)
 
 
 class CheckpointResponse(WireModel):

@@ -4,6 +4,7 @@ from typing import Any
 
 from master.db.models import TemplateModel
 from master.schemas.common import Pagination, WireInput, WireModel
+from resolute.storage import mask_config
 
 
 class Template(WireModel):
@@ -13,7 +14,7 @@ class Template(WireModel):
 
     @classmethod
     def of(cls, row: TemplateModel) -> Template:
-        return cls(name=row.name, config=row.config, workspace_id=row.workspace_id)
+        return cls(name=row.name, config=mask_config(row.config), workspace_id=row.workspace_id)
 
 
 class TemplateCreate(WireInput):

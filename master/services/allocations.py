@@ -236,9 +236,10 @@ async def release_allocation(
     await session.flush()
     if TrialState(trial.state).is_terminal:
         # Imported here: the searcher queues and stops trials through this module.
-        from master.services import search
+        from master.services import checkpoint_gc, search
 
         await search.on_trial_closed(session, trial, experiment)
+        await checkpoint_gc.apply_retention(session, experiment)
     await trial_reports.refresh_experiment_progress(session, experiment.id)
     await finish_experiment_if_done(session, experiment)
     request_scheduling(session)

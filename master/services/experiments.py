@@ -39,7 +39,7 @@ from master.db.models import (
     UserModel,
 )
 from master.errors import Conflict, InvalidArgument, NotFound
-from master.services import allocations, search, states, trial_reports
+from master.services import allocations, checkpoint_gc, search, states, trial_reports
 from master.services.configs import config_errors_as_invalid_argument
 from master.services.model_definitions import (
     PackedModelDefinition,
@@ -47,10 +47,10 @@ from master.services.model_definitions import (
     read_text_file,
 )
 from master.services.scheduler import load_agent_states, policy_of
-from master.services.templates import get_template
+from master.services.templates import get_template, refuse_hidden_secrets
 from master.services.workspaces import resolve_project
 from master.settings import MasterSettings, ResourcePoolSettings
-from resolute.checkpoint import SUPPORTED_STORAGE
+from resolute.storage import mask_config
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,13 @@ class ExperimentView:
     warnings: list[str] = field(default_factory=list)
 
 
+def _shown_text(original: str, submitted: dict[str, Any]) -> str:
+    """The submitted text as it is stored and shown: where it holds a storage secret, the
+    config dumped again with the secret masked (its comments are lost then)."""
+    masked = mask_config(submitted)
+    return original if masked == submitted else yaml.safe_dump(masked, sort_keys=False)
+
+
 async def prepare_experiment(
     session: AsyncSession, request: ExperimentRequest, settings: MasterSettings
 ) -> PreparedExperiment:
@@ -103,6 +110,9 @@ async def prepare_experiment(
         original = yaml.safe_dump(user_raw, sort_keys=False)
     else:
         raise InvalidArgument("config: must be the YAML text of an experiment config")
+    if isinstance(user_raw, dict):  # otherwise refused by validate_config below
+        refuse_hidden_secrets(user_raw, "config")
+        original = _shown_text(original, user_raw)
 
     with config_errors_as_invalid_argument("config"):
         # Checked alone first so an unknown key is reported at the user's own path.
@@ -131,12 +141,6 @@ async def prepare_experiment(
             reproducibility["experiment_seed"] = secrets.randbelow(MAX_EXPERIMENT_SEED + 1)
         seed = int(reproducibility["experiment_seed"])
         trial_count = count_trials(effective["searcher"], effective.get("hyperparameters") or {})
-    storage_type = effective["checkpoint_storage"].get("type")
-    if storage_type not in SUPPORTED_STORAGE:
-        raise InvalidArgument(
-            f"checkpoint_storage.type: {storage_type} is not supported by resolute's agents; "
-            "use shared_fs or directory"
-        )
     await trial_reports.check_source_checkpoint(session, effective["searcher"])
     resources = effective.setdefault("resources", {})
     pool = settings.pool(resources.get("resource_pool") or settings.default_compute_pool)
@@ -457,6 +461,8 @@ async def kill_experiment(session: AsyncSession, experiment_id: int, actor: str)
     target = ExperimentState.STOPPING_KILLED if stopping else ExperimentState.CANCELED
     states.set_experiment_state(session, experiment, target, reason)
     await session.flush()
+    if not stopping:  # otherwise each trial's release applies it
+        await checkpoint_gc.apply_retention(session, experiment)
 
 
 async def _pause_or_activate(

@@ -53,9 +53,10 @@ _EXPERIMENT_TRANSITIONS: dict[ExperimentState, frozenset[ExperimentState]] = {
     E.STOPPING_CANCELED: frozenset({E.CANCELED, E.STOPPING_KILLED, E.ERROR}),
     E.STOPPING_KILLED: frozenset({E.CANCELED, E.ERROR}),
     E.STOPPING_ERROR: frozenset({E.ERROR}),
-    E.COMPLETED: frozenset(),
-    E.CANCELED: frozenset(),
-    E.ERROR: frozenset(),
+    E.COMPLETED: frozenset({E.DELETING}),
+    E.CANCELED: frozenset({E.DELETING}),
+    E.ERROR: frozenset({E.DELETING}),
+    E.DELETING: frozenset(),  # its rows are removed once its checkpoints are gone
 }
 
 _STOPPING_TRIAL = frozenset({T.STOPPING_CANCELED, T.STOPPING_KILLED, T.STOPPING_COMPLETED})
@@ -106,7 +107,7 @@ def set_experiment_state(
     if new not in _EXPERIMENT_TRANSITIONS[old]:
         raise Conflict(f"experiment {experiment.id} is {old}; it cannot become {new}")
     experiment.state = new
-    if new.is_terminal:
+    if new.is_terminal and not old.is_terminal:
         experiment.end_time = utcnow()
     _record(session, "experiment", experiment.id, old, new, reason)
     log.info("experiment %s: %s -> %s (%s)", experiment.id, old, new, reason)

@@ -14,6 +14,7 @@ from master.db.models import TemplateModel, utcnow
 from master.errors import AlreadyExists, InvalidArgument, NotFound
 from master.services.configs import config_errors_as_invalid_argument
 from master.services.workspaces import resolve_workspace
+from resolute.storage import hidden_secret_keys, keep_hidden_secrets
 
 log = logging.getLogger(__name__)
 
@@ -28,13 +29,25 @@ def check_template_name(name: str) -> None:
         )
 
 
-def check_template_config(config: Any) -> dict[str, Any]:
-    """Same checks as an experiment config, except that nothing is required."""
+def check_template_config(config: Any, previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Same checks as an experiment config, except that nothing is required. Secrets sent
+    back masked (********) keep `previous`'s values."""
     if not isinstance(config, dict):
         raise InvalidArgument("template config: must be a mapping of config keys")
+    restored = keep_hidden_secrets(config, previous)
     with config_errors_as_invalid_argument("template config"):
-        validate_config(config, complete=False)
-    return config
+        validate_config(restored, complete=False)
+    refuse_hidden_secrets(restored, "template config")
+    return restored
+
+
+def refuse_hidden_secrets(config: dict[str, Any], what: str) -> None:
+    hidden = hidden_secret_keys(config)
+    if hidden:
+        raise InvalidArgument(
+            f"{what}: {', '.join(hidden)}: ******** is how the master shows a secret, not the "
+            "secret itself; give the real value"
+        )
 
 
 async def get_template(session: AsyncSession, name: str) -> TemplateModel:
@@ -74,8 +87,8 @@ async def create_template(
 
 
 async def replace_template_config(session: AsyncSession, name: str, config: Any) -> TemplateModel:
-    config = check_template_config(config)
     row = await get_template(session, name)
+    config = check_template_config(config, row.config)
     row.config = config
     row.updated_at = utcnow()
     await session.flush()
@@ -88,8 +101,8 @@ async def put_template(
 ) -> TemplateModel:
     """Create or replace (Determined's PUT)."""
     check_template_name(name)
-    config = check_template_config(config)
     row = await session.scalar(select(TemplateModel).where(TemplateModel.name == name))
+    config = check_template_config(config, row.config if row is not None else None)
     if row is None:
         return await create_template(session, name, config, workspace_id)
     row.config = config

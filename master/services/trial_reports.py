@@ -10,7 +10,6 @@ import uuid as uuidlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import PurePosixPath
 from typing import Any
 
 from sqlalchemy import delete, func, select, update
@@ -30,7 +29,7 @@ from master.db.models import (
     utcnow,
 )
 from master.errors import Conflict, InvalidArgument, NotFound, PermissionDenied
-from resolute.checkpoint import storage_directory
+from resolute.storage import checkpoint_location
 
 log = logging.getLogger(__name__)
 
@@ -388,9 +387,9 @@ async def report_checkpoint(
     experiment = await session.get(ExperimentModel, trial.experiment_id)
     assert experiment is not None
     try:
-        directory = str(storage_directory(experiment.config.get("checkpoint_storage") or {}))
-    except ValueError:  # refused at submit; an old row may still hold another type
-        directory = ""
+        location = checkpoint_location(experiment.config.get("checkpoint_storage") or {}, canonical)
+    except ValueError:  # refused at submit; an old row may still hold something else
+        location = ""
     checkpoint = CheckpointModel(
         uuid=canonical,
         trial_id=trial.id,
@@ -402,7 +401,7 @@ async def report_checkpoint(
         state="COMPLETED",
         resources={k: str(v) for k, v in report.resources.items()},
         metadata_=finite_json(report.metadata),
-        storage_path=str(PurePosixPath(directory) / canonical) if directory else "",
+        storage_path=location,
         report_time=report.report_time or utcnow(),
     )
     session.add(checkpoint)

@@ -154,9 +154,9 @@ def _state_class(state: str) -> str:
         return "ok"
     if state in ("ERROR", "STOPPING_ERROR"):
         return "bad"
-    if state in ("CANCELED", "STOPPING_CANCELED", "STOPPING_KILLED", "PAUSED"):
+    if state in ("CANCELED", "STOPPING_CANCELED", "STOPPING_KILLED", "PAUSED", "DELETED"):
         return "muted"
-    if state in ("QUEUED", "PENDING"):
+    if state in ("QUEUED", "PENDING", "DELETING", "PARTIALLY_DELETED"):
         return "wait"
     return "live"
 

@@ -25,6 +25,7 @@ from master.web.common import (
     redirect,
     to_yaml,
 )
+from resolute.storage import mask_config
 
 router = APIRouter(route_class=WebRoute)
 
@@ -150,7 +151,7 @@ async def template_page(
         web,
         creating=False,
         name=row.name,
-        text=to_yaml(row.config),
+        text=to_yaml(mask_config(row.config)),
         notice=NOTICES.get(notice),
     )
 

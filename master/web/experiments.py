@@ -17,7 +17,7 @@ from master.core.errors import ConfigError
 from master.core.expconf import parse_yaml
 from master.db.models import ExperimentState, TrialModel, TrialState
 from master.errors import InvalidArgument, MasterError
-from master.services import experiments, logs, search, trial_reports
+from master.services import checkpoint_gc, experiments, logs, search, trial_reports
 from master.services.experiments import ExperimentView
 from master.services.logs import LogFilter
 from master.web.common import (
@@ -36,6 +36,7 @@ from master.web.common import (
     slice_page,
     to_yaml,
 )
+from resolute.storage import mask_config
 
 router = APIRouter(route_class=WebRoute)
 
@@ -146,7 +147,7 @@ def config_sources(view: ExperimentView) -> list[ConfigKey]:
         submitted = {}
     template = row.template_config or {}
     keys = []
-    for key, value in row.config.items():
+    for key, value in mask_config(row.config).items():
         in_template, in_config = key in template, key in submitted
         if in_template and in_config:
             source = "template + config"
@@ -245,6 +246,8 @@ async def _experiment_context(
         "best": best,
         "config_keys": config_sources(view),
         "checkpoints": shown,
+        # ACTIVE, DELETING, DELETED, PARTIALLY_DELETED: what `det checkpoint list` says.
+        "checkpoint_states": checkpoint_gc.SHOWN,
         "checkpoints_pager": page_links(
             f"/ui/experiments/{experiment_id}",
             checkpoints_paged,

@@ -672,16 +672,7 @@ async def test_the_runner_state_is_shown_on_the_trial(api: httpx.AsyncClient) ->
 # -- experiment submit -----------------------------------------------------------------------
 
 
-async def test_what_agents_cannot_use_is_refused_at_submit(api: httpx.AsyncClient) -> None:
-    for storage in (
-        "{type: s3, bucket: models}",
-        "{type: gcs, bucket: models}",
-        "{type: azure, container: m, connection_string: x}",
-    ):
-        reply = await create_experiment(api, CONFIG + f"checkpoint_storage: {storage}\n")
-        assert reply.status_code == 400, (storage, reply.text)
-        assert reply.json()["code"] == 3
-        assert "checkpoint_storage.type" in reply.json()["message"], storage
+async def test_a_missing_source_checkpoint_is_refused_at_submit(api: httpx.AsyncClient) -> None:
     missing = str(uuidlib.uuid4())
     config = CONFIG.replace("metric: loss", f"metric: loss, source_checkpoint_uuid: '{missing}'")
     reply = await create_experiment(api, config)

@@ -31,7 +31,7 @@ from master.schemas.experiments import (
     TrialList,
     TrialResponse,
 )
-from master.services import experiments, search, trial_reports
+from master.services import allocations, checkpoint_gc, experiments, search, trial_reports
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +135,18 @@ async def get_experiment(
 @router.post("/experiments/{experiment_id}/kill")
 async def kill_experiment(experiment_id: ObjectId, session: SessionDep, user: CurrentUser) -> Empty:
     await experiments.kill_experiment(session, experiment_id, user.username)
+    return Empty()
+
+
+@router.delete("/experiments/{experiment_id}")
+async def delete_experiment(
+    experiment_id: ObjectId, session: SessionDep, user: CurrentUser
+) -> Empty:
+    """Determined's delete: the experiment becomes DELETING, its checkpoints are deleted
+    from the store, then the experiment is gone."""
+    await allocations.hold_scheduler(session)
+    experiment = (await experiments.get_experiment(session, experiment_id)).experiment
+    await checkpoint_gc.delete_experiment(session, experiment, user.username)
     return Empty()
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 
 from master.api.deps import MAX_INT, CurrentUser, ObjectId, PreemptionDep, SessionDep
@@ -23,6 +24,7 @@ from master.schemas.experiments import (
     CheckpointIn,
     CheckpointList,
     CheckpointResponse,
+    DeleteCheckpoints,
     EarlyExit,
     Empty,
     MetricRow,
@@ -36,7 +38,15 @@ from master.schemas.experiments import (
     RunStart,
     WorkloadList,
 )
-from master.services import allocations, experiments, search, trial_reports
+from master.services import (
+    allocations,
+    checkpoint_download,
+    checkpoint_gc,
+    experiments,
+    search,
+    trial_reports,
+)
+from resolute.storage import without_secrets
 
 router = APIRouter(prefix="/api/v1", tags=["Trials"])
 _Row = TypeVar("_Row", TrialModel, ExperimentModel)
@@ -212,14 +222,18 @@ async def _checkpoint_views(session: SessionDep, rows: list[CheckpointModel]) ->
                 task_id=row.task_id,
                 allocation_id=row.allocation_id,
                 report_time=row.report_time,
-                state=f"STATE_{row.state}",
+                state=checkpoint_gc.WIRE_STATE.get(row.state, f"STATE_{row.state}"),
+                storage_state=checkpoint_gc.SHOWN.get(row.state, row.state),
+                state_reason=row.state_reason,
                 resources=row.resources,
                 metadata=row.metadata_,
                 training={
                     "trialId": row.trial_id,
                     "experimentId": row.experiment_id,
-                    # The official client reads searcher.metric from here.
-                    "experimentConfig": experiment.config,
+                    # The official client reads searcher.metric from here, and downloads
+                    # with this storage: without its secrets, Determined's SDK uses the
+                    # user's own credentials or falls back to the master's download.
+                    "experimentConfig": without_secrets(experiment.config),
                     "hparams": trials[row.trial_id].hparams,
                     "trainingMetrics": {"avgMetrics": at_step.get(trial_reports.TRAINING, {})},
                     "validationMetrics": {"avgMetrics": validation},
@@ -338,10 +352,48 @@ async def report_checkpoint(body: CheckpointIn, session: SessionDep, user: Curre
     return Empty()
 
 
-@router.get("/checkpoints/{uuid}")
-async def get_checkpoint(uuid: str, session: SessionDep, _user: CurrentUser) -> CheckpointResponse:
+@router.get("/checkpoints/{uuid}", response_model=CheckpointResponse)
+async def get_checkpoint(
+    uuid: str, request: Request, session: SessionDep, user: CurrentUser
+) -> Response | CheckpointResponse:
+    """The checkpoint; with `Accept: application/gzip`, its files as a tar.gz streamed
+    from the store (Determined's download through the master)."""
+    if "application/gzip" in request.headers.get("accept", ""):
+        return await download_checkpoint(uuid, session, user)
     row = await trial_reports.get_checkpoint(session, uuid)
     return CheckpointResponse(checkpoint=(await _checkpoint_views(session, [row]))[0])
+
+
+# Determined's SDK downloads through the master at /checkpoints/{uuid}, outside /api/v1.
+download_router = APIRouter(tags=["Checkpoints"])
+
+
+@download_router.get("/checkpoints/{uuid}", response_class=StreamingResponse)
+async def download_checkpoint(uuid: str, session: SessionDep, _user: CurrentUser) -> Response:
+    """The checkpoint's files as a tar.gz, streamed from its store a file at a time."""
+    row = await trial_reports.get_checkpoint(session, uuid)
+    if row.state != checkpoint_gc.ACTIVE:
+        shown = checkpoint_gc.SHOWN.get(row.state, row.state)
+        raise NotFound(f"checkpoint {row.uuid} is {shown}: its files are (being) deleted")
+    experiment = (await experiments.get_experiment(session, row.experiment_id)).experiment
+    stream = await checkpoint_download.tar_stream(
+        experiment.config.get("checkpoint_storage") or {}, row.uuid
+    )
+    return StreamingResponse(
+        stream,
+        media_type="application/gzip",
+        headers={"Content-Disposition": f'attachment; filename="{row.uuid}.tar.gz"'},
+    )
+
+
+@router.delete("/checkpoints")
+async def delete_checkpoints(
+    body: DeleteCheckpoints, session: SessionDep, user: CurrentUser
+) -> Empty:
+    """Determined's DeleteCheckpoints: every uuid is marked DELETING (or none is); the
+    files go in the background, retried until they are gone."""
+    await checkpoint_gc.delete_checkpoints(session, body.checkpoint_uuids, user.username)
+    return Empty()
 
 
 @dataclass(frozen=True)
