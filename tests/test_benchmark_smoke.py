@@ -130,3 +130,19 @@ def test_quick_asha_benchmark_decides_alike_and_saves_compute() -> None:
     assert honoured["batches_trained"] < ignored["batches_trained"]
     assert honoured["peak_concurrent_trials"] <= 4  # max_concurrent_trials held
     assert honoured["trials"] == ignored["trials"] == 16
+
+
+def test_quick_checkpoint_storage_benchmark_restores_every_byte() -> None:
+    require(
+        (Path(sys.executable).parent / "moto_server").exists(),
+        "moto_server not installed (pip install 'moto[server]')",
+    )
+    report = run_quick("bench_checkpoint_storage")
+    large = report["large"]
+    # The benchmark asserts each restore's size; here, that both ways ran every round.
+    rounds = report["parameters"]["rounds"]
+    for way in ("ours", "plain_boto3_managed_transfer"):
+        for direction in ("store", "restore"):
+            assert len(large[way][direction]["seconds"]) == rounds
+    assert set(large["throughput_ratio_ours_over_plain"]) == {"store", "restore", "target"}
+    assert report["small"]["checkpoints"] > 0

@@ -283,7 +283,10 @@ BACKENDS = [
 
 @contextmanager
 def running_master(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, label: str
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    label: str,
+    env: dict[str, str] | None = None,
 ) -> Iterator[MasterProcess]:
     """A det-master process on the backend of `request.param`, stopped afterwards."""
     backend: str = request.param
@@ -292,7 +295,7 @@ def running_master(
         server: PostgresServer = request.getfixturevalue("postgres")
         db_url = server.new_database()
     data_dir = tmp_path_factory.mktemp(f"{label}-{backend}") / "data"
-    proc = MasterProcess(data_dir, db_url, label=f"{label}-{backend}")
+    proc = MasterProcess(data_dir, db_url, label=f"{label}-{backend}", env=env)
     proc.start()
     try:
         yield proc

@@ -162,7 +162,13 @@ def test_the_sdk_creates_waits_and_downloads_the_best_checkpoint(
         "entrypoint": "python3 train.py",
         "hyperparameters": {"lr": 0.25},
         "searcher": {"name": "single", "metric": "validation_loss", "smaller_is_better": True},
-        "checkpoint_storage": {"type": "shared_fs", "host_path": str(storage)},
+        # All three checkpoints kept (retention would delete the best-by-accuracy one,
+        # which the SDK is asked for below).
+        "checkpoint_storage": {
+            "type": "shared_fs",
+            "host_path": str(storage),
+            "save_trial_latest": 3,
+        },
         "max_restarts": 0,
     }
     config_path = tmp_path / "config.yaml"

@@ -26,6 +26,7 @@ from tests.conftest import require
 from tests.e2e import netns
 from tests.e2e.agents import AgentProcess, trial_logs
 from tests.e2e.conftest import MasterProcess, describe_run, ok, unique
+from tests.object_stores import StoreServer, start_server
 
 pytestmark = pytest.mark.e2e
 
@@ -48,8 +49,11 @@ def trial_venv() -> Path:
 
 
 class Cluster:
-    def __init__(self, master: MasterProcess, agents: list[AgentProcess], work: Path) -> None:
+    def __init__(
+        self, master: MasterProcess, agents: list[AgentProcess], work: Path, bridge: str
+    ) -> None:
         self.master = master
+        self.bridge = bridge  # the root namespace's address on the agents' network
         self.agents = agents
         self.work = work
 
@@ -87,6 +91,16 @@ class Cluster:
             f"experiment {experiment_id} to reach {sorted(states)}", reached, timeout, 0.5
         )
         return result
+
+    def pause_after_a_checkpoint(self, experiment_id: int, trial_id: int) -> None:
+        """Once the trial has reported a checkpoint, pause the experiment (official det)."""
+        self.master.wait_for(
+            "a first checkpoint",
+            lambda: self.master.api("GET", f"/api/v1/trials/{trial_id}/checkpoints")["checkpoints"],
+            TRIAL_TIMEOUT_S,
+            0.5,
+        )
+        ok(self.master.official("experiment", "pause", str(experiment_id)))
 
     def metrics(self, trial_id: int, group: str) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = self.master.api(
@@ -143,7 +157,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             agents.append(agent.start())
         for agent in agents:
             agent.wait_connected()
-        yield Cluster(master, agents, work)
+        yield Cluster(master, agents, work, net.bridge_address)
 
 
 def test_core_api_metrics_run_unchanged_and_describe_says_how(cluster: Cluster) -> None:
@@ -169,15 +183,7 @@ def test_checkpoints_pause_and_activate_resume_from_the_latest_checkpoint(
 ) -> None:
     experiment_id = cluster.create("checkpoints")
     trial = cluster.wait(experiment_id, {"RUNNING"})
-    cluster.master.wait_for(
-        "a first checkpoint",
-        lambda: cluster.master.api("GET", f"/api/v1/trials/{trial['id']}/checkpoints")[
-            "checkpoints"
-        ],
-        TRIAL_TIMEOUT_S,
-        0.5,
-    )
-    ok(cluster.master.official("experiment", "pause", str(experiment_id)))
+    cluster.pause_after_a_checkpoint(experiment_id, trial["id"])
     paused = cluster.wait(experiment_id, {"PAUSED"})
     assert paused["restarts"] == 0
     ok(cluster.master.official("experiment", "activate", str(experiment_id)))
@@ -246,6 +252,49 @@ def test_a_rank_failing_on_one_agent_stops_the_gang_and_the_trial_restarts(
     assert "[agent host-a] stopping: stopping the gang" in text, text
     training = cluster.metrics(trial["id"], "training")
     assert [r["stepsCompleted"] for r in training] == list(range(1, 21))
+
+
+def test_core_api_checkpoints_go_to_s3_through_determined_s_own_storage_code(
+    cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # An S3 server the agents reach from their network namespaces.
+    server = start_server("s3", tmp_path_factory.mktemp("s3-det"), host=cluster.bridge)
+    require(isinstance(server, StoreServer), str(server))
+    assert isinstance(server, StoreServer)
+    try:
+        bucket = server.new_bucket()
+        config = yaml.safe_load((WORKLOADS / "checkpoints.yaml").read_text())
+        config["checkpoint_storage"] = server.storage_config(bucket, prefix="det-runs")
+        path = tmp_path_factory.mktemp("s3-config") / "checkpoints-s3.yaml"
+        path.write_text(yaml.safe_dump(config))
+        created = ok(
+            cluster.master.official("experiment", "create", str(path), str(WORKLOADS))
+        ).stdout
+        experiment_id = int(re.findall(r"Created experiment (\d+)", created)[0])
+        trial = cluster.wait(experiment_id, {"RUNNING"})
+        # Paused and activated: the second run downloads the latest checkpoint from S3.
+        cluster.pause_after_a_checkpoint(experiment_id, trial["id"])
+        cluster.wait(experiment_id, {"PAUSED"})
+        ok(cluster.master.official("experiment", "activate", str(experiment_id)))
+        cluster.wait(experiment_id, {"COMPLETED"})
+        text = trial_logs(cluster.master, trial["id"])
+        assert "RESUMED" in text, text[-3000:]
+        steps = [int(s) for s in re.findall(r"^STEP (\d+) ", text, re.M)]
+        assert sorted(steps) == list(range(1, 51)), steps
+        reported = cluster.master.api("GET", f"/api/v1/trials/{trial['id']}/checkpoints")[
+            "checkpoints"
+        ]
+        # Every reported checkpoint is in the bucket, as Determined lays it out.
+        # (Determined's harness also writes metadata.json beside them, and its TensorBoard
+        # files under the cluster id.)
+        keys = server.keys(bucket)
+        in_bucket = {k.split("/")[1] for k in keys if k.endswith("/state.json")}
+        assert in_bucket == {c["uuid"] for c in reported}, keys
+        assert all(c["storagePath"].startswith(f"s3://{bucket}/det-runs/") for c in reported)
+        # The keys reached the harness through a credentials file, not the config.
+        assert config["checkpoint_storage"]["secret_key"] not in text
+    finally:
+        server.stop()
 
 
 def test_pytorch_trainer_trains_validates_and_checkpoints(cluster: Cluster) -> None:

@@ -155,7 +155,12 @@ def reported(cluster: tuple[MasterProcess, Path]) -> Reported:
         work / "reporting",
         script,
         extra={
-            "checkpoint_storage": {"type": "shared_fs", "host_path": str(storage)},
+            # Both checkpoints kept: these tests read them back (retention is tested apart).
+            "checkpoint_storage": {
+                "type": "shared_fs",
+                "host_path": str(storage),
+                "save_trial_latest": 2,
+            },
             "searcher": {"max_length": 20},
         },
     )
@@ -396,7 +401,7 @@ def test_checkpoint_list_shows_steps_uuid_metric_and_files(reported: Reported) -
         uuid = reported.checkpoints[steps]
         metric = VALIDATION[steps]["loss"]
         pattern = (
-            rf"^{trial_id}\s+{steps}\s+{uuid}\s+{metric}\s+COMPLETED\s+\d{{4}}-\d\d-\d\d "
+            rf"^{trial_id}\s+{steps}\s+{uuid}\s+{metric}\s+ACTIVE\s+\d{{4}}-\d\d-\d\d "
             rf"\d\d:\d\d:\d\d\s+1 file, 14 B\s+{re.escape(str(reported.storage / uuid))}$"
         )
         assert re.match(pattern, row), f"{row!r} !~ {pattern!r}"
@@ -423,7 +428,7 @@ def test_checkpoint_describe(reported: Reported) -> None:
     assert shown["Experiment ID"] == str(reported.experiment_id)
     assert shown["Trial ID"] == str(reported.trial["id"])
     assert shown["Steps completed"] == "10"
-    assert shown["State"] == "COMPLETED"
+    assert shown["State"] == "ACTIVE"
     assert shown["Storage path"] == str(reported.storage / uuid)
     assert shown["Resources"] == "1 file, 14 B"
     assert shown["Searcher metric"] == "0.5625"
