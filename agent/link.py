@@ -22,6 +22,7 @@ from typing import Any
 
 import grpc
 
+from agent.fence import FenceProcess
 from agent.runner import Runner
 from agent.sampler import SystemSampler
 from agent.settings import AgentSettings
@@ -35,6 +36,9 @@ LOG_BATCH_LINES = 500
 LOG_FLUSH_S = 0.2
 MAX_QUEUED_LOG_LINES = 100_000
 MAX_QUEUED_SAMPLES = 600
+# Until a master says otherwise (Welcome): its defaults for lost_after_s = 10 s.
+DEFAULT_FENCE_AFTER_S = 6.0
+DEFAULT_FENCE_KILL_AFTER_S = 2.0
 
 
 class Refused(Exception):
@@ -53,13 +57,19 @@ class Agent:
         self.devices = devices
         self.interfaces = interfaces
         self.sampler = sampler
-        self.runner = Runner(settings.id, settings.work_dir, devices, self._emit, self._log)
+        self.fence = FenceProcess()
+        self.runner = Runner(
+            settings.id, settings.work_dir, devices, self._emit, self._log, self.fence
+        )
         self._outbox: asyncio.Queue[pb.AgentMessage | None] | None = None
         self._logs: deque[pb.LogEntry] = deque(maxlen=MAX_QUEUED_LOG_LINES)
         self._samples: deque[pb.MetricSample] = deque(maxlen=MAX_QUEUED_SAMPLES)
         self._heartbeat_s = 1.0
         self._metrics_period_s = 1.0
         self._seq = 0
+        self._sent_at: dict[int, float] = {}  # heartbeat seq -> time.monotonic() sent
+        self._fence_after_s = DEFAULT_FENCE_AFTER_S
+        self._fence_kill_after_s = DEFAULT_FENCE_KILL_AFTER_S
         self._last_from_master = time.monotonic()
         self.instance_id = uuid.uuid4().hex
 
@@ -68,6 +78,7 @@ class Agent:
     async def run(self) -> None:
         """Serve until cancelled; raises Refused if the master turns the agent away."""
         sampling = asyncio.create_task(self._sample_forever(), name="sampler")
+        probing = asyncio.create_task(self._probe_while_away(), name="probe")
         attempt = 0
         try:
             while True:
@@ -80,11 +91,16 @@ class Agent:
                     log.warning("link to master %s broken: %s", self.settings.master, _short(exc))
                 attempt = 0 if time.monotonic() - started > 10 else attempt + 1
                 delay = min(self.settings.reconnect_max_backoff_s, 0.25 * 2**attempt)
+                if self.runner.runs:
+                    # The ranks' lease needs acknowledgements: a master that is back must
+                    # be reached well within the fence window, whatever the backoff says.
+                    delay = min(delay, 0.5)
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
         finally:
-            sampling.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sampling
+            for task in (sampling, probing):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     # -- one connection ---------------------------------------------------------------------
 
@@ -96,11 +112,19 @@ class Agent:
             ("grpc.keepalive_time_ms", 120_000),
             ("grpc.keepalive_timeout_ms", 20_000),
             ("grpc.keepalive_permit_without_calls", 1),
+            # A channel of its own per session, with a short connect backoff: gRPC's shared
+            # subchannels keep their backoff across channels, and a master that is back
+            # must be reached within the fence window, not minutes later.
+            ("grpc.use_local_subchannel_pool", 1),
+            ("grpc.initial_reconnect_backoff_ms", 250),
+            ("grpc.min_reconnect_backoff_ms", 250),
+            ("grpc.max_reconnect_backoff_ms", 1000),
         ]
         async with grpc.aio.insecure_channel(self.settings.master, options=options) as channel:
             stub = agent_pb2_grpc.AgentServiceStub(channel)  # type: ignore[no-untyped-call]
             outbox: asyncio.Queue[pb.AgentMessage | None] = asyncio.Queue()
             outbox.put_nowait(pb.AgentMessage(hello=self._hello()))
+            hello_sent = time.monotonic()
             call = stub.Connect(_drain(outbox))
             first = await asyncio.wait_for(call.read(), timeout=30)
             if first is grpc.aio.EOF:  # not a refusal: the master may be restarting
@@ -112,6 +136,9 @@ class Agent:
             welcome = first.welcome
             self._heartbeat_s = welcome.heartbeat_interval_s or 1.0
             self._metrics_period_s = welcome.metrics_period_s or 1.0
+            self._fence_after_s = welcome.fence_after_s or DEFAULT_FENCE_AFTER_S
+            self._fence_kill_after_s = welcome.fence_kill_after_s or DEFAULT_FENCE_KILL_AFTER_S
+            self._renew_lease(hello_sent)  # the welcome answers the hello
             self._outbox = outbox
             self._last_from_master = time.monotonic()
             log.info(
@@ -175,6 +202,9 @@ class Agent:
     async def _handle(self, message: pb.MasterMessage) -> None:
         kind = message.WhichOneof("body")
         if kind == "heartbeat_ack":
+            sent = self._sent_at.pop(message.heartbeat_ack.seq, None)
+            if sent is not None:
+                self._renew_lease(sent)
             return
         if kind == "prepare":
             prepare = message.prepare
@@ -218,12 +248,18 @@ class Agent:
         self._logs.append(entry)
 
     async def _heartbeats(self) -> None:
-        silence_limit = max(30.0, 10 * self._heartbeat_s)
+        # As long as the fence waits: by then the ranks are gone and a new stream (a resync)
+        # is the quickest way back, rather than waiting out TCP's retransmissions.
+        silence_limit = max(self._fence_after_s, 3 * self._heartbeat_s)
         while True:
             await asyncio.sleep(self._heartbeat_s)
             if time.monotonic() - self._last_from_master > silence_limit:
                 raise ConnectionError(f"no word from the master for {silence_limit:.0f}s")
             self._seq += 1
+            now = time.monotonic()
+            self._sent_at[self._seq] = now
+            for seq in [s for s, at in self._sent_at.items() if now - at > 60]:
+                del self._sent_at[seq]  # never acknowledged: no lease comes of it
             samples = list(self._samples)
             self._samples.clear()
             self._emit(
@@ -233,6 +269,29 @@ class Agent:
                     )
                 )
             )
+
+    def _renew_lease(self, sent_at: float) -> None:
+        """The master answered a message sent at `sent_at`, so it had heard from us by then
+        and cannot declare us lost before sent_at + lost_after_s: the ranks may run until
+        sent_at + fence_after_s, which leaves the fence its kill delay and a margin."""
+        self.fence.renew(sent_at + self._fence_after_s, self._fence_kill_after_s)
+
+    async def _probe_while_away(self) -> None:
+        """While no master answers and ranks run, find out whether a master runs at all.
+
+        A connection refused at the master's address (nothing listens there) shows that no
+        master process runs, and none can declare us lost: a master that starts counts
+        lost_after_s from its start, after the refusal. Then the ranks keep running, so a
+        master restart costs no trial a restart. A timeout or an unreachable network shows
+        nothing, and the lease runs out."""
+        while True:
+            await asyncio.sleep(min(1.0, self._fence_after_s / 6))
+            acknowledged_lately = time.monotonic() < self.fence.deadline - self._fence_after_s / 2
+            if acknowledged_lately or not self.runner.runs:
+                continue
+            sent = time.monotonic()
+            if await asyncio.to_thread(_refused, self.settings.master):
+                self._renew_lease(sent)
 
     async def _ship_logs(self) -> None:
         while True:
@@ -254,6 +313,18 @@ async def _drain(outbox: asyncio.Queue[pb.AgentMessage | None]) -> AsyncIterator
         if message is None:
             return
         yield message
+
+
+def _refused(address: str, timeout: float = 1.0) -> bool:
+    """Whether a TCP connection to host:port is refused outright (nothing listens there)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def _short(exc: BaseException) -> str:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import bootstrap, storage_secrets
+from agent.fence import FenceProcess
 from resolute.storage import CLOUD_TYPES as CLOUD_STORAGE
 from resolute_proto.agent.v1 import agent_pb2 as pb
 
@@ -68,6 +69,7 @@ class AllocationRun:
     stopping: bool = False
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     per_agent: bool = False  # Determined's layout: one process, ranks tagged by its output
+    started_at: float = float("inf")  # time.monotonic() when its ranks were spawned
 
 
 Emit = Callable[[pb.AgentMessage], None]
@@ -76,9 +78,17 @@ LogSink = Callable[[pb.LogEntry], None]
 
 class Runner:
     def __init__(
-        self, agent_id: str, work_dir: Path, devices: list[pb.Device], emit: Emit, logs: LogSink
+        self,
+        agent_id: str,
+        work_dir: Path,
+        devices: list[pb.Device],
+        emit: Emit,
+        logs: LogSink,
+        fence: FenceProcess | None = None,
     ) -> None:
         self.agent_id = agent_id
+        # Kills the ranks when the master's acknowledgements stop (agent/fence.py).
+        self.fence = fence
         self.work_dir = work_dir
         self.devices = {d.slot_id: d for d in devices}
         self.emit = emit
@@ -143,6 +153,11 @@ class Runner:
                     run.kind, run.message = pb.EXIT_KIND_FAILED, problem
                     self._note(run, -1, problem)
                     run.stopping = True
+            if not run.stopping and self.fence is not None and self.fence.expired():
+                # The master may have given up on us already: the fence would kill them.
+                run.kind, run.message = pb.EXIT_KIND_FENCED, self._fenced_message()
+                run.stopping = True
+            run.started_at = time.monotonic()
             for spec in start.ranks:
                 if run.stopping:
                     break  # a stop arrived while we were starting: start no more ranks
@@ -307,6 +322,8 @@ class Runner:
             start_new_session=True,  # one process group per rank: stop kills its children too
             limit=MAX_LINE,
         )
+        if self.fence is not None:
+            self.fence.guard(process.pid)
         assert process.stdout is not None and process.stderr is not None
         run.tasks.append(asyncio.create_task(self._pump(run, spec.rank, process.stdout, "stdout")))
         run.tasks.append(asyncio.create_task(self._pump(run, spec.rank, process.stderr, "stderr")))
@@ -386,7 +403,20 @@ class Runner:
     ) -> None:
         code = await process.wait()
         run.exit_codes[rank] = code
-        if code != 0 and not run.stopping and run.kind == pb.EXIT_KIND_UNSPECIFIED:
+        if self.fence is not None:
+            self.fence.release(process.pid)
+        fenced = (
+            code < 0
+            and self.fence is not None
+            and self.fence.lapsed_since(run.started_at)
+            and run.kind in (pb.EXIT_KIND_UNSPECIFIED, pb.EXIT_KIND_FENCED)
+        )
+        if fenced and run.kind == pb.EXIT_KIND_UNSPECIFIED:
+            run.kind, run.message = pb.EXIT_KIND_FENCED, self._fenced_message()
+            self._note(run, rank, f"rank {rank} killed by the fence: {run.message}")
+            run.stopping = True
+            self.spawn_task(self._stop_processes(run))
+        elif code != 0 and not run.stopping and run.kind == pb.EXIT_KIND_UNSPECIFIED:
             run.kind = pb.EXIT_KIND_FAILED
             # per_agent: one process per agent runs the launcher, which starts the ranks.
             who = f"the entrypoint (container rank {rank})" if run.per_agent else f"rank {rank}"
@@ -438,6 +468,12 @@ class Runner:
         )
         await asyncio.to_thread(shutil.rmtree, run.work_dir, True)
         await asyncio.to_thread(shutil.rmtree, self._secrets_dir(run), True)
+
+    def _fenced_message(self) -> str:
+        return (
+            "fenced: the master acknowledged no heartbeat in time, so it may have placed "
+            "the trial elsewhere; the ranks were killed before it could run twice"
+        )
 
     def _secrets_dir(self, run: AllocationRun) -> Path:
         return self.work_dir / "secrets" / run.allocation_id

@@ -156,6 +156,7 @@ def create_app(settings: MasterSettings) -> FastAPI:
         if settings.run_loops:
             await hub.recover()
             grpc_server, app.state.agent_port = await start_server(hub, settings.agent_link)
+            hub.restart_absence_clocks()
             for loop in loops:
                 loop.start()
         if settings.host in ("0.0.0.0", "::") and not settings.external_url:
@@ -173,10 +174,12 @@ def create_app(settings: MasterSettings) -> FastAPI:
         try:
             yield
         finally:
-            if grpc_server is not None:
-                await grpc_server.stop(grace=2.0)
+            # The loops first: a master whose agent port is closed must decide nothing more
+            # (an agent takes the closed port for a master that cannot declare it lost).
             for loop in loops:
                 await loop.stop()
+            if grpc_server is not None:
+                await grpc_server.stop(grace=2.0)
             await engine.dispose()
 
     app = FastAPI(

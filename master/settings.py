@@ -141,6 +141,27 @@ class AgentLinkSettings(BaseModel):
         default=160, ge=4, description="Largest gRPC message (the model definition rides in one)."
     )
 
+    # The agent's fence takes these shares of lost_after_s: its ranks get SIGTERM at 60% of
+    # it without an acknowledged heartbeat, SIGKILL at 80%, and the last 20% is the margin
+    # before the master declares the agent lost and may place its trials elsewhere.
+    @property
+    def fence_after_s(self) -> float:
+        return 0.6 * self.lost_after_s
+
+    @property
+    def fence_kill_after_s(self) -> float:
+        return 0.2 * self.lost_after_s
+
+    @model_validator(mode="after")
+    def _heartbeats_fit_the_fence(self) -> AgentLinkSettings:
+        # Three heartbeats per fence window, so one lost ack does not fence a healthy agent.
+        if self.heartbeat_interval_s * 3 > self.fence_after_s:
+            raise ValueError(
+                f"heartbeat_interval_s ({self.heartbeat_interval_s}) must be at most a fifth "
+                f"of lost_after_s ({self.lost_after_s}): the agent's fence fires at 60% of it"
+            )
+        return self
+
 
 class MasterSettings(BaseSettings):
     """Every master setting. Env vars: DET_MASTER_<FIELD>, nested with `__` (DET_MASTER_DB__URL)."""

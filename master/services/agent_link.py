@@ -106,6 +106,9 @@ class Gang:
     failure: str = ""
     failure_at: float | None = None  # when the first rank failure was reported (monotonic)
     stop_sent: bool = False
+    # How the allocation ends, decided before every agent has said its ranks are gone
+    # (an agent lost, a failed start); released with it once they all have.
+    decided: tuple[ReleaseOutcome, str] | None = None
     # The gang's addresses on its network interface, in gang order (set when preparing).
     addresses: tuple[str, ...] = ()
     # When the hub first saw the master wants the ranks to stop on their own (monotonic).
@@ -121,6 +124,12 @@ class Gang:
     @property
     def chief(self) -> str:
         return self.members[0].agent_id
+
+    def may_run_ranks(self) -> bool:
+        """Whether some agent may still run ranks of it: a start went out and not every
+        agent has said its ranks are gone (a lost agent counts as gone: its fence)."""
+        started = self.phase in ("starting", "running")
+        return started and not set(self.exits) >= set(self.agent_ids)
 
 
 class StateMessageFailed(Exception):
@@ -207,6 +216,14 @@ class AgentHub:
                 len(holders),
             )
 
+    def restart_absence_clocks(self) -> None:
+        """Called once the agent port listens. An agent's fence may have kept its ranks
+        alive on connections refused until then (agent/link.py), so its silence counts
+        from here: lost_after_s later, its fence has surely fired."""
+        now = time.monotonic()
+        for agent_id, since in self.absent_since.items():
+            self.absent_since[agent_id] = max(since, now)
+
     # -- connections -----------------------------------------------------------------------
 
     async def open(self, hello: pb.Hello) -> tuple[Connection, pb.Welcome]:
@@ -276,6 +293,8 @@ class AgentHub:
             master_id=self.master_id,
             heartbeat_interval_s=self.link.heartbeat_interval_s,
             metrics_period_s=self.link.metrics_period_s,
+            fence_after_s=self.link.fence_after_s,
+            fence_kill_after_s=self.link.fence_kill_after_s,
             stop_allocation_ids=stop_ids,
         )
         return connection, welcome
@@ -313,6 +332,7 @@ class AgentHub:
                 allocation_id,
                 ReleaseOutcome.AGENT_LOST,
                 f"agent {agent_id} came back without the allocation's ranks",
+                gone_from=agent_id,
             )
         return sorted((running - held.keys()) | stops)
 
@@ -447,6 +467,7 @@ class AgentHub:
     async def on_exited(self, connection: Connection, exited: pb.AllocationExited) -> None:
         agent_id = connection.agent_id
         allocation_id = exited.allocation_id
+        newly_fenced = False
         async with self._transaction() as session:
             allocation = await session.get(AllocationModel, allocation_id)
             if allocation is None or allocation.state not in HELD_STATES:
@@ -463,6 +484,10 @@ class AgentHub:
                     allocation_id,
                 )
                 return
+            newly_fenced = exited.kind == pb.EXIT_KIND_FENCED and agent_id not in gang.exits
+            if newly_fenced:
+                # Out of the scheduler's choice in the same commit that frees the slots.
+                await agent_service.set_connected(session, agent_id, False)
             gang.exits[agent_id] = exited
             log.info(
                 "allocation %s: ranks on %s exited (%s) %s",
@@ -476,9 +501,17 @@ class AgentHub:
                 gang.failure_at = time.monotonic()
             if gang.failure and not gang.stop_sent:
                 self._send_stop(session, gang, f"stopping the gang: {gang.failure}")
+            if exited.kind == pb.EXIT_KIND_FENCED and not gang.stop_sent:
+                # Its peers would wait on the fenced ranks in their collectives.
+                self._send_stop(session, gang, f"agent {agent_id} fenced its ranks")
             if set(gang.exits) >= set(gang.agent_ids):
-                outcome, message = await self._outcome(session, gang, allocation)
+                outcome, message = gang.decided or await self._outcome(session, gang, allocation)
                 await self._release(session, gang, outcome, message)
+        if newly_fenced:
+            # It hears nothing from us (a one-way partition, perhaps) though we hear it: no
+            # more work for it until it reconnects, which closing its stream makes it do.
+            log.warning("agent %s fenced its ranks: closing its stream", agent_id)
+            self.close(connection)
 
     async def _outcome(
         self, session: AsyncSession, gang: Gang, allocation: AllocationModel
@@ -804,24 +837,45 @@ class AgentHub:
         outcome: ReleaseOutcome,
         message: str,
         *,
+        gone_from: str | None = None,
         lost_silent_since: float | None = None,
     ) -> None:
-        """Stop whatever still runs of the gang and release the allocation at once.
+        """Stop whatever still runs of the gang; release the allocation once no agent can
+        still run its ranks, so its replacement never overlaps them. Until then it stays
+        held, and the agents' exits (or their loss) finish it with the outcome decided here.
 
+        `gone_from`: an agent whose ranks are gone without an exit report (lost: its fence
+        has killed them by now; or back without them).
         `lost_silent_since`: when the lost agent was last heard from. A rank failing after
         that failed because its peer vanished (its collective broke): not the trial's fault.
         """
         gang = self.gangs.get(allocation_id) or await self._gang_from_db(session, allocation_id)
-        failed_first = gang.failure_at is not None and (
-            lost_silent_since is None or gang.failure_at < lost_silent_since
-        )
-        if gang.failure and outcome == ReleaseOutcome.AGENT_LOST and failed_first:
-            # A rank had already failed on its own: that is what counts against max_restarts.
-            outcome, message = ReleaseOutcome.FAILED, gang.failure
-        gang.failure = gang.failure or message
+        if gone_from is not None and gone_from in gang.agent_ids:
+            gang.exits.setdefault(
+                gone_from,
+                pb.AllocationExited(
+                    allocation_id=allocation_id, kind=pb.EXIT_KIND_FENCED, message=message
+                ),
+            )
+        if gang.decided is None:
+            failed_first = gang.failure_at is not None and (
+                lost_silent_since is None or gang.failure_at < lost_silent_since
+            )
+            if gang.failure and outcome == ReleaseOutcome.AGENT_LOST and failed_first:
+                # A rank had already failed on its own: that counts against max_restarts.
+                outcome, message = ReleaseOutcome.FAILED, gang.failure
+            gang.decided = (outcome, message)
+            gang.failure = gang.failure or message
         if not gang.stop_sent:
             self._send_stop(session, gang, message)
-        await self._release(session, gang, outcome, message)
+        if gang.may_run_ranks():
+            log.info(
+                "allocation %s: waiting for the ranks on %s to stop before it is released",
+                allocation_id,
+                ", ".join(a for a in gang.agent_ids if a not in gang.exits),
+            )
+            return
+        await self._release(session, gang, *gang.decided)
 
     async def _release(
         self, session: AsyncSession, gang: Gang, outcome: ReleaseOutcome, message: str
@@ -857,12 +911,13 @@ class AgentHub:
                         allocation_id,
                         ReleaseOutcome.AGENT_LOST,
                         f"agent {agent_id} lost (no heartbeat for {window:.0f}s)",
+                        gone_from=agent_id,
                         lost_silent_since=silent_since,
                     )
                 if await session.get(AgentModel, agent_id) is not None:
                     await agent_service.set_connected(session, agent_id, False)
             self.absent_since.pop(agent_id, None)
-            log.warning("agent %s lost; %d allocations requeued", agent_id, len(held))
+            log.warning("agent %s lost; its %d allocations end", agent_id, len(held))
 
     async def _gang_from_db(
         self,

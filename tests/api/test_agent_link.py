@@ -436,3 +436,56 @@ async def test_a_rank_that_failed_before_its_peer_was_lost_still_counts(
     trial = await trial_of(api, experiment_id)
     assert trial["state"] == "STATE_QUEUED"
     assert trial["restarts"] == 1
+
+
+async def test_a_lost_agents_trial_waits_for_its_surviving_ranks_before_it_is_requeued(
+    app: FastAPI, api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Agent-b goes silent; agent-a's rank of the same gang still runs. The replacement
+    must not be placed until agent-a says that rank is gone."""
+    hub, a, b, experiment_id, allocation_id = await started_gang(app, api)
+    hub.close(b)
+    monkeypatch.setattr(hub.link, "lost_after_s", 0.05)
+    await asyncio.sleep(0.1)
+    a.last_heartbeat = time.monotonic()  # agent-a keeps its heartbeats going
+    await hub.tick()
+    (stop,) = of_kind(sent(a), "stop")
+    assert stop.allocation_id == allocation_id and "lost" in stop.reason
+    # Still held: its slots are not free and no second run is placed.
+    assert (await trial_of(api, experiment_id))["state"] == "STATE_RUNNING"
+    async with session_scope(app.state.session_factory) as session:
+        assert (await scheduler.run_pass(session, app.state.settings)).placed == 0
+
+    await hub.on_message(a, exited(allocation_id, pb.EXIT_KIND_STOPPED, "stopped"))
+    trial = await trial_of(api, experiment_id)
+    assert trial["state"] == "STATE_QUEUED"
+    assert trial["restarts"] == 0  # the agent's loss is not the trial's fault
+    assert of_kind(sent(a), "exit_ack")
+
+
+async def test_a_fenced_exit_requeues_without_a_restart_and_takes_the_agent_out(
+    app: FastAPI, api: httpx.AsyncClient
+) -> None:
+    """Agent-b heard no acknowledgement (a one-way partition) and fenced its ranks; the
+    master hears it. The gang stops, the trial is requeued for free, and agent-b gets no
+    more work until it reconnects."""
+    hub, a, b, experiment_id, allocation_id = await started_gang(app, api)
+    await hub.on_message(b, exited(allocation_id, pb.EXIT_KIND_FENCED, "fenced"))
+    assert of_kind(sent(a), "stop")
+    assert "agent-b" not in hub.connections
+    await hub.on_message(a, exited(allocation_id, pb.EXIT_KIND_STOPPED, "stopped"))
+    trial = await trial_of(api, experiment_id)
+    assert trial["state"] == "STATE_QUEUED" and trial["restarts"] == 0
+    agent = (await api.get("/api/v1/agents/agent-b")).json()["agent"]
+    assert agent["connected"] is False
+
+
+def test_heartbeats_must_fit_in_the_fence_window() -> None:
+    from pydantic import ValidationError
+
+    from master.settings import AgentLinkSettings
+
+    link = AgentLinkSettings(lost_after_s=10)
+    assert (link.fence_after_s, link.fence_kill_after_s) == (6.0, 2.0)
+    with pytest.raises(ValidationError, match="heartbeat_interval_s"):
+        AgentLinkSettings(lost_after_s=5, heartbeat_interval_s=2)

@@ -265,6 +265,12 @@ def topology(tag: str, **kwargs: object) -> Iterator[Topology]:
         raise RuntimeError("could not remove the test network: " + "; ".join(problems))
 
 
+def require_netns() -> None:
+    """Skip (fail under CI) with the reason when this machine cannot build a topology."""
+    usable, reason = available()
+    require(usable, reason)
+
+
 def require_netns_and_torch() -> None:
     """The multi-host tests need namespaces and torch.distributed; skip (fail under CI)
     with the reason otherwise."""

@@ -14,6 +14,7 @@ class ExitKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EXIT_KIND_FAILED: _ClassVar[ExitKind]
     EXIT_KIND_STOPPED: _ClassVar[ExitKind]
     EXIT_KIND_UNRUNNABLE: _ClassVar[ExitKind]
+    EXIT_KIND_FENCED: _ClassVar[ExitKind]
 
 class LaunchLayout(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -24,6 +25,7 @@ EXIT_KIND_COMPLETED: ExitKind
 EXIT_KIND_FAILED: ExitKind
 EXIT_KIND_STOPPED: ExitKind
 EXIT_KIND_UNRUNNABLE: ExitKind
+EXIT_KIND_FENCED: ExitKind
 LAUNCH_LAYOUT_PER_SLOT: LaunchLayout
 LAUNCH_LAYOUT_PER_AGENT: LaunchLayout
 
@@ -230,18 +232,22 @@ class MasterMessage(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., refused: _Optional[_Union[Refused, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ..., prepare: _Optional[_Union[PrepareAllocation, _Mapping]] = ..., start: _Optional[_Union[StartAllocation, _Mapping]] = ..., stop: _Optional[_Union[StopAllocation, _Mapping]] = ..., exit_ack: _Optional[_Union[ExitAck, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("stream_id", "master_id", "heartbeat_interval_s", "metrics_period_s", "stop_allocation_ids")
+    __slots__ = ("stream_id", "master_id", "heartbeat_interval_s", "metrics_period_s", "stop_allocation_ids", "fence_after_s", "fence_kill_after_s")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     MASTER_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     METRICS_PERIOD_S_FIELD_NUMBER: _ClassVar[int]
     STOP_ALLOCATION_IDS_FIELD_NUMBER: _ClassVar[int]
+    FENCE_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    FENCE_KILL_AFTER_S_FIELD_NUMBER: _ClassVar[int]
     stream_id: str
     master_id: str
     heartbeat_interval_s: float
     metrics_period_s: float
     stop_allocation_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, stream_id: _Optional[str] = ..., master_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., metrics_period_s: _Optional[float] = ..., stop_allocation_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    fence_after_s: float
+    fence_kill_after_s: float
+    def __init__(self, stream_id: _Optional[str] = ..., master_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., metrics_period_s: _Optional[float] = ..., stop_allocation_ids: _Optional[_Iterable[str]] = ..., fence_after_s: _Optional[float] = ..., fence_kill_after_s: _Optional[float] = ...) -> None: ...
 
 class Refused(_message.Message):
     __slots__ = ("reason",)
