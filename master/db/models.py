@@ -162,6 +162,9 @@ class UserSessionModel(Base):
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # A task token whose allocation ended: kept (until it expires) so that a report from
+    # that earlier run is known for what it is, refused and counted.
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
     user: Mapped[UserModel] = relationship(lazy="raise")
 

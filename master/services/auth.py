@@ -13,16 +13,23 @@ import logging
 import secrets
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.core.credentials import client_side_hash
 from master.db.models import UserModel, UserSessionModel
 from master.errors import InvalidArgument, Unauthenticated
+from master.services import counters
 
 log = logging.getLogger(__name__)
 
 PBKDF2_ITERATIONS = 100_000
+# session.info key: the id of the user_sessions row the request's token belongs to.
+TOKEN_SESSION_ID = "token_session_id"
+STALE_RUN = (
+    "this token belonged to a run that has ended: a process of an earlier run is still "
+    "reporting, and its reports are refused"
+)
 DEFAULT_USERS = (("admin", True), ("determined", False))
 
 
@@ -95,7 +102,7 @@ async def login(
 
 async def issue_task_token(session: AsyncSession, user_id: int, ttl: timedelta) -> tuple[str, int]:
     """A token for a task's processes to call the API as the experiment's owner, and the
-    id of its session row (delete it with `revoke_session` when the task ends)."""
+    id of its session row (revoke it with `revoke_session` when the task ends)."""
     token = secrets.token_urlsafe(32)
     now = datetime.now(UTC)
     row = UserSessionModel(
@@ -107,7 +114,34 @@ async def issue_task_token(session: AsyncSession, user_id: int, ttl: timedelta) 
 
 
 async def revoke_session(session: AsyncSession, session_id: int) -> None:
-    await session.execute(delete(UserSessionModel).where(UserSessionModel.id == session_id))
+    """End a task token. The row stays (until it expires) so that a late report with it
+    is recognised as a stale run's, not taken for a bad token."""
+    await session.execute(
+        update(UserSessionModel)
+        .where(UserSessionModel.id == session_id, UserSessionModel.revoked_at.is_(None))
+        .values(revoked_at=datetime.now(UTC))
+    )
+
+
+async def confirm_token_live(session: AsyncSession, what: str) -> None:
+    """Before a report is written: the request's task token is still live, checked in the
+    report's own transaction and held until its commit. A no-op write to the token's row
+    does it: the release that revokes the token then waits for this commit (Postgres row
+    lock; SQLite's one writer), or it has committed first and the write matches no row.
+    A person's own login is checked the same way (a logout ends it)."""
+    session_id = session.info.get(TOKEN_SESSION_ID)
+    if session_id is None:
+        return
+    live = await session.scalar(
+        update(UserSessionModel)
+        .where(UserSessionModel.id == session_id, UserSessionModel.revoked_at.is_(None))
+        .values(revoked_at=None)
+        .returning(UserSessionModel.id)
+    )
+    if live is None:
+        counters.stale_reports[what] += 1
+        log.warning("refused a %s report from a run that has ended", what)
+        raise Unauthenticated(STALE_RUN)
 
 
 async def user_for_token(session: AsyncSession, token: str) -> UserModel:
@@ -116,6 +150,10 @@ async def user_for_token(session: AsyncSession, token: str) -> UserModel:
     )
     if row is None or row.expires_at <= datetime.now(UTC):
         raise Unauthenticated("invalid or expired token; log in again")
+    if row.revoked_at is not None:
+        counters.stale_reports["request"] += 1
+        raise Unauthenticated(STALE_RUN)
+    session.info[TOKEN_SESSION_ID] = row.id
     user = await session.get(UserModel, row.user_id)
     if user is None or not user.active:
         raise Unauthenticated("user is no longer active")

@@ -29,6 +29,7 @@ from master.db.models import (
     utcnow,
 )
 from master.errors import Conflict, InvalidArgument, NotFound, PermissionDenied
+from master.services import auth
 from resolute.storage import checkpoint_location
 
 log = logging.getLogger(__name__)
@@ -44,9 +45,13 @@ VALIDATION = "validation"
 # -- checks shared by every report ---------------------------------------------------------
 
 
-async def trial_for_report(session: AsyncSession, trial_id: int, user: UserModel) -> TrialModel:
+async def trial_for_report(
+    session: AsyncSession, trial_id: int, user: UserModel, what: str = "report"
+) -> TrialModel:
     """The trial, if this user may report for it: its experiment's owner (whose session
-    the ranks' token is) or an admin."""
+    the ranks' token is) or an admin; and if the reporting run has not ended, a check
+    held until the report commits (auth.confirm_token_live)."""
+    await auth.confirm_token_live(session, what)
     trial = await session.get(TrialModel, trial_id)
     if trial is None:
         raise NotFound(f"trial {trial_id} not found")
@@ -127,7 +132,7 @@ async def report_metrics(
         )
     if steps_completed is None and group in (TRAINING, VALIDATION):
         raise InvalidArgument(f"metrics.stepsCompleted: required for {group} metrics")
-    trial = await trial_for_report(session, trial_id, user)
+    trial = await trial_for_report(session, trial_id, user, "metrics")
     if steps_completed is None:
         steps_completed = trial.total_batches_processed
     if trial_run_id != trial.run_id:
@@ -185,7 +190,7 @@ async def report_progress(
 ) -> None:
     if not math.isfinite(progress) or not 0.0 <= progress <= 1.0:
         raise InvalidArgument(f"progress: {progress} is not a fraction between 0 and 1")
-    trial = await trial_for_report(session, trial_id, user)
+    trial = await trial_for_report(session, trial_id, user, "progress")
     trial.progress = progress
     await session.flush()
     await refresh_experiment_progress(session, trial.experiment_id)
@@ -212,7 +217,7 @@ async def report_runner_state(
 ) -> None:
     if len(state) > 256:
         raise InvalidArgument("state: at most 256 characters")
-    trial = await trial_for_report(session, trial_id, user)
+    trial = await trial_for_report(session, trial_id, user, "runner state")
     trial.runner_state = state
 
 
@@ -243,7 +248,7 @@ async def report_early_exit(
     sentence = EARLY_EXIT_REASONS.get(reason)
     if sentence is None:
         raise InvalidArgument(f"reason: {reason!r} is not one of {', '.join(EARLY_EXIT_REASONS)}")
-    trial = await trial_for_report(session, trial_id, user)
+    trial = await trial_for_report(session, trial_id, user, "early exit")
     # One statement, so that of the ranks reporting together exactly one records it.
     recorded = await session.scalar(
         update(TrialModel)
@@ -310,7 +315,7 @@ async def report_alert(session: AsyncSession, user: UserModel, alert: AlertRepor
         )
     if alert.trial_id is None:
         raise InvalidArgument("trialId: required; an alert is kept in its trial's logs")
-    trial = await trial_for_report(session, alert.trial_id, user)
+    trial = await trial_for_report(session, alert.trial_id, user, "alert")
     if trial.experiment_id != alert.experiment_id:
         raise InvalidArgument(
             f"experimentId: {alert.experiment_id} is not the experiment of trial {trial.id}"
@@ -378,7 +383,7 @@ async def report_checkpoint(
         trial_id = allocation.trial_id
     if trial_id is None:
         raise InvalidArgument("allocationId: required (or training.trialId)")
-    trial = await trial_for_report(session, trial_id, user)
+    trial = await trial_for_report(session, trial_id, user, "checkpoint")
     existing = await session.get(CheckpointModel, canonical)
     if existing is not None:
         if existing.trial_id != trial.id or existing.steps_completed != steps:
@@ -672,7 +677,7 @@ async def set_run_metadata(
     """Merge what trial code sets (TrainContext.set_metadata) into the trial's metadata:
     mappings merge key by key, any other value replaces; returns the whole result, as
     Determined's PostRunMetadata does."""
-    trial = await trial_for_report(session, trial_id, user)
+    trial = await trial_for_report(session, trial_id, user, "run metadata")
     merged = _merge_metadata(dict(trial.run_metadata or {}), metadata)
     if len(json.dumps(merged)) > MAX_RUN_METADATA_BYTES:
         raise InvalidArgument(

@@ -489,3 +489,80 @@ def test_heartbeats_must_fit_in_the_fence_window() -> None:
     assert (link.fence_after_s, link.fence_kill_after_s) == (6.0, 2.0)
     with pytest.raises(ValidationError, match="heartbeat_interval_s"):
         AgentLinkSettings(lost_after_s=5, heartbeat_interval_s=2)
+
+
+async def started_gang_with_token(
+    app: FastAPI, api: httpx.AsyncClient
+) -> tuple[AgentHub, Connection, Connection, int, str, dict[str, str]]:
+    """started_gang, and the headers its ranks report with (their DET_SESSION_TOKEN)."""
+    hub = hub_of(app)
+    a, b = await connect(hub, "agent-a"), await connect(hub, "agent-b")
+    reply = await api.post("/api/v1/experiments", json={"config": CONFIG, "activate": True})
+    experiment_id = reply.json()["experiment"]["id"]
+    start_a, _ = await next_start(app, hub, a, b)
+    rank = {"Authorization": f"Bearer {start_a.env['DET_SESSION_TOKEN']}"}
+    return hub, a, b, experiment_id, start_a.allocation_id, rank
+
+
+def training_body(trial_id: int, run_id: int, steps: int) -> dict[str, Any]:
+    return {
+        "group": "training",
+        "metrics": {
+            "trialId": trial_id,
+            "trialRunId": run_id,
+            "stepsCompleted": steps,
+            "metrics": {"avgMetrics": {"loss": 0.5}},
+        },
+    }
+
+
+async def test_a_report_from_a_run_that_has_ended_is_refused_and_counted(
+    app: FastAPI, api: httpx.AsyncClient
+) -> None:
+    from master.services import counters
+
+    hub, a, b, experiment_id, allocation_id, rank = await started_gang_with_token(app, api)
+    trial = await trial_of(api, experiment_id)
+    run_id = int(allocation_id.split(".")[1])
+    path = f"/api/v1/trials/{trial['id']}/metrics"
+    reply = await api.post(path, json=training_body(trial["id"], run_id, 10), headers=rank)
+    assert reply.status_code == 200, reply.text
+
+    for connection in (a, b):
+        await hub.on_message(connection, exited(allocation_id, pb.EXIT_KIND_STOPPED, "fenced"))
+    before = sum(counters.stale_reports.values())
+    reply = await api.post(path, json=training_body(trial["id"], run_id, 20), headers=rank)
+    assert reply.status_code == 401, reply.text
+    assert "a run that has ended" in reply.json()["message"]
+    assert sum(counters.stale_reports.values()) == before + 1
+    metrics = (await api.get(path)).json()["metrics"]
+    assert [m["stepsCompleted"] for m in metrics] == [10]  # nothing of the stale report
+
+
+async def test_a_report_racing_its_runs_end_waits_for_it_and_is_refused(
+    app: FastAPI, api: httpx.AsyncClient
+) -> None:
+    """The release that ends the run has revoked the token but not committed when the
+    report arrives: the report waits for that commit (the check is held in its own
+    transaction) and is refused, on Postgres and SQLite alike."""
+    from master.db.models import AllocationModel
+    from master.services import auth
+
+    _hub, _a, _b, experiment_id, allocation_id, rank = await started_gang_with_token(app, api)
+    trial = await trial_of(api, experiment_id)
+    run_id = int(allocation_id.split(".")[1])
+    path = f"/api/v1/trials/{trial['id']}/metrics"
+    async with session_scope(app.state.session_factory) as release:
+        allocation = await release.get(AllocationModel, allocation_id)
+        assert allocation is not None and allocation.task_session_id is not None
+        await auth.revoke_session(release, allocation.task_session_id)
+        await release.flush()
+        report = asyncio.create_task(
+            api.post(path, json=training_body(trial["id"], run_id, 10), headers=rank)
+        )
+        await asyncio.sleep(0.5)
+        assert not report.done(), "the report must wait for the release to commit"
+    reply = await asyncio.wait_for(report, 15)
+    assert reply.status_code == 401, reply.text
+    metrics = (await api.get(path)).json()["metrics"]
+    assert metrics == []

@@ -195,7 +195,7 @@ async def start_run(body: RunStart, session: SessionDep, user: CurrentUser) -> E
     """The harness announces itself here; resolute needs nothing from it but a known trial."""
     if body.run_id is None:
         raise InvalidArgument("runId: required")
-    await trial_reports.trial_for_report(session, body.run_id, user)
+    await trial_reports.trial_for_report(session, body.run_id, user, "run start")
     return Empty()
 
 

@@ -1,0 +1,13 @@
+"""Process-wide event counters that the master's metrics endpoint exports.
+
+Plain integers in one process: each master counts what it saw since it started, as
+Prometheus counters do (a restart starts them at zero, which Prometheus' rate() expects).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+# Reports refused because they came from a run that had already ended ("stale"), by what
+# they reported: metrics, checkpoint, progress, ... The fence's evidence that it worked.
+stale_reports: Counter[str] = Counter()
