@@ -24,13 +24,19 @@ from master.api.routes import (
     workspaces,
 )
 from master.db.migrate import upgrade_to_head
-from master.db.session import create_engine, create_session_factory, session_scope
+from master.db.session import (
+    DatabaseHealth,
+    create_engine,
+    create_session_factory,
+    session_scope,
+)
 from master.grpc_server import start_server
 from master.services import allocations as allocation_service
 from master.services import auth as auth_service
 from master.services import workspaces as workspace_service
 from master.services.agent_link import AgentHub, HubLoop, read_or_create_join_token
 from master.services.checkpoint_gc import CheckpointDeleter
+from master.services.loops import DatabaseWatch, Loop
 from master.services.metrics import MetricsBuffer, MetricsLoop
 from master.services.preemption import PreemptionSignals
 from master.services.scheduler import SchedulerLoop
@@ -119,6 +125,8 @@ def create_app(settings: MasterSettings) -> FastAPI:
         engine = create_engine(settings.database_url, echo=settings.db.echo)
         app.state.engine = engine
         app.state.session_factory = create_session_factory(engine)
+        db_health = DatabaseHealth()
+        app.state.db_health = db_health
         if settings.migrate_on_start:
             await upgrade_to_head(engine)
         async with session_scope(app.state.session_factory) as session:
@@ -144,14 +152,18 @@ def create_app(settings: MasterSettings) -> FastAPI:
             metrics=metrics,
             wake_scheduler=scheduler.wake,
             preemption=app.state.preemption,
+            health=db_health,
         )
         app.state.agent_hub = hub
-        loops = [
+        loops: list[Loop] = [
+            DatabaseWatch(app.state.session_factory, db_health),
             scheduler,
             HubLoop(hub),
             MetricsLoop(app.state.session_factory, metrics, settings),
             CheckpointDeleter(app.state.session_factory),
         ]
+        for loop in loops:
+            loop.health = db_health
         grpc_server = None
         if settings.run_loops:
             await hub.recover()

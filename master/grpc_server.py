@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 
+from master.db.session import is_outage
 from master.services.agent_link import AgentHub, Refusal, StateMessageFailed
 from master.settings import AgentLinkSettings
 from resolute_proto.agent.v1 import agent_pb2 as pb
@@ -55,6 +56,15 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         except Refusal as exc:
             log.warning("agent %r refused: %s (peer %s)", hello.agent_id, exc, context.peer())
             yield pb.MasterMessage(refused=pb.Refused(reason=str(exc)))
+            return
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            # Not a refusal (that would stop the agent): it retries once we can register it.
+            self.hub.health.failed(exc)
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "the master's database is unreachable; retry"
+            )
             return
         yield pb.MasterMessage(welcome=welcome)
 

@@ -9,9 +9,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError, SQLAlchemyError
 from starlette.exceptions import HTTPException
 
+from master.db.session import is_outage
 from master.errors import MasterError
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,13 @@ _GRPC_NAMES = {
 }
 
 
-def error_response(http_status: int, code: int, message: str, details: list[Any]) -> JSONResponse:
+def error_response(
+    http_status: int,
+    code: int,
+    message: str,
+    details: list[Any],
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
     content = {
         "code": code,
         "message": message,
@@ -43,7 +50,7 @@ def error_response(http_status: int, code: int, message: str, details: list[Any]
         # otherwise, so this copy turns a JSON dump into one readable line.
         "error": {"code": code, "reason": _GRPC_NAMES.get(code, "Unknown"), "error": message},
     }
-    return JSONResponse(status_code=http_status, content=content)
+    return JSONResponse(status_code=http_status, content=content, headers=headers)
 
 
 def _location(loc: tuple[Any, ...]) -> str:
@@ -62,11 +69,19 @@ class Problem:
     code: int
     message: str
     details: list[Any] = field(default_factory=list)
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+# What a client should wait before it asks again while the database is out (or busy).
+RETRY_AFTER = {"Retry-After": "2"}
+DATABASE_UNREACHABLE = "the database is unreachable; nothing was changed; retry shortly"
 
 
 def describe_error(exc: Exception) -> Problem:
     """The one mapping from an exception to what the API (JSON) and the dashboard (pages)
     answer: the caller's mistakes are 4xx, a busy database 503, anything else our 500."""
+    if is_outage(exc):
+        return Problem(503, 14, DATABASE_UNREACHABLE, headers=RETRY_AFTER)
     if isinstance(exc, MasterError):
         return Problem(exc.http_status, exc.grpc_code, exc.message, exc.details)
     if isinstance(exc, RequestValidationError):
@@ -106,23 +121,38 @@ def _database_problem(exc: DBAPIError) -> Problem:
         )
     if isinstance(exc, OperationalError) or exc.connection_invalidated:
         log.warning("database unavailable: %s", exc)
-        return Problem(503, 14, "the database is unavailable or busy; retry shortly")
+        return Problem(503, 14, "the database is busy; retry shortly", headers=RETRY_AFTER)
     log.exception("unexpected database error", exc_info=exc)
     return Problem(500, 13, "internal error; see the master log")
 
 
-async def _render(_request: Request, exc: Exception) -> JSONResponse:
+async def _render(request: Request, exc: Exception) -> JSONResponse:
+    note_outage(request, exc)
     problem = describe_error(exc)
-    return error_response(problem.http_status, problem.code, problem.message, problem.details)
+    return error_response(
+        problem.http_status, problem.code, problem.message, problem.details, problem.headers
+    )
+
+
+def note_outage(request: Request, exc: Exception) -> None:
+    """An outage is logged once, by the app's DatabaseHealth, not per request."""
+    health = getattr(request.app.state, "db_health", None)
+    if health is not None and is_outage(exc):
+        health.failed(exc)
 
 
 def install_error_handlers(app: FastAPI) -> None:
     # Starlette picks a handler by the exception's class; every one renders describe_error.
+    # OSError and SQLAlchemyError are named so that a database outage (a refused or reset
+    # connection, a pool timeout) is answered here: errors that only reach the `Exception`
+    # handler are answered too, but Starlette then re-raises them for the server to log.
     for kind in (
         MasterError,
         RequestValidationError,
         HTTPException,
         DBAPIError,
+        SQLAlchemyError,
+        OSError,
         OverflowError,
         Exception,
     ):

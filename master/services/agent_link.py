@@ -20,6 +20,7 @@ import logging
 import secrets
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -41,7 +42,7 @@ from master.db.models import (
     TrialState,
     UserModel,
 )
-from master.db.session import session_scope
+from master.db.session import DatabaseHealth, is_outage, session_scope
 from master.errors import InvalidArgument
 from master.services import agents as agent_service
 from master.services import allocations, states, trial_reports
@@ -58,6 +59,8 @@ log = logging.getLogger(__name__)
 
 NO_COMMON_INTERFACE = "NO_COMMON_INTERFACE"
 PREPARE_TIMEOUT_S = 30.0
+# Messages kept for the database's return (about 50 MB of logs at 500 lines a batch).
+MAX_BACKLOG = 1000
 # A trial whose code polled the preemption signal this recently is listening for it.
 PREEMPTION_POLL_WINDOW_S = 15.0
 TASK_TOKEN_TTL = timedelta(days=7)
@@ -156,6 +159,7 @@ class AgentHub:
         metrics: metric_service.MetricsBuffer,
         wake_scheduler: Callable[[], None] = lambda: None,
         preemption: PreemptionSignals | None = None,
+        health: DatabaseHealth | None = None,
     ) -> None:
         self.factory = factory
         self.settings = settings
@@ -166,6 +170,11 @@ class AgentHub:
         self.metrics = metrics
         self.wake_scheduler = wake_scheduler
         self.preemption = preemption or PreemptionSignals()
+        self.health = health or DatabaseHealth()
+        # Agents' messages that could not be stored while the database was unreachable,
+        # in arrival order; replayed by the tick once it is back. While it holds any,
+        # later messages queue behind them, so an exit never overtakes its logs.
+        self.backlog: deque[tuple[Connection, pb.AgentMessage]] = deque()
         self.connections: dict[str, Connection] = {}
         self.gangs: dict[str, Gang] = {}
         # Agents that hold allocations but have no stream: since when (monotonic).
@@ -374,12 +383,52 @@ class AgentHub:
     async def on_message(self, connection: Connection, message: pb.AgentMessage) -> None:
         """Handle one message. A state message that fails raises StateMessageFailed after
         dropping what memory held of its gang (rebuilt from the database by the next tick);
-        the servicer then ends the stream, so the agent resyncs and repeats its exits."""
+        the servicer then ends the stream, so the agent resyncs and repeats its exits.
+
+        While the database is unreachable, messages that need it wait in `backlog` and the
+        stream stays up: heartbeats are still acknowledged, so no agent is fenced or
+        declared lost because of the database."""
         connection.last_heartbeat = time.monotonic()  # any message shows the agent alive
         kind = message.WhichOneof("body")
         if kind == "heartbeat":
             self.on_heartbeat(connection, message.heartbeat)
             return
+        if self.backlog:
+            self._queue(connection, message)
+            return
+        try:
+            await self._handle(connection, message)
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            self.health.failed(exc)
+            self._queue(connection, message)
+
+    def _queue(self, connection: Connection, message: pb.AgentMessage) -> None:
+        if len(self.backlog) >= MAX_BACKLOG:
+            dropped = self.backlog.popleft()[1]
+            log.warning("database backlog full: dropped a %s message", dropped.WhichOneof("body"))
+        self.backlog.append((connection, message))
+
+    async def replay_backlog(self) -> None:
+        """Handle what waited for the database, in order; stop at the first outage."""
+        while self.backlog:
+            connection, message = self.backlog[0]
+            try:
+                await self._handle(connection, message)
+            except Exception as exc:
+                if is_outage(exc):
+                    raise
+                log.exception(
+                    "agent %s: %s from the backlog failed; closing its stream to resync",
+                    connection.agent_id,
+                    message.WhichOneof("body"),
+                )
+                self.close(connection)
+            self.backlog.popleft()
+
+    async def _handle(self, connection: Connection, message: pb.AgentMessage) -> None:
+        kind = message.WhichOneof("body")
         if kind == "logs":
             await self.on_logs(connection, message.logs)
             return
@@ -397,6 +446,8 @@ class AgentHub:
                     await self.on_exited(connection, body)
             except Exception as exc:
                 self.gangs.pop(body.allocation_id, None)
+                if is_outage(exc):
+                    raise
                 raise StateMessageFailed(f"{kind} for {body.allocation_id}") from exc
 
     def on_heartbeat(self, connection: Connection, heartbeat: pb.Heartbeat) -> None:
@@ -548,6 +599,8 @@ class AgentHub:
     # -- the periodic tick -----------------------------------------------------------------
 
     async def tick(self) -> None:
+        if self.backlog:
+            await self.replay_backlog()  # each message takes the lock itself
         async with self._lock:
             await self._tick()
 

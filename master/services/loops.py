@@ -8,6 +8,11 @@ import logging
 import random
 from abc import ABC, abstractmethod
 
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from master.db.session import DatabaseHealth, is_outage
+
 log = logging.getLogger(__name__)
 
 
@@ -19,6 +24,8 @@ class Loop(ABC):
     """
 
     name = "loop"
+    # Set by the app: a database outage is then one line there, not a traceback per turn.
+    health: DatabaseHealth | None = None
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
@@ -57,7 +64,28 @@ class Loop(ABC):
             try:
                 await self.run_once()
                 delay = self.interval
-            except Exception:
-                log.exception("%s iteration failed; retrying", self.name)
+            except Exception as exc:
+                if self.health is not None and is_outage(exc):
+                    self.health.failed(exc)
+                else:
+                    log.exception("%s iteration failed; retrying", self.name)
                 delay = self.interval + random.uniform(0, self.interval)
         log.info("%s stopped", self.name)
+
+
+class DatabaseWatch(Loop):
+    """Asks the database a trivial question every `interval`: readiness, the dashboard's
+    banner and the outage's closing log line follow its answer within a second or two,
+    whether or not requests come in."""
+
+    name = "database-watch"
+
+    def __init__(self, factory: async_sessionmaker[AsyncSession], health: DatabaseHealth) -> None:
+        super().__init__(interval=1.0)
+        self.factory = factory
+        self.health = self.watched = health
+
+    async def run_once(self) -> None:
+        async with self.factory() as session:
+            await asyncio.wait_for(session.execute(text("SELECT 1")), timeout=2.0)
+        self.watched.succeeded()

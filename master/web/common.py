@@ -30,7 +30,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
 from master.api.deps import MAX_INT, SessionDep
-from master.api.errors import describe_error, error_response
+from master.api.errors import describe_error, error_response, note_outage
 from master.errors import InvalidArgument, MasterError, PayloadTooLarge, PermissionDenied
 from master.services import auth
 
@@ -409,16 +409,23 @@ def _wants_json(request: Request) -> bool:
 
 
 def _problem(
-    status: int, code: int, message: str, details: list[Any], request: Request
+    status: int,
+    code: int,
+    message: str,
+    details: list[Any],
+    request: Request,
+    headers: dict[str, str] | None = None,
 ) -> Response:
     if _wants_json(request):
-        return error_response(status, code, message, details)
-    return page_response(
+        return error_response(status, code, message, details, headers)
+    response = page_response(
         request,
         "error.html",
         {"status": status, "message": message, "details": details},
         status=status,
     )
+    response.headers.update(headers or {})
+    return response
 
 
 class WebRoute(APIRoute):
@@ -447,9 +454,15 @@ class WebRoute(APIRoute):
                 return response
             except Exception as exc:
                 # The API's own mapping, so a page and the JSON API never disagree.
+                note_outage(request, exc)
                 problem = describe_error(exc)
                 return _problem(
-                    problem.http_status, problem.code, problem.message, problem.details, request
+                    problem.http_status,
+                    problem.code,
+                    problem.message,
+                    problem.details,
+                    request,
+                    problem.headers,
                 )
 
         return route

@@ -1,0 +1,168 @@
+"""The master through a PostgreSQL outage: a det-master on a private PostgreSQL server (never
+the machine's own), an agent and a trial, and the server stopped for longer than the agent
+fence and the lost-agent window.
+
+While it is down the master stays up: the API answers 503 with Retry-After (never 500) and
+changes nothing, the dashboard says the database is unreachable, the master logs one line
+when the outage starts and one when it ends (no tracebacks), the agent is neither fenced
+nor declared lost, and the trial's rank runs on. Once the server is back, the API answers
+within 2 s.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.agents import (
+    AgentProcess,
+    create_experiment,
+    trial_logs,
+    wait_trial_state,
+    write_experiment,
+)
+from tests.e2e.conftest import MasterProcess, free_port
+from tests.private_postgres import PrivatePostgres
+
+pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+
+OUTAGE_S = 12.0  # past the fence (6 s) and the lost-agent window (10 s)
+
+TICK_SCRIPT = """
+import os, time
+TICKS = %(ticks)r
+end = time.monotonic() + %(run_s)s
+fd = os.open(TICKS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+while time.monotonic() < end:
+    os.write(fd, f"{time.monotonic():.3f} {os.getpid()}\\n".encode())
+    time.sleep(0.05)
+"""
+
+
+@pytest.fixture
+def server() -> Iterator[PrivatePostgres]:
+    pg = PrivatePostgres(free_port())
+    try:
+        pg.start()
+        yield pg
+    finally:
+        pg.destroy()
+
+
+def test_a_database_outage_costs_nothing_but_a_wait(
+    server: PrivatePostgres, tmp_path: Path
+) -> None:
+    master = MasterProcess(tmp_path / "data", db_url=server.url, label="outage")
+    agent = AgentProcess(master, "outage-agent", tmp_path / "agent", slots=1)
+    try:
+        master.start()
+        agent.start().wait_connected()
+        _run_through_an_outage(server, master, agent, tmp_path)
+    finally:
+        agent.stop()
+        master.stop()
+        shutil.rmtree(master.scratch, ignore_errors=True)
+
+
+def _run_through_an_outage(
+    server: PrivatePostgres, master: MasterProcess, agent: AgentProcess, tmp_path: Path
+) -> None:
+    ticks = tmp_path / "ticks"
+    config, model = write_experiment(
+        tmp_path / "trial", TICK_SCRIPT % {"ticks": str(ticks), "run_s": 30}
+    )
+    experiment_id = create_experiment(master, config, model)
+    master.wait_for("the rank to tick", lambda: ticks.exists() and ticks.stat().st_size, 60)
+    token = master.api(
+        "POST", "/api/v1/auth/login", json={"username": "determined", "password": ""}
+    )["token"]
+    headers = {"Authorization": f"Bearer {token}"}
+    log_start = master.log.stat().st_size
+
+    server.stop("immediate")
+    stopped_at = time.monotonic()
+    statuses: list[int] = []
+    write: httpx.Response | None = None
+    page: httpx.Response | None = None
+    while time.monotonic() - stopped_at < OUTAGE_S:
+        reply = httpx.get(f"{master.url}/api/v1/experiments", headers=headers, timeout=10)
+        statuses.append(reply.status_code)
+        if reply.status_code == 503:
+            assert reply.headers.get("Retry-After") == "2", reply.headers
+            assert "database is unreachable" in reply.json()["message"], reply.text
+        if write is None and reply.status_code == 503:
+            write = httpx.post(
+                f"{master.url}/api/v1/templates/outage-template",
+                headers=headers,
+                json={"name": "outage-template", "config": {"description": "x"}},
+                timeout=10,
+            )
+            page = httpx.get(
+                f"{master.url}/ui/experiments", cookies={"resolute_session": token}, timeout=10
+            )
+        time.sleep(0.25)
+
+    server.start()
+    back_at = time.monotonic()
+    reply = None
+    while time.monotonic() - back_at < 15:
+        reply = httpx.get(f"{master.url}/api/v1/experiments", headers=headers, timeout=10)
+        if reply.status_code == 200:
+            break
+        time.sleep(0.05)
+    recovered_s = time.monotonic() - back_at
+    assert reply is not None and reply.status_code == 200, reply and reply.text
+
+    # Never a 500; after at most a second or two of in-flight grace, every answer was 503.
+    assert set(statuses) <= {200, 503}, statuses
+    assert statuses.count(503) >= len(statuses) - 8, statuses
+    assert write is not None and write.status_code == 503, write and write.text
+    templates = master.api("GET", "/api/v1/templates")["templates"]
+    assert all(t["name"] != "outage-template" for t in templates), "the refused write stayed out"
+    assert page is not None and page.status_code == 503
+    assert "database is unreachable" in page.text
+
+    def written_since_the_stop() -> str:
+        with master.log.open("rb") as log:
+            log.seek(log_start)
+            return log.read().decode(errors="replace")
+
+    # The database watch closes the outage within its one-second round.
+    written = master.wait_for(
+        "the outage's closing line",
+        lambda: (text := written_since_the_stop()) and "reachable again" in text and text,
+        5,
+    )
+    assert written.count("database unreachable") == 1, written
+    assert written.count("database reachable again") == 1, written
+    assert "Traceback" not in written, written
+
+    # The trial never noticed: one rank, ticking all along, done without a restart.
+    trial = wait_trial_state(master, experiment_id, {"COMPLETED", "ERROR"}, timeout=60)
+    assert trial["state"] == "COMPLETED" and trial["restarts"] == 0, trial_logs(master, trial["id"])
+    rows = [line.split() for line in ticks.read_text().splitlines()]
+    assert len({pid for _, pid in rows}) == 1
+    gaps = [float(b[0]) - float(a[0]) for a, b in itertools.pairwise(rows)]
+    assert "fence:" not in agent.output(tail=50_000)
+    agent_row: dict[str, Any] = master.api("GET", f"/api/v1/agents/{agent.id}")["agent"]
+    assert agent_row["connected"] is True
+    print(
+        json.dumps(
+            {
+                "outage_s": OUTAGE_S,
+                "answers_during_outage": {str(s): statuses.count(s) for s in sorted(set(statuses))},
+                "api_answering_after_database_back_s": round(recovered_s, 3),
+                "longest_gap_in_rank_output_s": round(max(gaps), 3),
+            }
+        )
+    )
+    assert recovered_s < 2.0
+    assert max(gaps) < 1.0
