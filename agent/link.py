@@ -68,6 +68,7 @@ class Agent:
         self._metrics_period_s = 1.0
         self._seq = 0
         self._sent_at: dict[int, float] = {}  # heartbeat seq -> time.monotonic() sent
+        self._round_trip_micros = 0
         self._fence_after_s = DEFAULT_FENCE_AFTER_S
         self._fence_kill_after_s = DEFAULT_FENCE_KILL_AFTER_S
         self._last_from_master = time.monotonic()
@@ -204,6 +205,7 @@ class Agent:
         if kind == "heartbeat_ack":
             sent = self._sent_at.pop(message.heartbeat_ack.seq, None)
             if sent is not None:
+                self._round_trip_micros = int((time.monotonic() - sent) * 1e6)
                 self._renew_lease(sent)
             return
         if kind == "prepare":
@@ -265,7 +267,10 @@ class Agent:
             self._emit(
                 pb.AgentMessage(
                     heartbeat=pb.Heartbeat(
-                        seq=self._seq, sent_unix_nanos=time.time_ns(), samples=samples
+                        seq=self._seq,
+                        sent_unix_nanos=time.time_ns(),
+                        samples=samples,
+                        last_round_trip_micros=self._round_trip_micros,
                     )
                 )
             )

@@ -17,6 +17,7 @@ from master.api.routes import (
     auth,
     cluster,
     experiments,
+    health,
     info,
     logs,
     templates,
@@ -210,7 +211,7 @@ def create_app(settings: MasterSettings) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=request_body_limit(settings))
     app.add_middleware(JsonBodyMiddleware)
     app.state.preemption = PreemptionSignals()
-    for module in (info, auth, workspaces, templates, experiments, trials, cluster, logs):
+    for module in (info, health, auth, workspaces, templates, experiments, trials, cluster, logs):
         app.include_router(module.router)
     app.include_router(trials.download_router)
     web.mount_static(app)

@@ -52,6 +52,7 @@ from master.services import metrics as metric_service
 from master.services.allocations import HELD_STATES, ReleaseOutcome
 from master.services.loops import Loop
 from master.services.preemption import PreemptionSignals
+from master.services.prometheus import ROUND_TRIP_BUCKETS_S, Histogram
 from master.settings import MasterSettings, TaskContainerDefaults
 from resolute_proto.agent.v1 import agent_pb2 as pb
 
@@ -175,6 +176,12 @@ class AgentHub:
         # in arrival order; replayed by the tick once it is back. While it holds any,
         # later messages queue behind them, so an exit never overtakes its logs.
         self.backlog: deque[tuple[Connection, pb.AgentMessage]] = deque()
+        # For the metrics endpoint: each agent's latest reading and heartbeat round trip,
+        # and how many runs agents fenced since this master started.
+        self.latest_reading: dict[str, metric_service.MetricReading] = {}
+        self.round_trips = Histogram(ROUND_TRIP_BUCKETS_S)
+        self.last_round_trip_s: dict[str, float] = {}
+        self.fenced_runs = 0
         self.connections: dict[str, Connection] = {}
         self.gangs: dict[str, Gang] = {}
         # Agents that hold allocations but have no stream: since when (monotonic).
@@ -453,7 +460,13 @@ class AgentHub:
     def on_heartbeat(self, connection: Connection, heartbeat: pb.Heartbeat) -> None:
         connection.last_heartbeat = time.monotonic()
         if heartbeat.samples:
-            self.metrics.add(connection.agent_id, [_reading(s) for s in heartbeat.samples])
+            readings = [_reading(s) for s in heartbeat.samples]
+            self.metrics.add(connection.agent_id, readings)
+            self.latest_reading[connection.agent_id] = readings[-1]
+        if heartbeat.last_round_trip_micros:
+            seconds = heartbeat.last_round_trip_micros / 1e6
+            self.round_trips.observe(seconds)
+            self.last_round_trip_s[connection.agent_id] = seconds
         connection.send(
             pb.MasterMessage(
                 heartbeat_ack=pb.HeartbeatAck(
@@ -537,6 +550,7 @@ class AgentHub:
                 return
             newly_fenced = exited.kind == pb.EXIT_KIND_FENCED and agent_id not in gang.exits
             if newly_fenced:
+                self.fenced_runs += 1
                 # Out of the scheduler's choice in the same commit that frees the slots.
                 await agent_service.set_connected(session, agent_id, False)
             gang.exits[agent_id] = exited

@@ -36,6 +36,7 @@ from master.db.session import session_scope
 from master.services import states
 from master.services.allocations import HELD_STATES, hold_scheduler_for_pass, scheduler_epoch
 from master.services.loops import Loop
+from master.services.prometheus import PASS_BUCKETS_S, Histogram
 from master.settings import MasterSettings, ResourcePoolSettings
 
 log = logging.getLogger(__name__)
@@ -428,6 +429,7 @@ class SchedulerLoop(Loop):
         self.settings = settings
         self.last: PassStats | None = None
         self.passes = 0
+        self.pass_times = Histogram(PASS_BUCKETS_S)  # for the metrics endpoint
         self._woken = True
         self._last_full = 0.0
 
@@ -446,6 +448,8 @@ class SchedulerLoop(Loop):
             async with session_scope(self.factory) as session:
                 self.last = await run_pass(session, self.settings)
             self.passes += 1
+            if not self.last.skipped:
+                self.pass_times.observe(self.last.seconds)
             if due:
                 self._last_full = time.monotonic()
         except StaleSnapshot as exc:

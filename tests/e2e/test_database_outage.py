@@ -92,6 +92,7 @@ def _run_through_an_outage(
     statuses: list[int] = []
     write: httpx.Response | None = None
     page: httpx.Response | None = None
+    probes: dict[str, httpx.Response] = {}
     while time.monotonic() - stopped_at < OUTAGE_S:
         reply = httpx.get(f"{master.url}/api/v1/experiments", headers=headers, timeout=10)
         statuses.append(reply.status_code)
@@ -108,6 +109,10 @@ def _run_through_an_outage(
             page = httpx.get(
                 f"{master.url}/ui/experiments", cookies={"resolute_session": token}, timeout=10
             )
+            probes = {
+                path: httpx.get(f"{master.url}{path}", timeout=10)
+                for path in ("/health/live", "/health/ready", "/metrics")
+            }
         time.sleep(0.25)
 
     server.start()
@@ -129,6 +134,11 @@ def _run_through_an_outage(
     assert all(t["name"] != "outage-template" for t in templates), "the refused write stayed out"
     assert page is not None and page.status_code == 503
     assert "database is unreachable" in page.text
+    # Live (no reason to restart the master), not ready; the scrape still answers.
+    assert probes["/health/live"].status_code == 200
+    assert probes["/health/ready"].status_code == 503
+    assert probes["/metrics"].status_code == 200
+    assert "\nresolute_database_up 0\n" in probes["/metrics"].text
 
     def written_since_the_stop() -> str:
         with master.log.open("rb") as log:

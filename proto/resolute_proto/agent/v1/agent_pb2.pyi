@@ -144,14 +144,16 @@ class MetricSample(_message.Message):
     def __init__(self, unix_millis: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., cpu_util_simple: _Optional[float] = ..., memory_free: _Optional[int] = ..., memory_used: _Optional[int] = ..., disk_throughput_read: _Optional[float] = ..., disk_throughput_write: _Optional[float] = ..., disk_iops: _Optional[float] = ..., net_throughput_sent: _Optional[float] = ..., net_throughput_recv: _Optional[float] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("seq", "sent_unix_nanos", "samples")
+    __slots__ = ("seq", "sent_unix_nanos", "samples", "last_round_trip_micros")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     SENT_UNIX_NANOS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    LAST_ROUND_TRIP_MICROS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     sent_unix_nanos: int
     samples: _containers.RepeatedCompositeFieldContainer[MetricSample]
-    def __init__(self, seq: _Optional[int] = ..., sent_unix_nanos: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[MetricSample, _Mapping]]] = ...) -> None: ...
+    last_round_trip_micros: int
+    def __init__(self, seq: _Optional[int] = ..., sent_unix_nanos: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[MetricSample, _Mapping]]] = ..., last_round_trip_micros: _Optional[int] = ...) -> None: ...
 
 class AllocationPrepared(_message.Message):
     __slots__ = ("allocation_id", "master_port", "error", "extra_ports")

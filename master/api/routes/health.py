@@ -1,0 +1,41 @@
+"""Probes and metrics: /health/live, /health/ready, /metrics (Prometheus text format)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from master.services import health
+
+router = APIRouter(tags=["health"])
+
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@router.get("/health/live")
+async def live() -> JSONResponse:
+    """The process serves requests; nothing else is checked (a database outage is not a
+    reason to restart the master)."""
+    return JSONResponse({"status": "live"})
+
+
+@router.get("/health/ready")
+async def ready(request: Request) -> JSONResponse:
+    is_ready, why = health.readiness(request.app.state.db_health)
+    return JSONResponse(
+        {"status": "ready" if is_ready else "not ready", "reason": why},
+        status_code=200 if is_ready else 503,
+        headers={} if is_ready else {"Retry-After": "2"},
+    )
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> PlainTextResponse:
+    state = request.app.state
+    text = await health.scrape(
+        state.session_factory,
+        hub=state.agent_hub,
+        health=state.db_health,
+        scheduler=state.scheduler,
+    )
+    return PlainTextResponse(text, media_type=PROMETHEUS_TEXT)
