@@ -73,8 +73,16 @@ class Agent:
         self._fence_kill_after_s = DEFAULT_FENCE_KILL_AFTER_S
         self._last_from_master = time.monotonic()
         self.instance_id = uuid.uuid4().hex
+        # Several masters (a leader and standbys): tried in turn until one welcomes us.
+        self.addresses = [a.strip() for a in settings.master.split(",") if a.strip()]
+        self._address = 0
 
     # -- public ------------------------------------------------------------------------------
+
+    @property
+    def master(self) -> str:
+        """The master address this agent tries or talks to now."""
+        return self.addresses[self._address]
 
     async def run(self) -> None:
         """Serve until cancelled; raises Refused if the master turns the agent away."""
@@ -89,7 +97,8 @@ class Agent:
                 except Refused:
                     raise
                 except (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as exc:
-                    log.warning("link to master %s broken: %s", self.settings.master, _short(exc))
+                    log.warning("link to master %s broken: %s", self.master, _short(exc))
+                    self._address = (self._address + 1) % len(self.addresses)
                 attempt = 0 if time.monotonic() - started > 10 else attempt + 1
                 delay = min(self.settings.reconnect_max_backoff_s, 0.25 * 2**attempt)
                 if self.runner.runs:
@@ -121,13 +130,15 @@ class Agent:
             ("grpc.min_reconnect_backoff_ms", 250),
             ("grpc.max_reconnect_backoff_ms", 1000),
         ]
-        async with grpc.aio.insecure_channel(self.settings.master, options=options) as channel:
+        async with grpc.aio.insecure_channel(self.master, options=options) as channel:
             stub = agent_pb2_grpc.AgentServiceStub(channel)  # type: ignore[no-untyped-call]
             outbox: asyncio.Queue[pb.AgentMessage | None] = asyncio.Queue()
             outbox.put_nowait(pb.AgentMessage(hello=self._hello()))
             hello_sent = time.monotonic()
             call = stub.Connect(_drain(outbox))
-            first = await asyncio.wait_for(call.read(), timeout=30)
+            # A frozen master's kernel still accepts the connection: while ranks depend on
+            # an answer, try the next master soon.
+            first = await asyncio.wait_for(call.read(), timeout=5 if self.runner.runs else 30)
             if first is grpc.aio.EOF:  # not a refusal: the master may be restarting
                 call.cancel()
                 raise ConnectionError("the master closed the stream before welcoming us")
@@ -144,7 +155,7 @@ class Agent:
             self._last_from_master = time.monotonic()
             log.info(
                 "connected to master %s (stream %s) as %s with %d slots",
-                self.settings.master,
+                self.master,
                 welcome.stream_id,
                 self.settings.id,
                 len(self.devices),
@@ -250,9 +261,9 @@ class Agent:
         self._logs.append(entry)
 
     async def _heartbeats(self) -> None:
-        # As long as the fence waits: by then the ranks are gone and a new stream (a resync)
-        # is the quickest way back, rather than waiting out TCP's retransmissions.
-        silence_limit = max(self._fence_after_s, 3 * self._heartbeat_s)
+        # Half the fence window: a new stream (a resync, perhaps to a standby that took
+        # over) is the quickest way back, rather than waiting out TCP's retransmissions.
+        silence_limit = max(self._fence_after_s / 2, 3 * self._heartbeat_s)
         while True:
             await asyncio.sleep(self._heartbeat_s)
             if time.monotonic() - self._last_from_master > silence_limit:
@@ -295,7 +306,11 @@ class Agent:
             if acknowledged_lately or not self.runner.runs:
                 continue
             sent = time.monotonic()
-            if await asyncio.to_thread(_refused, self.settings.master):
+            # Every master refusing: none runs. A standby does not listen for agents.
+            refusals = await asyncio.gather(
+                *(asyncio.to_thread(_refused, address) for address in self.addresses)
+            )
+            if all(refusals):
                 self._renew_lease(sent)
 
     async def _ship_logs(self) -> None:

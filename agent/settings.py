@@ -20,7 +20,11 @@ class AgentSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DET_AGENT_", extra="forbid")
 
     master: str = Field(
-        default="127.0.0.1:8090", description="HOST:PORT of the master's agent gRPC port."
+        default="127.0.0.1:8090",
+        description=(
+            "HOST:PORT of the master's agent gRPC port; several, comma-separated, for a "
+            "leader and its standbys (tried in turn)."
+        ),
     )
     id: str = Field(default_factory=socket.gethostname, description="Agent id; the host name.")
     resource_pool: str = Field(default="default", description="Pool the agent's slots join.")

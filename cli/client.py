@@ -48,7 +48,8 @@ class MasterClient:
     def __init__(self, master: str | None, user: str | None, timeout: float = 60.0) -> None:
         self.base_url = canonical_master_url(master)
         self.user = user or os.environ.get("DET_USER") or "determined"
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
+        # A standby master answers writes with 307 to the leader (same method and body).
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, follow_redirects=True)
         self._token: str | None = None
 
     def close(self) -> None:

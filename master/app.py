@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+import grpc
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import RedirectResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from master import web
@@ -37,6 +41,7 @@ from master.services import auth as auth_service
 from master.services import workspaces as workspace_service
 from master.services.agent_link import AgentHub, HubLoop, read_or_create_join_token
 from master.services.checkpoint_gc import CheckpointDeleter
+from master.services.leadership import Leadership, install_fence
 from master.services.loops import DatabaseWatch, Loop
 from master.services.metrics import MetricsBuffer, MetricsLoop
 from master.services.preemption import PreemptionSignals
@@ -45,6 +50,8 @@ from master.settings import MasterSettings
 from master.version import __version__
 
 log = logging.getLogger(__name__)
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 class BodyLimitMiddleware:
@@ -130,13 +137,28 @@ def create_app(settings: MasterSettings) -> FastAPI:
         app.state.db_health = db_health
         if settings.migrate_on_start:
             await upgrade_to_head(engine)
-        async with session_scope(app.state.session_factory) as session:
-            await auth_service.ensure_default_users(
-                session, settings.security.initial_user_password
+        leadership: Leadership | None = None
+        if settings.ha.enabled:
+            leadership = Leadership(
+                app.state.session_factory,
+                master_id=app.state.master_id,
+                url=settings.master_url,
+                lease_s=settings.ha.lease_s,
             )
-            await workspace_service.ensure_defaults(session)
-            await allocation_service.ensure_scheduler_state(session)
-            await allocation_service.enqueue_orphaned_trials(session)
+            install_fence(app.state.session_factory, leadership)
+        app.state.leadership = leadership
+
+        async def prepare_the_database() -> None:
+            async with session_scope(app.state.session_factory) as session:
+                await auth_service.ensure_default_users(
+                    session, settings.security.initial_user_password
+                )
+                await workspace_service.ensure_defaults(session)
+                await allocation_service.ensure_scheduler_state(session)
+                await allocation_service.enqueue_orphaned_trials(session)
+
+        if leadership is None:
+            await prepare_the_database()
         # Everything built so far lives as long as the process: keep it out of the
         # collector's full passes, which otherwise walk it all while a request waits.
         gc.freeze()
@@ -154,6 +176,7 @@ def create_app(settings: MasterSettings) -> FastAPI:
             wake_scheduler=scheduler.wake,
             preemption=app.state.preemption,
             health=db_health,
+            leadership=leadership,
         )
         app.state.agent_hub = hub
         loops: list[Loop] = [
@@ -165,13 +188,25 @@ def create_app(settings: MasterSettings) -> FastAPI:
         ]
         for loop in loops:
             loop.health = db_health
-        grpc_server = None
-        if settings.run_loops:
+        servers: list[grpc.aio.Server] = []
+
+        async def lead() -> None:
+            if leadership is not None:
+                await prepare_the_database()  # a standby leaves all of it to the leader
             await hub.recover()
-            grpc_server, app.state.agent_port = await start_server(hub, settings.agent_link)
+            server, app.state.agent_port = await start_server(hub, settings.agent_link)
+            servers.append(server)
             hub.restart_absence_clocks()
-            for loop in loops:
+            for loop in loops[1:]:
                 loop.start()
+
+        campaign: asyncio.Task[None] | None = None
+        if settings.run_loops:
+            loops[0].start()  # the database watch: standbys report readiness too
+            if leadership is None:
+                await lead()
+            else:
+                campaign = asyncio.create_task(leadership.campaign(lead), name="campaign")
         if settings.host in ("0.0.0.0", "::") and not settings.external_url:
             log.warning(
                 "listening on all addresses but external_url is unset: ranks are told the "
@@ -189,10 +224,14 @@ def create_app(settings: MasterSettings) -> FastAPI:
         finally:
             # The loops first: a master whose agent port is closed must decide nothing more
             # (an agent takes the closed port for a master that cannot declare it lost).
+            if campaign is not None:
+                campaign.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await campaign
             for loop in loops:
                 await loop.stop()
-            if grpc_server is not None:
-                await grpc_server.stop(grace=2.0)
+            for server in servers:
+                await server.stop(grace=2.0)
             await engine.dispose()
 
     app = FastAPI(
@@ -208,6 +247,24 @@ def create_app(settings: MasterSettings) -> FastAPI:
     app.state.master_id = str(uuid.uuid4())
     app.state.cluster_id = _cluster_id(settings)
     install_error_handlers(app)
+
+    @app.middleware("http")
+    async def standby_redirects_writes(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        """A standby serves reads from the shared database and sends writes to the
+        leader (307 keeps the method and body), or answers 503 while none leads."""
+        leadership: Leadership | None = getattr(request.app.state, "leadership", None)
+        if leadership is None or leadership.leading or request.method in SAFE_METHODS:
+            return await call_next(request)
+        if leadership.leader_url:
+            query = f"?{request.url.query}" if request.url.query else ""
+            target = f"{leadership.leader_url}{request.url.path}{query}"
+            return RedirectResponse(target, status_code=307)
+        return error_response(
+            503, 14, "no master leads yet; retry shortly", [], {"Retry-After": "2"}
+        )
+
     app.add_middleware(BodyLimitMiddleware, max_bytes=request_body_limit(settings))
     app.add_middleware(JsonBodyMiddleware)
     app.state.preemption = PreemptionSignals()

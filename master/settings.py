@@ -163,6 +163,28 @@ class AgentLinkSettings(BaseModel):
         return self
 
 
+class HighAvailabilitySettings(BaseModel):
+    """Several masters on one PostgreSQL: one leads, the others stand by."""
+
+    enabled: bool = Field(
+        default=False,
+        description=(
+            "Take part in a leader election through the database (PostgreSQL only). A "
+            "standby serves reads, redirects writes to the leader, and takes over when the "
+            "leader's lease runs out."
+        ),
+    )
+    lease_s: float = Field(
+        default=3.0,
+        ge=1.0,
+        le=60.0,
+        description=(
+            "How long the leader's lease lasts without renewal (renewed every third of it). "
+            "A standby takes over within this plus its 0.5 s poll."
+        ),
+    )
+
+
 class MasterSettings(BaseSettings):
     """Every master setting. Env vars: DET_MASTER_<FIELD>, nested with `__` (DET_MASTER_DB__URL)."""
 
@@ -178,6 +200,7 @@ class MasterSettings(BaseSettings):
         default=Path("data"), description="Directory for the embedded database and task files."
     )
     db: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    ha: HighAvailabilitySettings = Field(default_factory=HighAvailabilitySettings)
     security: SecuritySettings = Field(default_factory=SecuritySettings)
     max_model_definition_mb: float = Field(
         default=96.0, gt=0, description="Largest model definition (decoded) accepted, in MiB."
@@ -234,6 +257,15 @@ class MasterSettings(BaseSettings):
         if level not in logging.getLevelNamesMapping():
             raise ValueError(f"unknown log level {value!r}")
         return level
+
+    @model_validator(mode="after")
+    def _standby_needs_postgres(self) -> MasterSettings:
+        if self.ha.enabled and not self.db.url.startswith("postgres"):
+            raise ValueError(
+                "ha.enabled: several masters share one database, which must be PostgreSQL "
+                "(db.url); the embedded SQLite belongs to one master"
+            )
+        return self
 
     @model_validator(mode="after")
     def _pools_are_consistent(self) -> MasterSettings:

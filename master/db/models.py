@@ -169,6 +169,19 @@ class UserSessionModel(Base):
     user: Mapped[UserModel] = relationship(lazy="raise")
 
 
+class MasterLeaseModel(Base):
+    """The leader's lease when several masters share the database (master/services/
+    leadership.py); times are the database's own clock."""
+
+    __tablename__ = "master_leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(64))
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    url: Mapped[str] = mapped_column(Text)
+
+
 class WorkspaceModel(Base):
     __tablename__ = "workspaces"
 

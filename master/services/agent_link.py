@@ -50,6 +50,7 @@ from master.services import auth as auth_service
 from master.services import logs as log_service
 from master.services import metrics as metric_service
 from master.services.allocations import HELD_STATES, ReleaseOutcome
+from master.services.leadership import Leadership
 from master.services.loops import Loop
 from master.services.preemption import PreemptionSignals
 from master.services.prometheus import ROUND_TRIP_BUCKETS_S, Histogram
@@ -161,6 +162,7 @@ class AgentHub:
         wake_scheduler: Callable[[], None] = lambda: None,
         preemption: PreemptionSignals | None = None,
         health: DatabaseHealth | None = None,
+        leadership: Leadership | None = None,
     ) -> None:
         self.factory = factory
         self.settings = settings
@@ -172,6 +174,9 @@ class AgentHub:
         self.wake_scheduler = wake_scheduler
         self.preemption = preemption or PreemptionSignals()
         self.health = health or DatabaseHealth()
+        # With standby masters: heartbeats are acknowledged only while the lease surely
+        # runs, so no agent's fence outlasts this master's leadership.
+        self.leadership = leadership
         # Agents' messages that could not be stored while the database was unreachable,
         # in arrival order; replayed by the tick once it is back. While it holds any,
         # later messages queue behind them, so an exit never overtakes its logs.
@@ -459,6 +464,8 @@ class AgentHub:
 
     def on_heartbeat(self, connection: Connection, heartbeat: pb.Heartbeat) -> None:
         connection.last_heartbeat = time.monotonic()
+        if self.leadership is not None and not self.leadership.valid():
+            return  # no acknowledgement: see Leadership
         if heartbeat.samples:
             readings = [_reading(s) for s in heartbeat.samples]
             self.metrics.add(connection.agent_id, readings)

@@ -18,14 +18,20 @@ from master.db.models import (
 from master.db.session import DatabaseHealth, is_outage
 from master.services import counters
 from master.services.agent_link import AgentHub
+from master.services.leadership import Leadership
 from master.services.prometheus import Exposition
 from master.services.scheduler import SchedulerLoop
 
 
-def readiness(health: DatabaseHealth) -> tuple[bool, str]:
-    """Ready to serve: the database answers (as the watch saw it within the last second)."""
+def readiness(health: DatabaseHealth, leadership: Leadership | None) -> tuple[bool, str]:
+    """Ready to serve: the database answers (as the watch saw it within the last second),
+    and, with standby masters, this one leads or knows the leader to send writes to."""
     if not health.reachable:
         return False, f"the database is unreachable ({health.last_error})"
+    if leadership is not None and not leadership.leading and not leadership.leader_url:
+        return False, "standing by, and no master leads yet"
+    if leadership is not None and not leadership.leading:
+        return True, f"standing by; the leader is {leadership.leader_url}"
     return True, "ready"
 
 

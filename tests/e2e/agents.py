@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -188,3 +189,31 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+# A rank that appends "<CLOCK_MONOTONIC> <pid>" to a file every 50 ms for `run_s` seconds:
+# the file shows, on the one clock every process of the machine shares, whether the rank
+# ran on through a fault, and which process it was.
+TICK_SCRIPT = """
+import os, time
+TICKS = %(ticks)r
+end = time.monotonic() + %(run_s)s
+fd = os.open(TICKS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+while time.monotonic() < end:
+    os.write(fd, f"{time.monotonic():.3f} {os.getpid()}\\n".encode())
+    time.sleep(0.05)
+"""
+
+
+def tick_rows(path: Path) -> list[tuple[float, int]]:
+    """The lines of a TICK_SCRIPT file (one cut by a kill mid-write is skipped)."""
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            rows.append((float(parts[0]), int(parts[1])))
+    return rows
+
+
+def longest_gap(rows: list[tuple[float, int]]) -> float:
+    return max((b[0] - a[0] for a, b in itertools.pairwise(rows)), default=0.0)

@@ -21,7 +21,8 @@ async def live() -> JSONResponse:
 
 @router.get("/health/ready")
 async def ready(request: Request) -> JSONResponse:
-    is_ready, why = health.readiness(request.app.state.db_health)
+    state = request.app.state
+    is_ready, why = health.readiness(state.db_health, getattr(state, "leadership", None))
     return JSONResponse(
         {"status": "ready" if is_ready else "not ready", "reason": why},
         status_code=200 if is_ready else 503,

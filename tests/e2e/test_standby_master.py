@@ -1,0 +1,171 @@
+"""Two det-master processes on one PostgreSQL database: one leads, the other stands by.
+
+A trial's rank appends a line every 50 ms (CLOCK_MONOTONIC, pid). The leader is killed
+with SIGKILL: the standby takes over within the lease + 2 s and the agent reattaches; the
+killed master comes back as a standby; then the new leader is frozen with SIGSTOP: the
+standby takes over again, and the frozen one, woken, exits without committing anything.
+Through both the rank runs on: one pid, no pause of a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import PostgresServer
+from tests.e2e.agents import (
+    TICK_SCRIPT,
+    AgentProcess,
+    create_experiment,
+    longest_gap,
+    tick_rows,
+    trial_logs,
+    wait_trial_state,
+    write_experiment,
+)
+from tests.e2e.conftest import MasterProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+
+LEASE_S = 2.0
+JOIN_TOKEN = "standby-test-token"
+
+
+def leading(master: MasterProcess) -> bool:
+    try:
+        reply = httpx.get(f"{master.url}/health/ready", timeout=2)
+    except httpx.HTTPError:
+        return False
+    return reply.status_code == 200 and reply.json()["reason"] == "ready"
+
+
+@pytest.fixture
+def masters(postgres: PostgresServer, tmp_path: Path) -> Iterator[list[MasterProcess]]:
+    url = postgres.new_database()
+    env = {
+        "DET_MASTER_HA__ENABLED": "true",
+        "DET_MASTER_HA__LEASE_S": str(LEASE_S),
+        "DET_MASTER_AGENT_LINK__JOIN_TOKEN": JOIN_TOKEN,
+    }
+    pair = [
+        MasterProcess(tmp_path / f"data-{name}", db_url=url, label=name, env=env)
+        for name in ("one", "two")
+    ]
+    try:
+        yield pair
+    finally:
+        for master in pair:
+            if master._proc is not None and master._proc.poll() is None:
+                os.kill(master._proc.pid, signal.SIGCONT)
+            master.stop()
+            shutil.rmtree(master.scratch, ignore_errors=True)
+
+
+def test_a_standby_takes_over_and_the_trial_runs_on(
+    masters: list[MasterProcess], tmp_path: Path
+) -> None:
+    one, two = masters
+    one.start()
+    one.wait_for("the first master to lead", lambda: leading(one), 30)
+    two.start()
+    assert not leading(two)
+    address = ",".join(m.agent_address for m in masters)
+    agent = AgentProcess(
+        one,
+        "standby-agent",
+        tmp_path / "agent",
+        slots=1,
+        master_address=address,
+        join_token=JOIN_TOKEN,
+    )
+    try:
+        agent.start().wait_connected()
+        _fail_over_twice(one, two, agent, tmp_path)
+    finally:
+        agent.stop()
+
+
+def _fail_over_twice(
+    one: MasterProcess, two: MasterProcess, agent: AgentProcess, tmp_path: Path
+) -> None:
+    # A standby serves reads and sends writes (a login too) to the leader.
+    token = one.api("POST", "/api/v1/auth/login", json={"username": "determined", "password": ""})
+    two._token = token["token"]
+    assert two.api("GET", "/api/v1/experiments")["experiments"] == []
+    redirect = httpx.post(
+        f"{two.url}/api/v1/templates/from-standby",
+        json={"name": "from-standby", "config": {}},
+        headers={"Authorization": f"Bearer {token['token']}"},
+    )
+    assert redirect.status_code == 307, redirect.text
+    assert redirect.headers["location"] == f"{one.url}/api/v1/templates/from-standby"
+
+    ticks = tmp_path / "ticks"
+    config, model = write_experiment(
+        tmp_path / "trial", TICK_SCRIPT % {"ticks": str(ticks), "run_s": 40}
+    )
+    experiment_id = create_experiment(one, config, model)
+    one.wait_for("the rank to tick", lambda: ticks.exists() and ticks.stat().st_size, 60)
+    time.sleep(1)
+
+    # 1. The leader is killed.
+    assert one._proc is not None
+    one._proc.kill()
+    killed_at = time.monotonic()
+    one._proc.wait()
+    one._proc = None
+    two.wait_for("the standby to lead", lambda: leading(two), LEASE_S + 5, 0.05)
+    takeover_after_kill_s = time.monotonic() - killed_at
+    two.wait_for(
+        "the agent to reattach",
+        lambda: two.api("GET", f"/api/v1/agents/{agent.id}")["agent"]["connected"],
+        20,
+    )
+
+    # The killed master comes back, as a standby.
+    one.start()
+    assert not leading(one)
+    time.sleep(2)
+
+    # 2. The leader freezes.
+    assert two._proc is not None
+    frozen = two._proc
+    os.kill(frozen.pid, signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    one.wait_for("the standby to lead again", lambda: leading(one), LEASE_S + 5, 0.05)
+    takeover_after_freeze_s = time.monotonic() - frozen_at
+    time.sleep(2)
+    os.kill(frozen.pid, signal.SIGCONT)
+    woke_at = time.monotonic()
+    code = frozen.wait(timeout=15)
+    exited_after_waking_s = time.monotonic() - woke_at
+    two._proc = None
+    assert code == 3, two.output()
+    assert "lost the leadership" in two.output()
+
+    trial = wait_trial_state(one, experiment_id, {"COMPLETED", "ERROR", "CANCELED"}, timeout=90)
+    logs = trial_logs(one, trial["id"])
+    rows = tick_rows(ticks)
+    figures = {
+        "lease_s": LEASE_S,
+        "takeover_after_sigkill_s": round(takeover_after_kill_s, 3),
+        "takeover_after_sigstop_s": round(takeover_after_freeze_s, 3),
+        "frozen_leader_exited_after_waking_s": round(exited_after_waking_s, 3),
+        "rank_processes": len({pid for _, pid in rows}),
+        "longest_gap_in_rank_output_s": round(longest_gap(rows), 3),
+        "restarts": trial["restarts"],
+    }
+    print(json.dumps(figures))
+    assert trial["state"] == "COMPLETED" and trial["restarts"] == 0, f"{trial}\n{logs}"
+    assert takeover_after_kill_s < LEASE_S + 2, figures
+    assert takeover_after_freeze_s < LEASE_S + 2, figures
+    assert figures["rank_processes"] == 1, figures
+    assert figures["longest_gap_in_rank_output_s"] < 1.0, figures
