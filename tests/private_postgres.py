@@ -36,10 +36,14 @@ def available() -> tuple[bool, str]:
 
 
 class PrivatePostgres:
-    def __init__(self, port: int) -> None:
+    """`netns`: run the server inside that network namespace, listening on `address`."""
+
+    def __init__(self, port: int, *, netns: str | None = None, address: str = "127.0.0.1") -> None:
         usable, reason = available()
         require(usable, reason)
         self.port = port
+        self.netns = netns
+        self.address = address
         # Not under pytest's tmp dirs: those are private to root, and postgres must read it.
         self.root = Path(tempfile.mkdtemp(prefix="resolute-pg-"))
         self.data = self.root / "data"
@@ -49,14 +53,17 @@ class PrivatePostgres:
         self._as_postgres(
             _bin("initdb"), "-D", str(self.data), "--auth=trust", "-U", "postgres", "-E", "UTF8"
         )
+        # Clients in the test networks (the master in the root namespace, 198.18.0.0/15).
+        with (self.data / "pg_hba.conf").open("a", encoding="utf-8") as hba:
+            hba.write("host all all 198.18.0.0/15 trust\n")
 
     @property
     def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        return f"postgresql://postgres@{self.address}:{self.port}/postgres"
 
     def start(self) -> None:
         options = (
-            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
+            f"-p {self.port} -k {self.root} -c listen_addresses={self.address} -c fsync=off "
             "-c max_connections=50"
         )
         self._as_postgres(
@@ -90,6 +97,8 @@ class PrivatePostgres:
 
     def _as_postgres(self, *argv: str | None) -> None:
         command = ["runuser", "-u", "postgres", "--", *(a for a in argv if a is not None)]
+        if self.netns is not None:
+            command = ["ip", "netns", "exec", self.netns, *command]
         done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=self.root)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr}")

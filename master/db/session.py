@@ -22,10 +22,10 @@ from sqlalchemy.pool import StaticPool
 log = logging.getLogger(__name__)
 
 # A database that stops answering is noticed within these (not the OS's two hours):
-CONNECT_TIMEOUT_S = 5.0  # to open a connection
+CONNECT_TIMEOUT_S = 3.0  # to open a connection
 COMMAND_TIMEOUT_S = 30.0  # for one statement's answer
 KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 2, 1, 3
-TCP_USER_TIMEOUT_MS = 5000  # unacknowledged data on a dead link
+TCP_USER_TIMEOUT_MS = 3000  # unacknowledged data on a dead link
 _OUTAGE_ERRNOS = {
     errno.ECONNREFUSED,
     errno.ECONNRESET,

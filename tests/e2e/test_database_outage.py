@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.e2e import netns as netns_module
 from tests.e2e.agents import (
     TICK_SCRIPT,
     AgentProcess,
@@ -37,6 +38,7 @@ from tests.private_postgres import PrivatePostgres
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
 OUTAGE_S = 12.0  # past the fence (6 s) and the lost-agent window (10 s)
+CUT_S = 15.0
 
 
 @pytest.fixture
@@ -168,3 +170,85 @@ def _run_through_an_outage(
     )
     assert recovered_s < 2.0
     assert gap < 1.0
+
+
+@pytest.mark.netns
+def test_a_silently_cut_link_to_the_database_is_noticed_in_seconds(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """PostgreSQL in a network namespace of its own, its link taken down: packets vanish,
+    nothing is refused. Keepalives and the TCP user timeout must notice within seconds
+    (the kernel alone would take about 15 minutes), and all recovers once it is back."""
+    netns_module.require_netns()
+    with netns_module.topology(netns_module.tag_for(request.node.nodeid)) as net:
+        host = net.hosts[0]
+        pg = PrivatePostgres(free_port(), netns=host.netns, address=host.mgmt_address)
+        master = MasterProcess(tmp_path / "data", db_url=pg.url, label="cut")
+        agent = AgentProcess(master, "cut-agent", tmp_path / "agent", slots=1)
+        try:
+            pg.start()
+            master.start()
+            agent.start().wait_connected()
+            _cut_the_database_link(net, master, agent, tmp_path)
+        finally:
+            agent.stop()
+            master.stop()
+            pg.destroy()
+            shutil.rmtree(master.scratch, ignore_errors=True)
+
+
+def _cut_the_database_link(
+    net: netns_module.Topology, master: MasterProcess, agent: AgentProcess, tmp_path: Path
+) -> None:
+    ticks = tmp_path / "ticks"
+    script = TICK_SCRIPT % {"ticks": str(ticks), "run_s": 40}
+    config, model = write_experiment(tmp_path / "trial", script)
+    experiment_id = create_experiment(master, config, model)
+    master.wait_for("the rank to tick", lambda: ticks.exists() and ticks.stat().st_size, 60)
+    host = net.hosts[0]
+    login = {"username": "determined", "password": ""}
+    headers = {
+        "Authorization": f"Bearer {master.api('POST', '/api/v1/auth/login', json=login)['token']}"
+    }
+
+    netns_module.ip("-n", host.netns, "link", "set", host.mgmt, "down")
+    cut_at = time.monotonic()
+    first_503: float | None = None
+    while time.monotonic() - cut_at < CUT_S:
+        try:
+            reply = httpx.get(f"{master.url}/api/v1/experiments", headers=headers, timeout=30)
+        except httpx.HTTPError:
+            reply = None
+        assert reply is None or reply.status_code in (200, 503), reply.text
+        if reply is not None and reply.status_code == 503 and first_503 is None:
+            first_503 = time.monotonic() - cut_at
+        time.sleep(0.2)
+    netns_module.ip("-n", host.netns, "link", "set", host.mgmt, "up")
+    healed_at = time.monotonic()
+    master.wait_for(
+        "the API to answer again",
+        lambda: (
+            httpx.get(f"{master.url}/api/v1/experiments", headers=headers, timeout=10).status_code
+            == 200
+        ),
+        30,
+        0.1,
+    )
+    recovered_s = time.monotonic() - healed_at
+
+    trial = wait_trial_state(master, experiment_id, {"COMPLETED", "ERROR"}, timeout=90)
+    rows = tick_rows(ticks)
+    figures = {
+        "cut_s": CUT_S,
+        "first_503_after_cut_s": first_503 and round(first_503, 3),
+        "api_answering_after_heal_s": round(recovered_s, 3),
+        "rank_processes": len({pid for _, pid in rows}),
+        "longest_gap_in_rank_output_s": round(longest_gap(rows), 3),
+        "restarts": trial["restarts"],
+    }
+    print(json.dumps(figures))
+    assert first_503 is not None and first_503 < 10, figures
+    assert recovered_s < 5, figures
+    assert trial["state"] == "COMPLETED" and trial["restarts"] == 0, figures
+    assert figures["rank_processes"] == 1 and figures["longest_gap_in_rank_output_s"] < 1, figures
+    assert "fence:" not in agent.output(tail=50_000)
