@@ -146,3 +146,24 @@ def test_quick_checkpoint_storage_benchmark_restores_every_byte() -> None:
             assert len(large[way][direction]["seconds"]) == rounds
     assert set(large["throughput_ratio_ours_over_plain"]) == {"store", "restore", "target"}
     assert report["small"]["checkpoints"] > 0
+
+
+def test_the_fault_matrix_reads_every_tests_figures() -> None:
+    """The fault matrix runs the fault tests themselves (minutes, root): here only that it
+    finds each test's JSON line in pytest's output and files it under the right fault."""
+    from benchmarks.bench_fault_matrix import FIGURES, case_of, spread
+
+    output = (
+        'tests/e2e/test_fencing.py .{"fault": "link_down", "overlap_s": -3.0}\n'
+        '.{"outage_s": 12.0, "api_answering_after_database_back_s": 0.04}\n'
+        '{"cut_s": 15.0, "first_503_after_cut_s": 6.4}\n'
+        '.{"lease_s": 2.0, "takeover_after_sigkill_s": 1.8}\n'
+    )
+    found = [json.loads(m.group(0)) for m in FIGURES.finditer(output)]
+    assert [case_of(f) for f in found] == [
+        "link_down",
+        "postgres_stopped",
+        "postgres_link_cut",
+        "standby_master_sigkill_then_sigstop",
+    ]
+    assert spread([3.0, 1.0, 2.0]) == {"min": 1.0, "median": 2.0, "max": 3.0}
