@@ -9,7 +9,8 @@ Each round runs, in one pytest process (root, network namespaces and PostgreSQL 
   blackhole agent->master (old run's last line, new run's first line, their overlap on
   one monotonic clock, restarts), a flapping link and a master down 9 s (pass/fail);
 - tests/e2e/test_database_outage.py: PostgreSQL stopped 12 s; its link cut 15 s;
-- tests/e2e/test_standby_master.py: the leader SIGKILLed, then a leader SIGSTOPped.
+- tests/e2e/test_standby_master.py: the leader SIGKILLed, then a leader SIGSTOPped;
+- tests/e2e/test_master_kills.py: a master SIGKILLed five times while it places gangs.
 
 Each test prints one JSON line of figures; this script collects them and prints one JSON
 document: the machine, and per fault the runs, the min / median / max of every figure,
@@ -37,8 +38,9 @@ TESTS = (
     "tests/e2e/test_fencing.py",
     "tests/e2e/test_database_outage.py",
     "tests/e2e/test_standby_master.py",
+    "tests/e2e/test_master_kills.py",
 )
-FIGURES = re.compile(r'\{"(fault|outage_s|cut_s|lease_s)".*\}')
+FIGURES = re.compile(r'\{"(fault|outage_s|cut_s|lease_s|trials)".*\}')
 
 
 def case_of(figures: dict[str, Any]) -> str:
@@ -48,6 +50,8 @@ def case_of(figures: dict[str, Any]) -> str:
         return "postgres_stopped"
     if "cut_s" in figures:
         return "postgres_link_cut"
+    if "trials" in figures:
+        return "master_sigkill_mid_placement"
     return "standby_master_sigkill_then_sigstop"
 
 
