@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -31,6 +32,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.e2e import netns
@@ -48,6 +50,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.netns]
 AGENT_IDS = ("host-a", "host-b")
 HOLD_S = 16.0  # longer than lost_after_s (10 s): the replacement starts while the fault lasts
 LOST_AFTER_S = 10.0
+TBF_16KBIT = ("rate", "16kbit", "burst", "1600", "latency", "400ms")
 
 TICK_SCRIPT = """
 import os, signal, time
@@ -118,6 +121,12 @@ def signal_agent(agent: AgentProcess, sig: signal.Signals) -> None:
         os.kill(agent.proc.pid, sig)
 
 
+def restart_agent(agent: AgentProcess) -> None:
+    if agent.proc is not None:
+        agent.proc.wait(timeout=20)  # reaped, then started afresh with the same id
+    agent.start()
+
+
 def read_ticks(path: Path) -> list[tuple[float, int, str]]:
     if not path.exists():
         return []
@@ -146,6 +155,10 @@ FAULTS: dict[str, Callable[[Cluster, str], tuple[Callable[[], None], Callable[[]
     "agent_sigstop": lambda c, a: (
         lambda: signal_agent(c.agents[a], signal.SIGSTOP),
         lambda: signal_agent(c.agents[a], signal.SIGCONT),
+    ),
+    "agent_sigkill": lambda c, a: (
+        lambda: signal_agent(c.agents[a], signal.SIGKILL),
+        lambda: restart_agent(c.agents[a]),
     ),
     "link_down": lambda c, a: (
         ip("-n", c.host_of(a).netns, "link", "set", c.host_of(a).mgmt, "down"),
@@ -305,3 +318,43 @@ def test_a_master_down_longer_than_the_fence_costs_no_trial_a_restart(
     assert max(gaps) < 1.0, "the rank ticked all along"
     for agent in cluster.agents.values():
         agent.wait_connected()
+
+
+def test_a_slow_link_leaves_the_agent_healthy_or_fenced_never_both(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """16 kbit/s on the agent's link (tbf; netem is missing here) for 15 s: whatever the
+    master decides, the trial never runs in two places."""
+    master = cluster.master
+    experiment_id, ticks, victim = start_ticking(cluster, tmp_path, first_s=25)
+    host = cluster.host_of(victim)
+    tc = ["tc", "-n", host.netns, "qdisc"]
+    subprocess.run(
+        [*tc, "add", "dev", host.mgmt, "root", "tbf", *TBF_16KBIT],
+        check=True,
+    )
+    try:
+        time.sleep(15)
+        scrape = httpx.get(f"{master.url}/metrics", timeout=10).text
+    finally:
+        subprocess.run([*tc, "del", "dev", host.mgmt, "root"], check=True)
+    trial = wait_trial_state(master, experiment_id, {"COMPLETED", "ERROR", "CANCELED"}, timeout=90)
+    rows = read_ticks(ticks)
+    runs = {pid for _, pid, _ in rows}
+    round_trip = re.search(
+        rf'resolute_agent_heartbeat_round_trip_seconds{{agent="{victim}"}} (\S+)', scrape
+    )
+    figures = {
+        "fault": "slow_link_16kbit",
+        "runs": len(runs),
+        "victim_last_round_trip_s": round(float(round_trip.group(1)), 3) if round_trip else None,
+        "restarts": trial["restarts"],
+    }
+    if len(runs) > 1:
+        old = [t for t, _, agent in rows if agent == victim]
+        new = [t for t, _, agent in rows if agent != victim]
+        figures["overlap_s"] = round(max(old) - min(new), 3)
+    print(json.dumps(figures))
+    assert trial["state"] == "COMPLETED" and trial["restarts"] == 0, figures
+    assert len(runs) == 1 or figures["overlap_s"] < 0, figures
+    cluster.agents[victim].wait_connected(timeout=LOST_AFTER_S + 20)
