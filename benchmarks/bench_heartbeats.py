@@ -1012,7 +1012,8 @@ def params_of(args: argparse.Namespace) -> Params:
         idle_s=2.0 if quick else 5.0,
         lost_after_s=args.lost_after_s
         if args.lost_after_s is not None
-        else (3.0 if quick else None),
+        # 5 s: heartbeats (1 s) must fit five times in it, the agents' fence needs three.
+        else (5.0 if quick else None),
         naive_heartbeats=200 if quick else 3000,
         seed=args.seed,
     )
@@ -1117,7 +1118,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--lost-after-s",
         type=float,
-        help="the master's agent_link.lost_after_s (default: the master's, 10; --quick: 3)",
+        help="the master's agent_link.lost_after_s (default: the master's, 10; --quick: 5)",
     )
     parser.add_argument("--no-floor", action="store_true", help="skip the bare gRPC floor")
     parser.add_argument("--seed", type=int, default=7, help="seeds phases and metric values")

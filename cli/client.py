@@ -19,8 +19,19 @@ class CliError(Exception):
     """One line for stderr; the command exits 1."""
 
 
+def master_urls(master: str | None) -> list[str]:
+    """Like Determined's client: -m, else DET_MASTER, else DET_MASTER_ADDR, else
+    localhost:8080; several, comma-separated, for a leader and its standbys."""
+    raw = (
+        master
+        or os.environ.get("DET_MASTER")
+        or os.environ.get("DET_MASTER_ADDR")
+        or DEFAULT_MASTER
+    )
+    return [canonical_master_url(part.strip()) for part in raw.split(",") if part.strip()]
+
+
 def canonical_master_url(master: str | None) -> str:
-    """Like Determined's client: -m, else DET_MASTER, else DET_MASTER_ADDR, else localhost:8080."""
     raw = (
         master
         or os.environ.get("DET_MASTER")
@@ -46,7 +57,8 @@ def canonical_master_url(master: str | None) -> str:
 
 class MasterClient:
     def __init__(self, master: str | None, user: str | None, timeout: float = 60.0) -> None:
-        self.base_url = canonical_master_url(master)
+        self.base_urls = master_urls(master) or [canonical_master_url(DEFAULT_MASTER)]
+        self.base_url = self.base_urls[0]
         self.user = user or os.environ.get("DET_USER") or "determined"
         # A standby master answers writes with 307 to the leader (same method and body).
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, follow_redirects=True)
@@ -101,10 +113,11 @@ class MasterClient:
                 self._token = self._login()
             headers["Authorization"] = f"Bearer {self._token}"
         try:
-            reply = self._http.request(method, path, headers=headers, **kwargs)
+            reply = self._request_any_master(method, path, headers=headers, **kwargs)
         except httpx.ConnectError:
+            where = ", ".join(self.base_urls)
             raise CliError(
-                f"cannot reach the master at {self.base_url}; is it running? (set -m or DET_MASTER)"
+                f"cannot reach the master at {where}; is it running? (set -m or DET_MASTER)"
             ) from None
         except httpx.HTTPError as exc:
             raise CliError(f"request to {self.base_url}{path} failed: {exc}") from None
@@ -114,6 +127,20 @@ class MasterClient:
             return reply.json()
         except ValueError:
             raise CliError(f"the master sent a reply that is not JSON for {path}") from None
+
+    def _request_any_master(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """The request to the master in use; if it cannot be reached, to the next one given
+        (a standby that has taken over), which is then kept."""
+        for attempt in range(len(self.base_urls)):
+            try:
+                return self._http.request(method, path, **kwargs)
+            except httpx.ConnectError:
+                if attempt == len(self.base_urls) - 1:
+                    raise
+                index = (self.base_urls.index(self.base_url) + 1) % len(self.base_urls)
+                self.base_url = self.base_urls[index]
+                self._http.base_url = httpx.URL(self.base_url)
+        raise AssertionError("unreachable")
 
     @contextlib.contextmanager
     def stream_body(self, path: str, *, accept: str) -> Iterator[httpx.Response]:

@@ -31,7 +31,7 @@ from tests.e2e.agents import (
     wait_trial_state,
     write_experiment,
 )
-from tests.e2e.conftest import MasterProcess
+from tests.e2e.conftest import MasterProcess, run_our_det
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -129,6 +129,10 @@ def _fail_over_twice(
         lambda: two.api("GET", f"/api/v1/agents/{agent.id}")["agent"]["connected"],
         20,
     )
+
+    # Our CLI, given both masters, finds the one that answers (the first is dead).
+    listed = run_our_det(f"{one.url},{two.url}", "experiment", "list", cwd=two.scratch)
+    assert listed.returncode == 0 and str(experiment_id) in listed.stdout, listed.stderr
 
     # The killed master comes back, as a standby.
     one.start()

@@ -24,3 +24,9 @@ def test_addresses_are_made_canonical(given: str, url: str) -> None:
 def test_bad_addresses_are_a_cli_error(given: str) -> None:
     with pytest.raises(CliError, match="master address"):
         canonical_master_url(given)
+
+
+def test_several_masters_are_tried_in_the_order_given() -> None:
+    from cli.client import master_urls
+
+    assert master_urls("a:8080, b:9090,") == ["http://a:8080", "http://b:9090"]
