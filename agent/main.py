@@ -128,6 +128,13 @@ async def _serve(settings: AgentSettings) -> int:
         devices[0].type if devices else "no",
         settings.master,
     )
+    try:
+        return await _run(agent)
+    finally:
+        agent.fence.close()  # closing its stdin ends it, once no rank is left to guard
+
+
+async def _run(agent: Agent) -> int:
     serving = asyncio.create_task(agent.run())
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
