@@ -128,7 +128,11 @@ class Leadership:
             except Exception as exc:  # an outage: keep standing by
                 log.debug("could not look at the lease: %s", exc)
             await asyncio.sleep(POLL_S)
-        await on_elected()
+        try:
+            await on_elected()
+        except Exception as exc:  # a leader that cannot start must not keep the lease
+            log.exception("could not take up the leadership")
+            self._lost(f"starting to lead failed: {exc}")
         while True:
             await asyncio.sleep(self.lease_s / 3)
             try:
