@@ -37,6 +37,11 @@ log = logging.getLogger(__name__)
 MAX_LINE = 64 * 1024
 # The test write to a trial's object store before its ranks start (connect and retries).
 STORAGE_CHECK_TIMEOUT_S = 60.0
+# Why ranks ended when the agent's fence killed them (agent/fence.py).
+FENCED_MESSAGE = (
+    "fenced: the master acknowledged no heartbeat in time, so it may have placed the trial "
+    "elsewhere; the ranks were killed before it could run twice"
+)
 # Determined's wrap_rank prefixes every line of a rank with this.
 RANK_PREFIX = re.compile(rb"^\[rank=(\d+)\] ")
 
@@ -155,7 +160,7 @@ class Runner:
                     run.stopping = True
             if not run.stopping and self.fence is not None and self.fence.expired():
                 # The master may have given up on us already: the fence would kill them.
-                run.kind, run.message = pb.EXIT_KIND_FENCED, self._fenced_message()
+                run.kind, run.message = pb.EXIT_KIND_FENCED, FENCED_MESSAGE
                 run.stopping = True
             run.started_at = time.monotonic()
             for spec in start.ranks:
@@ -412,7 +417,7 @@ class Runner:
             and run.kind in (pb.EXIT_KIND_UNSPECIFIED, pb.EXIT_KIND_FENCED)
         )
         if fenced and run.kind == pb.EXIT_KIND_UNSPECIFIED:
-            run.kind, run.message = pb.EXIT_KIND_FENCED, self._fenced_message()
+            run.kind, run.message = pb.EXIT_KIND_FENCED, FENCED_MESSAGE
             self._note(run, rank, f"rank {rank} killed by the fence: {run.message}")
             run.stopping = True
             self.spawn_task(self._stop_processes(run))
@@ -468,12 +473,6 @@ class Runner:
         )
         await asyncio.to_thread(shutil.rmtree, run.work_dir, True)
         await asyncio.to_thread(shutil.rmtree, self._secrets_dir(run), True)
-
-    def _fenced_message(self) -> str:
-        return (
-            "fenced: the master acknowledged no heartbeat in time, so it may have placed "
-            "the trial elsewhere; the ranks were killed before it could run twice"
-        )
 
     def _secrets_dir(self, run: AllocationRun) -> Path:
         return self.work_dir / "secrets" / run.allocation_id

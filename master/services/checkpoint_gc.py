@@ -271,6 +271,11 @@ class CheckpointDeleter(Loop):
                     .limit(DELETES_PER_PASS)
                 )
             ).all()
+            ending = await session.scalar(
+                select(func.count()).where(ExperimentModel.state == ExperimentState.DELETING)
+            )
+        if not due and not ending:
+            return  # the usual idle second: one read, no second transaction
         outcomes = await asyncio.gather(
             *(asyncio.to_thread(_delete_files, storage or {}, uuid) for uuid, _, _, storage in due)
         )
