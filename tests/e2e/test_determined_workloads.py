@@ -281,15 +281,22 @@ def test_core_api_checkpoints_go_to_s3_through_determined_s_own_storage_code(
         assert "RESUMED" in text, text[-3000:]
         steps = [int(s) for s in re.findall(r"^STEP (\d+) ", text, re.M)]
         assert sorted(steps) == list(range(1, 51)), steps
-        reported = cluster.master.api("GET", f"/api/v1/trials/{trial['id']}/checkpoints")[
-            "checkpoints"
-        ]
-        # Every reported checkpoint is in the bucket, as Determined lays it out.
-        # (Determined's harness also writes metadata.json beside them, and its TensorBoard
-        # files under the cluster id.)
+
+        def settled() -> list[dict[str, Any]] | None:
+            # Retention deletes what it does not keep in the background, within a second.
+            path = f"/api/v1/trials/{trial['id']}/checkpoints"
+            found: list[dict[str, Any]] = cluster.master.api("GET", path)["checkpoints"]
+            done = all(c["storageState"] in ("ACTIVE", "DELETED") for c in found)
+            return found if done else None
+
+        reported = cluster.master.wait_for("retention's deletions to finish", settled, 60)
+        kept = {c["uuid"] for c in reported if c["storageState"] == "ACTIVE"}
+        # Every kept checkpoint is in the bucket, as Determined lays it out, and nothing
+        # else. (Determined's harness also writes metadata.json beside them, and its
+        # TensorBoard files under the cluster id.)
         keys = server.keys(bucket)
         in_bucket = {k.split("/")[1] for k in keys if k.endswith("/state.json")}
-        assert in_bucket == {c["uuid"] for c in reported}, keys
+        assert kept and in_bucket == kept, keys
         assert all(c["storagePath"].startswith(f"s3://{bucket}/det-runs/") for c in reported)
         # The keys reached the harness through a credentials file, not the config.
         assert config["checkpoint_storage"]["secret_key"] not in text
