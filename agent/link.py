@@ -22,11 +22,12 @@ from typing import Any
 
 import grpc
 
+from agent import credential
 from agent.fence import FenceProcess
 from agent.runner import Runner
 from agent.sampler import SystemSampler
 from agent.settings import AgentSettings
-from master.version import __version__
+from resolute.version import __version__
 from resolute_proto.agent.v1 import agent_pb2 as pb
 from resolute_proto.agent.v1 import agent_pb2_grpc
 
@@ -130,7 +131,7 @@ class Agent:
             ("grpc.min_reconnect_backoff_ms", 250),
             ("grpc.max_reconnect_backoff_ms", 1000),
         ]
-        async with grpc.aio.insecure_channel(self.master, options=options) as channel:
+        async with _open_channel(self.settings, self.master, options) as channel:
             stub = agent_pb2_grpc.AgentServiceStub(channel)  # type: ignore[no-untyped-call]
             outbox: asyncio.Queue[pb.AgentMessage | None] = asyncio.Queue()
             outbox.put_nowait(pb.AgentMessage(hello=self._hello()))
@@ -146,6 +147,10 @@ class Agent:
                 call.cancel()
                 raise Refused(first.refused.reason or "no welcome from the master")
             welcome = first.welcome
+            if welcome.agent_secret:
+                # Enrolled: from now on this id is admitted with this secret only.
+                credential.save(self.settings.credential_path, welcome.agent_secret)
+                log.info("enrolled; credential kept in %s", self.settings.credential_path)
             self._heartbeat_s = welcome.heartbeat_interval_s or 1.0
             self._metrics_period_s = welcome.metrics_period_s or 1.0
             self._fence_after_s = welcome.fence_after_s or DEFAULT_FENCE_AFTER_S
@@ -204,6 +209,7 @@ class Agent:
             version=__version__,
             hostname=socket.gethostname(),
             join_token=self.settings.join_token,
+            agent_secret=credential.load(self.settings.credential_path),
             devices=self.devices,
             interfaces=self.interfaces,
             running=self.runner.running(),
@@ -351,3 +357,61 @@ def _short(exc: BaseException) -> str:
     if isinstance(exc, grpc.aio.AioRpcError):
         return f"{exc.code().name}: {exc.details()}"
     return str(exc) or type(exc).__name__
+
+
+@contextlib.asynccontextmanager
+async def _open_channel(
+    settings: AgentSettings, address: str, options: list[tuple[str, Any]]
+) -> AsyncIterator[grpc.aio.Channel]:
+    """A plain channel, or with master_cert_file a TLS one that verifies the master before
+    a byte of the Hello (the join token) is sent. A master that fails verification reads
+    as one ConnectionError line, and the agent retries as for an unreachable master."""
+    if settings.master_cert_file is None:
+        async with grpc.aio.insecure_channel(address, options=options) as channel:
+            yield channel
+        return
+    try:
+        # Read at each connection: a CA file replaced on disk is used from the next one.
+        roots = settings.master_cert_file.read_bytes()
+    except OSError as exc:
+        raise ConnectionError(
+            f"cannot read master_cert_file {settings.master_cert_file}: {exc.strerror}"
+        ) from None
+    if settings.master_cert_name:
+        options = [*options, ("grpc.ssl_target_name_override", settings.master_cert_name)]
+    credentials = grpc.ssl_channel_credentials(root_certificates=roots)
+    async with grpc.aio.secure_channel(address, credentials, options=options) as channel:
+        try:
+            yield channel
+        except grpc.aio.AioRpcError as exc:
+            problem = _tls_problem(exc, settings, address)
+            if problem is None:
+                raise
+            raise ConnectionError(problem) from None
+
+
+def _tls_problem(exc: grpc.aio.AioRpcError, settings: AgentSettings, address: str) -> str | None:
+    """One line if the call failed in the TLS handshake (gRPC reports it as UNAVAILABLE)."""
+    details = exc.details() or ""
+    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return None
+    if "CERTIFICATE_VERIFY_FAILED" in details:
+        reason = details.split("CERTIFICATE_VERIFY_FAILED:", 1)[1].removesuffix(": OK").strip()
+        return (
+            f"the master's certificate did not verify against master_cert_file="
+            f"{settings.master_cert_file}: {reason}"
+        )
+    if "Hostname Verification Check failed" in details:
+        name = settings.master_cert_name or address.rpartition(":")[0].strip("[]")
+        return (
+            f"the master's certificate is not valid for the name {name!r}; set "
+            "master_cert_name to a name it holds"
+        )
+    if "WRONG_VERSION_NUMBER" in details:
+        return (
+            f"the master at {address} does not speak TLS on its agent port; drop "
+            "master_cert_file or give the master security.tls"
+        )
+    if "andshake" in details:
+        return f"TLS handshake with the master failed: {details}"
+    return None

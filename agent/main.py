@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from agent.devices import detect_devices
 from agent.gpu import open_nvml
 from agent.link import Agent, Refused
 from agent.netif import list_interfaces
+from agent.rank_user import SETPRIV, RankUser, for_agent, lookup, reach_problem, run_problem
 from agent.sampler import SystemSampler
 from agent.settings import AgentSettings
 
@@ -78,6 +80,24 @@ def run(
     join_token_file: Path | None = typer.Option(
         None, "--join-token-file", help="Read the join token from a file."
     ),
+    rank_user: str | None = typer.Option(
+        None, "--rank-user", help="Run ranks as this unprivileged user (DET_AGENT_RANK_USER)."
+    ),
+    rank_group: str | None = typer.Option(
+        None, "--rank-group", help="The ranks' group (DET_AGENT_RANK_GROUP)."
+    ),
+    master_cert_file: Path | None = typer.Option(
+        None,
+        "--master-cert",
+        help="CA file to verify the master's certificate with; dials with TLS "
+        "(DET_AGENT_MASTER_CERT_FILE).",
+    ),
+    master_cert_name: str | None = typer.Option(
+        None,
+        "--master-cert-name",
+        help="Name to verify on the master's certificate instead of its host "
+        "(DET_AGENT_MASTER_CERT_NAME).",
+    ),
 ) -> None:
     """Connect to the master and serve until stopped (SIGTERM or Ctrl-C)."""
     given: dict[str, Any] = {
@@ -88,6 +108,10 @@ def run(
         "work_dir": work_dir,
         "join_token": join_token,
         "join_token_file": join_token_file,
+        "rank_user": rank_user,
+        "rank_group": rank_group,
+        "master_cert_file": master_cert_file,
+        "master_cert_name": master_cert_name,
     }
     try:
         settings = AgentSettings(**{k: v for k, v in given.items() if v is not None})
@@ -97,21 +121,63 @@ def run(
             typer.echo(f"det-agent: setting {where}: {err['msg']}", err=True)
         raise typer.Exit(2) from None
     _configure_logging(settings)
-    if not settings.join_token:
+    if not settings.join_token and not settings.credential_path.exists():
         typer.echo(
-            "det-agent: no join token: pass --join-token or --join-token-file "
-            "(the master keeps it in <data_dir>/agent_join_token)",
+            "det-agent: no join token and no credential yet: pass --join-token-file "
+            "(the master keeps it in <data_dir>/agent_join_token) for the first start",
             err=True,
         )
         raise typer.Exit(2)
-    sys.exit(asyncio.run(_serve(settings)))
+    if join_token:
+        log.warning(
+            "--join-token is readable by every process of this machine in /proc/<pid>/cmdline, "
+            "ranks included: use --join-token-file or DET_AGENT_JOIN_TOKEN"
+        )
+    try:
+        rank = _rank_user(settings)
+    except ValueError as exc:
+        typer.echo(f"det-agent: setting rank_user: {exc}", err=True)
+        raise typer.Exit(2) from None
+    sys.exit(asyncio.run(_serve(settings, rank)))
 
 
-async def _serve(settings: AgentSettings) -> int:
+def _rank_user(settings: AgentSettings) -> RankUser | None:
+    """Whom the ranks run as (None: the agent's user); ValueError says why the agent
+    must not start. Warns once about what stays readable to the ranks."""
+    try:
+        wanted = lookup(settings.rank_user, settings.rank_group) if settings.rank_user else None
+    except LookupError as exc:
+        raise ValueError(str(exc)) from None
+    rank, warnings = for_agent(
+        wanted,
+        euid=os.geteuid(),
+        egid=os.getegid(),
+        setpriv=SETPRIV,
+        join_token_file=settings.join_token_file,
+    )
+    for warning in warnings:
+        log.warning("%s", warning)
+    if rank is not None and SETPRIV is not None:
+        settings.work_dir.mkdir(parents=True, exist_ok=True)
+        problem = reach_problem(rank, settings.work_dir, SETPRIV)
+        if problem:
+            raise ValueError(problem)
+        problem = run_problem(rank, sys.executable, SETPRIV)
+        if problem:  # an entrypoint may name another interpreter: warn, don't refuse
+            log.warning("%s", problem)
+        log.info("ranks run as user %s (uid %d, gid %d)", rank.name, rank.uid, rank.gid)
+    return rank
+
+
+async def _serve(settings: AgentSettings, rank: RankUser | None = None) -> int:
     gpu = open_nvml()
     devices = detect_devices(settings.artificial_slots, gpu)
     settings.work_dir.mkdir(parents=True, exist_ok=True)
     agent = Agent(settings, devices, list_interfaces(), SystemSampler(gpu))
+    agent.runner.master_cert_file = settings.master_cert_file
+    agent.runner.master_cert_name = settings.master_cert_name
+    agent.runner.rank_user = rank
+    agent.runner.withheld = (settings.join_token,)
     agent.runner.namespace_problem = await asyncio.to_thread(
         bootstrap.probe_namespaces, settings.work_dir
     )

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import grp
+import pwd
 import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from master.settings import YamlFileSource
+from resolute._yaml_settings import YamlFileSource
 
 CONFIG_FILE_ENV = "DET_AGENT_CONFIG_FILE"
 
@@ -41,12 +44,51 @@ class AgentSettings(BaseSettings):
     join_token_file: Path | None = Field(
         default=None, description="Read the join token from this file instead."
     )
+    master_cert_file: Path | None = Field(
+        default=None,
+        description=(
+            "CA bundle (PEM) the master's certificate must verify against: the agent then "
+            "dials with TLS and sends nothing before it has verified the master. Its ranks "
+            "get a copy (DET_MASTER_CERT_FILE). Unset: plain gRPC. Determined's "
+            "security.tls.master_cert."
+        ),
+    )
+    master_cert_name: str | None = Field(
+        default=None,
+        description=(
+            "Name to verify the master's certificate for instead of the host in `master` "
+            "(Determined's security.tls.master_cert_name)."
+        ),
+    )
+    rank_user: str | None = Field(
+        default=None,
+        description=(
+            "Run ranks (and every process the agent starts for a trial) as this unprivileged "
+            "user, so they cannot read the agent's credentials; needs an agent running as "
+            "root. Unset: ranks run as the agent's user."
+        ),
+    )
+    rank_group: str | None = Field(
+        default=None, description="The ranks' group; rank_user's primary group if unset."
+    )
+    credential_file: Path | None = Field(
+        default=None,
+        description=(
+            "Where the agent keeps the secret the master issues when it first joins "
+            "(owner-only); default <work_dir>/agent-credential. Back it up with the node: "
+            "without it an enrolled id is refused."
+        ),
+    )
     reconnect_max_backoff_s: float = Field(
         default=5.0, gt=0, description="Longest wait between attempts to reach the master."
     )
     log_level: str = Field(default="INFO", description="Python logging level.")
     log_format: Literal["text", "json"] = Field(default="text", description="Log line format.")
     max_message_mb: int = Field(default=160, ge=4, description="Largest gRPC message.")
+
+    @property
+    def credential_path(self) -> Path:
+        return self.credential_file or self.work_dir / "agent-credential"
 
     @field_validator("master")
     @classmethod
@@ -63,6 +105,38 @@ class AgentSettings(BaseSettings):
             raise ValueError("must be 1-256 characters without '/'")
         return value
 
+    @field_validator("rank_user", "rank_group", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("rank_user")
+    @classmethod
+    def _rank_user(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                pwd.getpwnam(value)
+            except KeyError:
+                raise PydanticCustomError(
+                    "no_such_user", "no such user '{user}'", {"user": value}
+                ) from None
+        return value
+
+    @field_validator("rank_group")
+    @classmethod
+    def _rank_group(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        if "rank_user" in info.data and info.data["rank_user"] is None:  # not when invalid
+            raise PydanticCustomError("needs_rank_user", "rank_group needs rank_user", {})
+        try:
+            grp.getgrnam(value)
+        except KeyError:
+            raise PydanticCustomError(
+                "no_such_group", "no such group '{group}'", {"group": value}
+            ) from None
+        return value
+
     @model_validator(mode="after")
     def _token(self) -> AgentSettings:
         if self.join_token_file is not None and not self.join_token:
@@ -71,6 +145,28 @@ class AgentSettings(BaseSettings):
             except OSError as exc:
                 raise ValueError(f"join_token_file: cannot read it: {exc.strerror}") from None
         return self
+
+    @field_validator("master_cert_file")
+    @classmethod
+    def _a_ca_file(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            try:
+                data = value.read_bytes()
+            except OSError as exc:
+                raise ValueError(f"cannot read {value}: {exc.strerror}") from None
+            if b"-----BEGIN CERTIFICATE-----" not in data:
+                raise ValueError(f"no PEM certificate in {value}")
+        return value
+
+    @field_validator("master_cert_name")
+    @classmethod
+    def _name_with_a_ca_file(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and "master_cert_file" in info.data:  # not when that is invalid
+            if info.data["master_cert_file"] is None:
+                raise ValueError("needs master_cert_file, the CA to verify the master with")
+            if not value.strip():
+                raise ValueError("must not be blank")
+        return value
 
     @classmethod
     def settings_customise_sources(

@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import logging
-import os
+import ssl
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import AfterValidator, BaseModel, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
+
+from resolute._yaml_settings import YamlFileSource
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +39,70 @@ class DatabaseSettings(BaseModel):
     echo: bool = Field(default=False, description="Log every SQL statement (debugging only).")
 
 
+class TlsSettings(BaseModel):
+    """The master's certificate: with it the HTTP API and the agent port both speak TLS."""
+
+    cert_file: Path | None = Field(
+        default=None,
+        description=(
+            "PEM certificate (with its chain) the master presents on the HTTP API and the agent "
+            "port; set key_file with it. `det-master certs` makes one with its own CA."
+        ),
+    )
+    key_file: Path | None = Field(
+        default=None, description="The unencrypted PEM private key of cert_file."
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert_file is not None
+
+    @field_validator("cert_file", "key_file")
+    @classmethod
+    def _readable_pem(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
+        try:
+            data = value.read_bytes()
+        except OSError as exc:
+            raise ValueError(f"cannot read {value}: {exc.strerror}") from None
+        if info.field_name == "cert_file" and b"-----BEGIN CERTIFICATE-----" not in data:
+            raise ValueError(f"no PEM certificate in {value}")
+        if info.field_name == "key_file":
+            if b"PRIVATE KEY-----" not in data:
+                raise ValueError(f"no PEM private key in {value}")
+            if b"ENCRYPTED" in data:
+                raise ValueError(f"the key in {value} is encrypted; give it unencrypted")
+        return value
+
+    @model_validator(mode="after")
+    def _a_readable_pair(self) -> TlsSettings:
+        # Checked here, so a bad file stops the master at start with the setting's name,
+        # not later inside uvicorn or gRPC with a traceback.
+        if (self.cert_file is None) != (self.key_file is None):
+            given, missing = (
+                ("cert_file", "key_file") if self.key_file is None else ("key_file", "cert_file")
+            )
+            raise ValueError(f"{missing} is not set: {given} is, and TLS needs both")
+        if self.cert_file is None or self.key_file is None:
+            return self
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            # A callable password: OpenSSL would otherwise prompt on the terminal.
+            context.load_cert_chain(self.cert_file, self.key_file, password=_no_password)
+        except (ssl.SSLError, ValueError) as exc:
+            reason = getattr(exc, "reason", None) or str(exc)
+            raise ValueError(
+                f"cert_file {self.cert_file} and key_file {self.key_file} are not a "
+                f"certificate and its key: {reason}"
+            ) from None
+        return self
+
+
+def _no_password() -> str:
+    raise ValueError("the key asks for a password")
+
+
 class SecuritySettings(BaseModel):
     initial_user_password: str = Field(
         default="",
@@ -40,6 +112,34 @@ class SecuritySettings(BaseModel):
         ),
     )
     token_ttl_hours: int = Field(default=24 * 7, ge=1, description="Lifetime of a login token.")
+    allow_empty_passwords: bool = Field(
+        default=False,
+        description=(
+            "Start on a non-loopback address although a default user (admin, determined) "
+            "still has an empty password. Without it the master refuses to start there."
+        ),
+    )
+    login_max_failures: int = Field(
+        default=10,
+        ge=1,
+        le=10_000,
+        description="Failed logins per user name and per client address within "
+        "login_window_s before further logins from there get 429.",
+    )
+    login_window_s: float = Field(
+        default=60.0, gt=0, le=86_400, description="The window of login_max_failures."
+    )
+    metrics_token: str = Field(
+        default="",
+        description=(
+            "Bearer token Prometheus sends to /metrics (checked without the database, so "
+            "metrics are served during an outage). Empty: /metrics takes any user's token."
+        ),
+    )
+    tls: TlsSettings = Field(
+        default_factory=TlsSettings,
+        description="TLS on both ports. Unset: plain HTTP and gRPC, for localhost development.",
+    )
 
 
 class SchedulerSettings(BaseModel):
@@ -237,8 +337,8 @@ class MasterSettings(BaseSettings):
     external_url: str = Field(
         default="",
         description=(
-            "URL ranks use to reach the HTTP API (DET_MASTER). Empty: http://<host>:<port>, "
-            "with 127.0.0.1 for a wildcard host."
+            "URL ranks use to reach the HTTP API (DET_MASTER). Empty: http://<host>:<port> "
+            "(https with security.tls), with 127.0.0.1 for a wildcard host."
         ),
     )
     migrate_on_start: bool = Field(
@@ -257,6 +357,16 @@ class MasterSettings(BaseSettings):
         if level not in logging.getLevelNamesMapping():
             raise ValueError(f"unknown log level {value!r}")
         return level
+
+    @model_validator(mode="after")
+    def _external_url_matches_tls(self) -> MasterSettings:
+        # Ranks are told this URL: plain http to a TLS port would fail only at their start.
+        if self.security.tls.enabled and self.external_url.startswith("http://"):
+            raise ValueError(
+                f"external_url {self.external_url!r}: the master serves https "
+                "(security.tls is set); tell ranks https://"
+            )
+        return self
 
     @model_validator(mode="after")
     def _standby_needs_postgres(self) -> MasterSettings:
@@ -293,7 +403,8 @@ class MasterSettings(BaseSettings):
         if self.external_url:
             return self.external_url.rstrip("/")
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
-        return f"http://{host}:{self.port}"
+        scheme = "https" if self.security.tls.enabled else "http"
+        return f"{scheme}://{host}:{self.port}"
 
     @property
     def max_model_definition_bytes(self) -> int:
@@ -310,28 +421,6 @@ class MasterSettings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Priority: explicit arguments (CLI flags) > environment > YAML file.
         return (init_settings, env_settings, YamlFileSource(settings_cls, CONFIG_FILE_ENV))
-
-
-class YamlFileSource(PydanticBaseSettingsSource):
-    """Reads the YAML file named by an environment variable, if it is set (the master's
-    and the agent's settings both use it)."""
-
-    def __init__(self, settings_cls: type[BaseSettings], env_var: str) -> None:
-        super().__init__(settings_cls)
-        self.env_var = env_var
-
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False  # unused: __call__ returns the whole mapping
-
-    def __call__(self) -> dict[str, Any]:
-        path = os.environ.get(self.env_var)
-        if not path:
-            return {}
-        text = Path(path).read_text(encoding="utf-8")
-        data = yaml.safe_load(text) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: the config file must be a YAML mapping")
-        return data
 
 
 def async_database_url(url: str, data_dir: Path) -> str:
