@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import ipaddress
 import logging
+import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -13,6 +15,7 @@ from contextlib import asynccontextmanager
 import grpc
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import RedirectResponse
+from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from master import web
@@ -26,6 +29,7 @@ from master.api.routes import (
     logs,
     templates,
     trials,
+    users,
     workspaces,
 )
 from master.db.migrate import upgrade_to_head
@@ -153,12 +157,19 @@ def create_app(settings: MasterSettings) -> FastAPI:
                 await auth_service.ensure_default_users(
                     session, settings.security.initial_user_password
                 )
+                await _refuse_open_default_users(session, settings)
                 await workspace_service.ensure_defaults(session)
                 await allocation_service.ensure_scheduler_state(session)
                 await allocation_service.enqueue_orphaned_trials(session)
 
         if leadership is None:
-            await prepare_the_database()
+            try:
+                await prepare_the_database()
+            except EmptyPasswordsOnNetwork:
+                # Said once above, without the server's traceback around it: a refusal,
+                # not a crash. (Leaders check in lead() and exit through its failure path.)
+                logging.shutdown()
+                os._exit(EXIT_REFUSED)
         # Everything built so far lives as long as the process: keep it out of the
         # collector's full passes, which otherwise walk it all while a request waits.
         gc.freeze()
@@ -268,12 +279,66 @@ def create_app(settings: MasterSettings) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=request_body_limit(settings))
     app.add_middleware(JsonBodyMiddleware)
     app.state.preemption = PreemptionSignals()
-    for module in (info, health, auth, workspaces, templates, experiments, trials, cluster, logs):
+    app.state.login_limiter = auth_service.LoginLimiter(
+        settings.security.login_max_failures, settings.security.login_window_s
+    )
+    for module in (
+        info,
+        health,
+        auth,
+        users,
+        workspaces,
+        templates,
+        experiments,
+        trials,
+        cluster,
+        logs,
+    ):
         app.include_router(module.router)
     app.include_router(trials.download_router)
     web.mount_static(app)
     app.include_router(web.router)
     return app
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost, or anything unexpected
+
+
+async def _refuse_open_default_users(session: AsyncSession, settings: MasterSettings) -> None:
+    """Anyone who reaches a non-loopback port could sign in as a default user with an
+    empty password (Ray's CVE-2023-48022 was the same open door): refuse, unless told."""
+    open_users = await auth_service.default_users_with_empty_password(session)
+    if not open_users or is_loopback(settings.host):
+        return
+    if settings.security.allow_empty_passwords:
+        log.warning(
+            "listening on %s while users %s have empty passwords "
+            "(security.allow_empty_passwords is set)",
+            settings.host,
+            ", ".join(open_users),
+        )
+        return
+    message = (
+        f"refusing to listen on {settings.host}: users {', '.join(open_users)} have empty "
+        "passwords, so anyone who reaches the port could sign in. Set their passwords "
+        "(det user change-password), or DET_MASTER_SECURITY__INITIAL_USER_PASSWORD before the "
+        "first start, or listen on 127.0.0.1; security.allow_empty_passwords=true starts anyway"
+    )
+    log.critical(message)
+    raise EmptyPasswordsOnNetwork(message)
+
+
+EXIT_REFUSED = 2
+
+
+class EmptyPasswordsOnNetwork(RuntimeError):
+    """The master will not start: see _refuse_open_default_users."""
 
 
 def _cluster_id(settings: MasterSettings) -> str:

@@ -51,6 +51,17 @@ class PayloadTooLarge(MasterError):
     grpc_code = 8  # RESOURCE_EXHAUSTED
 
 
+class TooManyRequests(MasterError):
+    """Slow down (login attempts); `retry_after_s` becomes the Retry-After header."""
+
+    http_status = 429
+    grpc_code = 8  # RESOURCE_EXHAUSTED
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class Unauthenticated(MasterError):
     http_status = 401
     grpc_code = 16

@@ -142,6 +142,8 @@ async def reset_database(application: FastAPI) -> None:
     # allocation ids: an earlier test's signal must not reach this one.
     signals = PreemptionSignals()
     application.state.preemption = application.state.agent_hub.preemption = signals
+    # Failed logins of an earlier test must not slow this one's down.
+    application.state.login_limiter = auth_service.LoginLimiter()
 
 
 @pytest_asyncio.fixture
@@ -160,6 +162,17 @@ async def api(anon: httpx.AsyncClient) -> httpx.AsyncClient:
     assert reply.status_code == 200, reply.text
     anon.headers["Authorization"] = f"Bearer {reply.json()['token']}"
     return anon
+
+
+@pytest_asyncio.fixture
+async def admin(app: FastAPI, api: httpx.AsyncClient) -> AsyncIterator[httpx.AsyncClient]:
+    """Beside `api` (whose clean database it shares): a client signed in as `admin`."""
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://master") as client:
+        reply = await client.post("/api/v1/auth/login", json={"username": "admin", "password": ""})
+        assert reply.status_code == 200, reply.text
+        client.headers["Authorization"] = f"Bearer {reply.json()['token']}"
+        yield client
 
 
 @pytest.fixture

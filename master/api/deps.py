@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
@@ -12,10 +12,12 @@ from master.db.models import MAX_INT as MAX_INT  # re-exported: routes bound the
 from master.db.models import UserModel
 from master.db.session import session_scope
 from master.errors import Unauthenticated
-from master.services import auth
+from master.services import access, auth
 from master.services.allocations import WAKE_SCHEDULER
 from master.services.preemption import PreemptionSignals
 from master.settings import MasterSettings
+
+AFTER_COMMIT = "after_commit"
 
 
 def get_settings(request: Request) -> MasterSettings:
@@ -32,9 +34,16 @@ async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
     factory: async_sessionmaker[AsyncSession] = request.app.state.session_factory
     async with session_scope(factory) as session:
         yield session
+    for action in session.info.get(AFTER_COMMIT, ()):
+        action()
     if session.info.get(WAKE_SCHEDULER):
         # Only now is the new work visible to the scheduler's own transaction.
         request.app.state.scheduler.wake()
+
+
+def after_commit(session: AsyncSession, action: Callable[[], None]) -> None:
+    """Run `action` once the request's transaction has committed (never if it fails)."""
+    session.info.setdefault(AFTER_COMMIT, []).append(action)
 
 
 ObjectId = Annotated[int, Path(ge=0, le=MAX_INT)]
@@ -55,10 +64,28 @@ def bearer_token(request: Request) -> str:
 
 
 async def current_user(request: Request, session: SessionDep) -> UserModel:
-    return await auth.user_for_token(session, bearer_token(request))
+    user = await auth.user_for_token(session, bearer_token(request))
+    if session.info.get(access.TOKEN_KIND) == access.TASK:
+        route = request.scope.get("route")
+        await access.check_task_scope(
+            session,
+            session.info[access.TOKEN_TRIAL_ID],
+            request.method,
+            getattr(route, "path", request.url.path),
+            dict(request.path_params),
+        )
+    return user
 
 
 CurrentUser = Annotated[UserModel, Depends(current_user)]
+
+
+async def current_actor(user: CurrentUser) -> access.Actor:
+    return access.Actor.of(user)
+
+
+# The signed-in user as plain values, for the permission checks in master/services/access.py.
+CurrentActor = Annotated[access.Actor, Depends(current_actor)]
 
 
 def preemption_signals(request: Request) -> PreemptionSignals:

@@ -13,7 +13,7 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalErr
 from starlette.exceptions import HTTPException
 
 from master.db.session import is_outage
-from master.errors import MasterError
+from master.errors import MasterError, TooManyRequests
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,8 @@ def describe_error(exc: Exception) -> Problem:
     answer: the caller's mistakes are 4xx, a busy database 503, anything else our 500."""
     if is_outage(exc):
         return Problem(503, 14, DATABASE_UNREACHABLE, headers=RETRY_AFTER)
+    if isinstance(exc, TooManyRequests):
+        return Problem(429, 8, exc.message, headers={"Retry-After": str(exc.retry_after_s)})
     if isinstance(exc, MasterError):
         return Problem(exc.http_status, exc.grpc_code, exc.message, exc.details)
     if isinstance(exc, RequestValidationError):

@@ -165,6 +165,11 @@ class UserSessionModel(Base):
     # A task token whose allocation ended: kept (until it expires) so that a report from
     # that earlier run is known for what it is, refused and counted.
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # login (POST /auth/login), access (`det token create`) or task (a run's ranks).
+    kind: Mapped[str] = mapped_column(String(16), default="login", server_default="login")
+    description: Mapped[str] = mapped_column(String(256), default="", server_default="")
+    # Task tokens only: the one trial whose routes the token opens.
+    trial_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     user: Mapped[UserModel] = relationship(lazy="raise")
 
@@ -212,6 +217,10 @@ class TemplateModel(Base):
     config: Mapped[dict[str, Any]] = mapped_column(JsonType)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # Who may change it besides admins; NULL for templates made before owners were kept.
+    owner_id: Mapped[int | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL"), nullable=True
+    )
 
 
 class ExperimentModel(Base):
@@ -422,6 +431,11 @@ class AgentModel(Base):
     interfaces: Mapped[list[dict[str, Any]]] = mapped_column(JsonType, default=list)
     registered_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # SHA-256 of the secret this agent got when it first joined with the join token; every
+    # later connection must show that secret. NULL: not enrolled yet.
+    credential_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # `det agent revoke`: the id can no longer connect.
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
 class SlotModel(Base):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import secrets
 import time
@@ -141,6 +142,10 @@ class StateMessageFailed(Exception):
     """Handling an agent's prepared/started/exited message failed; the stream must end."""
 
 
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
 def _exit_ack(allocation_id: str) -> pb.MasterMessage:
     return pb.MasterMessage(exit_ack=pb.ExitAck(allocation_id=allocation_id))
 
@@ -249,8 +254,6 @@ class AgentHub:
 
     async def open(self, hello: pb.Hello) -> tuple[Connection, pb.Welcome]:
         """Authenticate and register the agent, reconcile what it runs; raise Refusal."""
-        if not secrets.compare_digest(hello.join_token.encode(), self.join_token.encode()):
-            raise Refusal("join token missing or wrong; start the agent with --join-token")
         registration = agent_service.AgentRegistration(
             id=hello.agent_id,
             resource_pool=hello.resource_pool or self.settings.default_compute_pool,
@@ -287,7 +290,10 @@ class AgentHub:
         stop_ids: list[str] = []
         try:
             async with self._transaction() as session:
+                issued = await self._authenticate(session, hello)
                 agent = await agent_service.register_agent(session, self.settings, registration)
+                if issued:
+                    agent.credential_hash = _digest(issued)
                 agent.interfaces = [
                     {"name": i.name, "ipv4": list(i.ipv4)} for i in hello.interfaces
                 ]
@@ -317,8 +323,42 @@ class AgentHub:
             fence_after_s=self.link.fence_after_s,
             fence_kill_after_s=self.link.fence_kill_after_s,
             stop_allocation_ids=stop_ids,
+            agent_secret=issued or "",
         )
         return connection, welcome
+
+    async def _authenticate(self, session: AsyncSession, hello: pb.Hello) -> str | None:
+        """An enrolled agent id admits only its own secret; an id not seen before is
+        enrolled with the join token and gets a secret of its own (returned, to be sent in
+        the Welcome). So one node holding the join token cannot pass for another enrolled
+        node, a revoked id stays out, and the join token can be rotated without touching
+        the enrolled agents. Raises Refusal."""
+        agent = await session.get(AgentModel, hello.agent_id)
+        if agent is not None and agent.revoked_at is not None:
+            raise Refusal(
+                f"agent id {hello.agent_id!r} was revoked (det agent revoke); "
+                "start this node under a new --id"
+            )
+        if agent is not None and agent.credential_hash is not None:
+            if hello.agent_secret and secrets.compare_digest(
+                _digest(hello.agent_secret), agent.credential_hash
+            ):
+                return None
+            raise Refusal(
+                f"the credential does not match agent id {hello.agent_id!r}: that id is "
+                "enrolled and admits only its own secret (its agent-credential file)"
+            )
+        if not secrets.compare_digest(hello.join_token.encode(), self.join_token.encode()):
+            raise Refusal("join token missing or wrong; start the agent with --join-token-file")
+        log.info("agent %s enrolled with the join token", hello.agent_id)
+        return secrets.token_urlsafe(32)
+
+    def disconnect(self, agent_id: str, why: str) -> None:
+        """End an agent's stream now (it was revoked): its next Hello is refused."""
+        connection = self.connections.get(agent_id)
+        if connection is not None:
+            log.warning("closing the stream of agent %s: %s", agent_id, why)
+            self.close(connection)
 
     async def _reconcile(self, session: AsyncSession, hello: pb.Hello) -> list[str]:
         """Match the agent's running allocations with ours. Returns those it must stop."""
@@ -494,7 +534,7 @@ class AgentHub:
             for e in batch.entries
         ]
         async with self._transaction() as session:
-            await log_service.append_logs(session, connection.agent_id, lines)
+            await log_service.append_logs(session, connection.agent_id, lines, placed_only=True)
 
     async def on_prepared(self, connection: Connection, prepared: pb.AllocationPrepared) -> None:
         gang = self.gangs.get(prepared.allocation_id)
@@ -789,7 +829,7 @@ class AgentHub:
         assert trial is not None and experiment is not None  # foreign keys
         owner = await session.get(UserModel, experiment.owner_id)
         token, allocation.task_session_id = await auth_service.issue_task_token(
-            session, experiment.owner_id, TASK_TOKEN_TTL
+            session, experiment.owner_id, TASK_TOKEN_TTL, trial.id
         )
         resume = await trial_reports.resume_point(session, trial, experiment)
         steps_completed = await trial_reports.start_run_from(session, trial, resume)

@@ -163,6 +163,19 @@ async def disable_agent(session: AsyncSession, agent_id: str, *, drain: bool) ->
     return agent
 
 
+async def revoke_agent(session: AsyncSession, agent_id: str, actor: str) -> AgentModel:
+    """The agent's credential is void and its id refused from now on (a stolen or retired
+    node). It takes no new work; what it runs is fenced once its stream is closed."""
+    await hold_scheduler(session)
+    agent = await get_agent(session, agent_id)
+    if agent.revoked_at is None:
+        agent.revoked_at = utcnow()
+    agent.credential_hash = None
+    agent.enabled, agent.draining = False, False
+    log.warning("agent %s revoked by %s", agent_id, actor)
+    return agent
+
+
 async def remove_agent(session: AsyncSession, agent_id: str) -> None:
     await hold_scheduler(session)
     agent = await get_agent(session, agent_id)

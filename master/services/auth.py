@@ -10,16 +10,27 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import re
 import secrets
+import time
+from collections import deque
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.core.credentials import client_side_hash
 from master.db.models import UserModel, UserSessionModel
-from master.errors import InvalidArgument, Unauthenticated
+from master.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    TooManyRequests,
+    Unauthenticated,
+)
 from master.services import counters
+from master.services.access import TASK, TOKEN_KIND, TOKEN_TRIAL_ID, Actor, may_act_for_user
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +42,11 @@ STALE_RUN = (
     "reporting, and its reports are refused"
 )
 DEFAULT_USERS = (("admin", True), ("determined", False))
+LOGIN, ACCESS = "login", "access"
+USERNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$")
+# `det token create` without --expiration-days; Determined's default is 30 days.
+DEFAULT_ACCESS_TOKEN_LIFESPAN = timedelta(days=30)
+MAX_ACCESS_TOKEN_LIFESPAN = timedelta(days=3650)
 
 
 def hash_password(password: str, *, is_hashed: bool = False) -> str:
@@ -56,6 +72,32 @@ def password_matches(stored: str, password: str, *, is_hashed: bool) -> bool:
 
 def _token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+async def _mint(
+    session: AsyncSession,
+    user_id: int,
+    ttl: timedelta,
+    kind: str,
+    *,
+    trial_id: int | None = None,
+    description: str = "",
+) -> tuple[str, UserSessionModel]:
+    """A new bearer token and its row; only the token's SHA-256 is stored."""
+    token = secrets.token_urlsafe(32)
+    now = datetime.now(UTC)
+    row = UserSessionModel(
+        user_id=user_id,
+        token_hash=_token_digest(token),
+        created_at=now,
+        expires_at=now + ttl,
+        kind=kind,
+        trial_id=trial_id,
+        description=description,
+    )
+    session.add(row)
+    await session.flush()
+    return token, row
 
 
 async def ensure_default_users(session: AsyncSession, initial_password: str) -> None:
@@ -88,28 +130,18 @@ async def login(
         raise Unauthenticated("invalid credentials")
     if not password_matches(user.password_hash, password, is_hashed=is_hashed):
         raise Unauthenticated("invalid credentials")
-    token = secrets.token_urlsafe(32)
-    now = datetime.now(UTC)
-    session.add(
-        UserSessionModel(
-            user_id=user.id, token_hash=_token_digest(token), created_at=now, expires_at=now + ttl
-        )
-    )
-    await session.flush()
+    token, _ = await _mint(session, user.id, ttl, LOGIN)
     log.info("user %s logged in", username)
     return token, user
 
 
-async def issue_task_token(session: AsyncSession, user_id: int, ttl: timedelta) -> tuple[str, int]:
-    """A token for a task's processes to call the API as the experiment's owner, and the
-    id of its session row (revoke it with `revoke_session` when the task ends)."""
-    token = secrets.token_urlsafe(32)
-    now = datetime.now(UTC)
-    row = UserSessionModel(
-        user_id=user_id, token_hash=_token_digest(token), created_at=now, expires_at=now + ttl
-    )
-    session.add(row)
-    await session.flush()
+async def issue_task_token(
+    session: AsyncSession, user_id: int, ttl: timedelta, trial_id: int
+) -> tuple[str, int]:
+    """A token for a task's processes to call the API as the experiment's owner, on that
+    one trial's routes only (access.check_task_scope), and the id of its session row
+    (revoke it with `revoke_session` when the task ends)."""
+    token, row = await _mint(session, user_id, ttl, TASK, trial_id=trial_id)
     return token, row.id
 
 
@@ -151,9 +183,13 @@ async def user_for_token(session: AsyncSession, token: str) -> UserModel:
     if row is None or row.expires_at <= datetime.now(UTC):
         raise Unauthenticated("invalid or expired token; log in again")
     if row.revoked_at is not None:
+        if row.kind != TASK:
+            raise Unauthenticated("this token has been revoked; log in again")
         counters.stale_reports["request"] += 1
         raise Unauthenticated(STALE_RUN)
     session.info[TOKEN_SESSION_ID] = row.id
+    session.info[TOKEN_KIND] = row.kind
+    session.info[TOKEN_TRIAL_ID] = row.trial_id if row.kind == TASK else None
     user = await session.get(UserModel, row.user_id)
     if user is None or not user.active:
         raise Unauthenticated("user is no longer active")
@@ -161,6 +197,261 @@ async def user_for_token(session: AsyncSession, token: str) -> UserModel:
 
 
 async def logout(session: AsyncSession, token: str) -> None:
+    """Ends a login; an access token or a run's token is not ended by a logout with it."""
     await session.execute(
-        delete(UserSessionModel).where(UserSessionModel.token_hash == _token_digest(token))
+        delete(UserSessionModel).where(
+            UserSessionModel.token_hash == _token_digest(token), UserSessionModel.kind == LOGIN
+        )
     )
+
+
+async def default_users_with_empty_password(session: AsyncSession) -> list[str]:
+    """The default users an attacker could sign in as with no password at all."""
+    names = [name for name, _ in DEFAULT_USERS]
+    rows = await session.execute(
+        select(UserModel.username, UserModel.password_hash).where(
+            UserModel.username.in_(names), UserModel.active.is_(True)
+        )
+    )
+    return sorted(
+        name for name, stored in rows.all() if password_matches(stored, "", is_hashed=False)
+    )
+
+
+# -- users -----------------------------------------------------------------------------------
+
+
+def check_username(username: str) -> str:
+    if not USERNAME.match(username or ""):
+        raise InvalidArgument(
+            f"username: {username!r} must be 1-128 letters, digits or . _ @ -, "
+            "starting with a letter or digit"
+        )
+    return username
+
+
+async def get_user(session: AsyncSession, user_id: int) -> UserModel:
+    user = await session.get(UserModel, user_id)
+    if user is None:
+        raise NotFound(f"user {user_id} not found")
+    return user
+
+
+async def get_user_by_name(session: AsyncSession, username: str) -> UserModel:
+    user = await session.scalar(select(UserModel).where(UserModel.username == username))
+    if user is None:
+        raise NotFound(f"user {username!r} not found")
+    return user
+
+
+async def list_users(session: AsyncSession) -> list[UserModel]:
+    return list((await session.scalars(select(UserModel).order_by(UserModel.id))).all())
+
+
+async def create_user(
+    session: AsyncSession,
+    actor: Actor,
+    username: str,
+    password: str,
+    *,
+    is_hashed: bool,
+    admin: bool = False,
+    active: bool = True,
+    display_name: str = "",
+) -> UserModel:
+    if not actor.admin:
+        raise PermissionDenied(f"creating users is for admins; user {actor.username} is not one")
+    check_username(username)
+    if len(display_name) > 256:
+        raise InvalidArgument("displayName: at most 256 characters")
+    exists = await session.scalar(
+        select(func.count()).select_from(UserModel).where(UserModel.username == username)
+    )
+    if exists:
+        raise AlreadyExists(f"user {username!r} already exists")
+    user = UserModel(
+        username=username,
+        admin=admin,
+        active=active,
+        display_name=display_name,
+        password_hash=hash_password(password, is_hashed=is_hashed),
+    )
+    session.add(user)
+    await session.flush()
+    log.info("user %s created by %s (admin=%s)", username, actor.username, admin)
+    return user
+
+
+async def update_user(
+    session: AsyncSession,
+    actor: Actor,
+    user_id: int,
+    *,
+    active: bool | None = None,
+    admin: bool | None = None,
+    display_name: str | None = None,
+    password: str | None = None,
+    is_hashed: bool = False,
+) -> UserModel:
+    """Users change their own display name and password; only admins change the rest."""
+    may_act_for_user(actor, user_id, "change the account")
+    user = await get_user(session, user_id)
+    if (active is not None and active != user.active) or (
+        admin is not None and admin != user.admin
+    ):
+        if not actor.admin:
+            raise PermissionDenied("only an admin may activate, deactivate or promote users")
+        if user.id == actor.user_id and (active is False or admin is False):
+            raise InvalidArgument(
+                "an admin cannot deactivate or demote themselves; ask another admin"
+            )
+    if display_name is not None:
+        if len(display_name) > 256:
+            raise InvalidArgument("displayName: at most 256 characters")
+        user.display_name = display_name
+    if active is not None:
+        user.active = active
+    if admin is not None:
+        user.admin = admin
+    if password is not None:
+        user.password_hash = hash_password(password, is_hashed=is_hashed)
+    if password is not None or active is False:
+        # A new password or a deactivation ends the user's logins (not their runs' tokens).
+        await session.execute(
+            delete(UserSessionModel).where(
+                UserSessionModel.user_id == user.id, UserSessionModel.kind == LOGIN
+            )
+        )
+    await session.flush()
+    log.info("user %s changed by %s", user.username, actor.username)
+    return user
+
+
+# -- access tokens (det token) ---------------------------------------------------------------
+
+
+def parse_lifespan(value: str | None) -> timedelta:
+    """Determined's lifespan: a Go duration in hours ("720h") as its CLI sends, or days
+    ("30d"); "-1" is its spelling of the longest allowed."""
+    if value is None or value == "":
+        return DEFAULT_ACCESS_TOKEN_LIFESPAN
+    if value.strip() == "-1":
+        return MAX_ACCESS_TOKEN_LIFESPAN
+    match = re.fullmatch(r"\s*(\d{1,7})\s*([hd])\s*", value)
+    if match is None:
+        raise InvalidArgument(f"lifespan: {value!r} is not a duration like '720h' or '30d'")
+    amount = int(match.group(1))
+    span = timedelta(hours=amount) if match.group(2) == "h" else timedelta(days=amount)
+    if span <= timedelta(0) or span > MAX_ACCESS_TOKEN_LIFESPAN:
+        raise InvalidArgument(f"lifespan: {value!r} must be between 1h and 3650d")
+    return span
+
+
+async def create_access_token(
+    session: AsyncSession, actor: Actor, user_id: int, lifespan: timedelta, description: str
+) -> tuple[str, UserSessionModel]:
+    may_act_for_user(actor, user_id, "create access tokens")
+    user = await get_user(session, user_id)
+    if not user.active:
+        raise InvalidArgument(f"user {user.username} is deactivated")
+    if len(description) > 256:
+        raise InvalidArgument("description: at most 256 characters")
+    token, row = await _mint(session, user.id, lifespan, ACCESS, description=description)
+    log.info("access token %d for %s created by %s", row.id, user.username, actor.username)
+    return token, row
+
+
+async def list_access_tokens(
+    session: AsyncSession,
+    actor: Actor,
+    *,
+    username: str | None,
+    token_ids: list[int],
+    show_inactive: bool,
+) -> list[tuple[UserSessionModel, str]]:
+    """Access tokens and their users' names: one's own, or everyone's for an admin."""
+    query = (
+        select(UserSessionModel, UserModel.username)
+        .join(UserModel, UserModel.id == UserSessionModel.user_id)
+        .where(UserSessionModel.kind == ACCESS)
+        .order_by(UserSessionModel.id)
+    )
+    if not actor.admin:
+        query = query.where(UserSessionModel.user_id == actor.user_id)
+    if username:
+        query = query.where(UserModel.username == username)
+    if token_ids:
+        query = query.where(UserSessionModel.id.in_(token_ids))
+    if not show_inactive:
+        query = query.where(
+            UserSessionModel.revoked_at.is_(None),
+            UserSessionModel.expires_at > datetime.now(UTC),
+        )
+    return [(row, name) for row, name in (await session.execute(query)).all()]
+
+
+async def patch_access_token(
+    session: AsyncSession,
+    actor: Actor,
+    token_id: int,
+    *,
+    revoke: bool | None,
+    description: str | None,
+) -> UserSessionModel:
+    row = await session.get(UserSessionModel, token_id)
+    if row is None or row.kind != ACCESS:
+        raise NotFound(f"access token {token_id} not found")
+    may_act_for_user(actor, row.user_id, "change the access tokens")
+    if description is not None:
+        if len(description) > 256:
+            raise InvalidArgument("description: at most 256 characters")
+        row.description = description
+    if revoke and row.revoked_at is None:
+        row.revoked_at = datetime.now(UTC)
+        log.info("access token %d revoked by %s", token_id, actor.username)
+    elif revoke is False and row.revoked_at is not None:
+        raise InvalidArgument("setRevoked: a revoked token cannot be made valid again")
+    await session.flush()
+    return row
+
+
+# -- login rate limit ------------------------------------------------------------------------
+
+
+class LoginLimiter:
+    """Failed logins per user name and per client address in a sliding window: past the
+    limit, logins from there (even right ones) wait, so passwords cannot be guessed at
+    the speed of the network. In memory: a restart forgets, as Determined's did nothing."""
+
+    def __init__(self, max_failures: int = 10, window_s: float = 60.0) -> None:
+        self.max_failures = max_failures
+        self.window_s = window_s
+        self._failures: dict[str, deque[float]] = {}
+
+    def _recent(self, key: str, now: float) -> deque[float]:
+        times = self._failures.setdefault(key, deque())
+        while times and times[0] <= now - self.window_s:
+            times.popleft()
+        return times
+
+    def check(self, username: str, client: str) -> None:
+        now = time.monotonic()
+        for key, what in ((f"user:{username}", "user"), (f"addr:{client}", "address")):
+            times = self._recent(key, now)
+            if len(times) >= self.max_failures:
+                retry = max(1, int(times[0] + self.window_s - now) + 1)
+                raise TooManyRequests(
+                    f"too many failed logins for {what} {key.split(':', 1)[1]!r}; "
+                    f"try again in {retry}s",
+                    retry_after_s=retry,
+                )
+
+    def failed(self, username: str, client: str) -> None:
+        now = time.monotonic()
+        for key in (f"user:{username}", f"addr:{client}"):
+            self._recent(key, now).append(now)
+        if len(self._failures) > 100_000:  # bound the memory a flood of names can take
+            self._failures.clear()
+
+    def succeeded(self, username: str) -> None:
+        self._failures.pop(f"user:{username}", None)

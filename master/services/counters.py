@@ -11,3 +11,7 @@ from collections import Counter
 # Reports refused because they came from a run that had already ended ("stale"), by what
 # they reported: metrics, checkpoint, progress, ... The fence's evidence that it worked.
 stale_reports: Counter[str] = Counter()
+
+# Agent messages refused because they named an allocation not placed on the sending agent
+# (a confused or impersonating node), by kind: logs, exited, ...
+foreign_agent_messages: Counter[str] = Counter()

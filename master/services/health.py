@@ -161,6 +161,12 @@ def _memory_metrics(
         (({"kind": kind}, n) for kind, n in sorted(counters.stale_reports.items())),
     )
     out.metric(
+        "resolute_foreign_agent_messages_total",
+        "counter",
+        "Agent messages dropped because they named an allocation not placed on that agent.",
+        (({"kind": kind}, n) for kind, n in sorted(counters.foreign_agent_messages.items())),
+    )
+    out.metric(
         "resolute_fenced_runs_total",
         "counter",
         "Runs whose ranks an agent's fence killed (no acknowledged heartbeat in time).",

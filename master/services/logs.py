@@ -16,9 +16,16 @@ from datetime import UTC, datetime
 from sqlalchemy import Select, false, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from master.db.models import AllocationModel, TaskLogModel, TrialModel, TrialState
+from master.db.models import (
+    AllocationModel,
+    AllocationSlotModel,
+    TaskLogModel,
+    TrialModel,
+    TrialState,
+)
 from master.db.session import session_scope
 from master.errors import NotFound
+from master.services import counters
 from master.services.allocations import task_id as trial_task_id
 
 log = logging.getLogger(__name__)
@@ -122,16 +129,65 @@ def clip_message(message: str) -> str:
     return f"{clipped}... [clipped: {len(data)} bytes]{end}"
 
 
+async def _placed_on(
+    session: AsyncSession, agent_id: str, owners: dict[str, tuple[int, str]]
+) -> set[str]:
+    """Of these allocations, those placed on the agent: held on its slots (or its zero-slot
+    task) now, or ended with lines of this agent already stored (slot rows go at release,
+    and an agent's last lines may follow its exit report after a reconnect)."""
+    ids = sorted(owners)
+    held = set(
+        (
+            await session.scalars(
+                select(AllocationSlotModel.allocation_id).where(
+                    AllocationSlotModel.agent_id == agent_id,
+                    AllocationSlotModel.allocation_id.in_(ids),
+                )
+            )
+        ).all()
+    )
+    held |= set(
+        (
+            await session.scalars(
+                select(AllocationModel.id).where(
+                    AllocationModel.id.in_(ids), AllocationModel.zero_slot_agent_id == agent_id
+                )
+            )
+        ).all()
+    )
+    rest = [i for i in ids if i not in held]
+    if rest:
+        trial_ids = sorted({owners[i][0] for i in rest})
+        held |= set(
+            (
+                await session.scalars(
+                    select(TaskLogModel.allocation_id)
+                    .where(
+                        TaskLogModel.trial_id.in_(trial_ids),
+                        TaskLogModel.allocation_id.in_(rest),
+                        TaskLogModel.agent_id == agent_id,
+                    )
+                    .distinct()
+                )
+            ).all()
+        )
+    return held
+
+
 def _utc(moment: datetime) -> datetime:
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
 
 
-async def append_logs(session: AsyncSession, agent_id: str, lines: Sequence[LogLine]) -> int:
+async def append_logs(
+    session: AsyncSession, agent_id: str, lines: Sequence[LogLine], *, placed_only: bool = False
+) -> int:
     """Store a batch an agent sent; returns how many lines were kept.
 
     Lines of allocations this master does not know are dropped with a warning, never the
-    whole batch. The caller commits, and soon: on Postgres this holds a lock per trial
-    until then, so call it first in its transaction (or alone) to avoid lock-order waits.
+    whole batch; with `placed_only` (an agent's batch), so are lines of allocations that
+    were never placed on `agent_id`: a node writes only into its own trials' logs. The
+    caller commits, and soon: on Postgres this holds a lock per trial until then, so call
+    it first in its transaction (or alone) to avoid lock-order waits.
     """
     if not lines:
         return 0
@@ -146,6 +202,20 @@ async def append_logs(session: AsyncSession, agent_id: str, lines: Sequence[LogL
             )
         ).all()
     }
+    if placed_only and owners:
+        placed = await _placed_on(session, agent_id, owners)
+        foreign = sorted(owners.keys() - placed)
+        if foreign:
+            counted = sum(1 for line in lines if line.allocation_id in foreign)
+            counters.foreign_agent_messages["logs"] += counted
+            log.warning(
+                "dropped %d log lines from agent %s for allocations not placed on it: %s",
+                counted,
+                agent_id,
+                ", ".join(foreign[:5]),
+            )
+            owners = {k: v for k, v in owners.items() if k in placed}
+            lines = [line for line in lines if line.allocation_id in placed]
     rows = []
     dropped = 0
     for line in lines:
@@ -167,7 +237,7 @@ async def append_logs(session: AsyncSession, agent_id: str, lines: Sequence[LogL
             }
         )
     if dropped:
-        unknown = sorted(set(allocation_ids) - owners.keys())
+        unknown = sorted({line.allocation_id for line in lines} - owners.keys())
         log.warning(
             "dropped %d log lines from agent %s: unknown allocations %s",
             dropped,

@@ -57,6 +57,11 @@ async def get_template(session: AsyncSession, name: str) -> TemplateModel:
     return row
 
 
+async def template_exists(session: AsyncSession, name: str) -> bool:
+    found = await session.scalar(select(TemplateModel.id).where(TemplateModel.name == name))
+    return found is not None
+
+
 async def list_templates(
     session: AsyncSession, *, offset: int, limit: int, name: str | None = None
 ) -> tuple[list[TemplateModel], int]:
@@ -71,7 +76,11 @@ async def list_templates(
 
 
 async def create_template(
-    session: AsyncSession, name: str, config: Any, workspace_id: int | None
+    session: AsyncSession,
+    name: str,
+    config: Any,
+    workspace_id: int | None,
+    owner_id: int | None = None,
 ) -> TemplateModel:
     check_template_name(name)
     config = check_template_config(config)
@@ -79,7 +88,7 @@ async def create_template(
     existing = await session.scalar(select(TemplateModel.id).where(TemplateModel.name == name))
     if existing is not None:
         raise AlreadyExists(f"template {name} already exists")
-    row = TemplateModel(name=name, config=config, workspace_id=workspace.id)
+    row = TemplateModel(name=name, config=config, workspace_id=workspace.id, owner_id=owner_id)
     session.add(row)
     await session.flush()
     log.info("created template %s", name)
@@ -97,14 +106,18 @@ async def replace_template_config(session: AsyncSession, name: str, config: Any)
 
 
 async def put_template(
-    session: AsyncSession, name: str, config: Any, workspace_id: int | None
+    session: AsyncSession,
+    name: str,
+    config: Any,
+    workspace_id: int | None,
+    owner_id: int | None = None,
 ) -> TemplateModel:
     """Create or replace (Determined's PUT)."""
     check_template_name(name)
     row = await session.scalar(select(TemplateModel).where(TemplateModel.name == name))
     config = check_template_config(config, row.config if row is not None else None)
     if row is None:
-        return await create_template(session, name, config, workspace_id)
+        return await create_template(session, name, config, workspace_id, owner_id)
     row.config = config
     row.updated_at = utcnow()
     if workspace_id:

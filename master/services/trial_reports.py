@@ -29,7 +29,7 @@ from master.db.models import (
     utcnow,
 )
 from master.errors import Conflict, InvalidArgument, NotFound, PermissionDenied
-from master.services import auth
+from master.services import access, auth
 from resolute.storage import checkpoint_location
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,7 @@ async def trial_for_report(
     the ranks' token is) or an admin; and if the reporting run has not ended, a check
     held until the report commits (auth.confirm_token_live)."""
     await auth.confirm_token_live(session, what)
+    access.require_token_for_trial(session.info.get(access.TOKEN_TRIAL_ID), trial_id)
     trial = await session.get(TrialModel, trial_id)
     if trial is None:
         raise NotFound(f"trial {trial_id} not found")

@@ -7,7 +7,7 @@ from datetime import timedelta
 from fastapi import APIRouter, Request, Response
 
 from master.api.deps import SessionDep, SettingsDep
-from master.errors import InvalidArgument, Unauthenticated
+from master.errors import InvalidArgument, TooManyRequests, Unauthenticated
 from master.services import auth
 from master.web.common import (
     COOKIE,
@@ -48,15 +48,24 @@ async def login(request: Request, session: SessionDep, settings: SettingsDep) ->
     username = form.get("username").strip()
     target = safe_next(form.get("next", "/ui/"))
     ttl = timedelta(hours=settings.security.token_ttl_hours)
+    limiter: auth.LoginLimiter = request.app.state.login_limiter
+    client = request.client.host if request.client else "unknown"
     try:
-        token, _user = await auth.login(
-            session, username, form.get("password"), is_hashed=False, ttl=ttl
-        )
-    except (InvalidArgument, Unauthenticated) as exc:
+        limiter.check(username, client)
+        try:
+            token, _user = await auth.login(
+                session, username, form.get("password"), is_hashed=False, ttl=ttl
+            )
+        except Unauthenticated:
+            limiter.failed(username, client)
+            raise
+    except (InvalidArgument, Unauthenticated, TooManyRequests) as exc:
         await session.rollback()
         message = "Enter a username." if isinstance(exc, InvalidArgument) else exc.message
         context = {"next": target, "username": username, "error": message}
-        return page_response(request, "login.html", context)
+        status = 429 if isinstance(exc, TooManyRequests) else 200
+        return page_response(request, "login.html", context, status=status)
+    limiter.succeeded(username)
     response = redirect(target)
     response.set_cookie(
         COOKIE,

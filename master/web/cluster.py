@@ -12,7 +12,7 @@ from master.api.deps import SessionDep, SettingsDep
 from master.db.models import AgentMetricModel
 from master.errors import InvalidArgument, MasterError
 from master.schemas import cluster as wire
-from master.services import agents, metrics, tasks
+from master.services import access, agents, metrics, tasks
 from master.services.agents import AgentView
 from master.services.tasks import TaskView
 from master.settings import MasterSettings
@@ -151,6 +151,7 @@ async def agent_action(
 ) -> Response:
     await checked_form(request, web)
     try:
+        access.require_admin(web.actor, f"{action} an agent")
         if action == "enable":
             await agents.enable_agent(session, agent_id)
         else:

@@ -32,7 +32,7 @@ from starlette.types import Scope
 from master.api.deps import MAX_INT, SessionDep
 from master.api.errors import describe_error, error_response, note_outage
 from master.errors import InvalidArgument, MasterError, PayloadTooLarge, PermissionDenied
-from master.services import auth
+from master.services import access, auth
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +218,11 @@ class WebSession:
     username: str
     user_id: int
     token: str
+    admin: bool = False
+
+    @property
+    def actor(self) -> access.Actor:
+        return access.Actor(user_id=self.user_id, username=self.username, admin=self.admin)
 
     @property
     def csrf(self) -> str:
@@ -232,7 +237,9 @@ async def web_session(request: Request, session: SessionDep) -> WebSession:
         user = await auth.user_for_token(session, token)
     except MasterError:
         raise SignInRequired from None
-    return WebSession(username=user.username, user_id=user.id, token=token)
+    if session.info.get(access.TOKEN_KIND) == access.TASK:
+        raise SignInRequired  # a run's token opens its trial's API routes, not the dashboard
+    return WebSession(username=user.username, user_id=user.id, token=token, admin=user.admin)
 
 
 WebSessionDep = Annotated[WebSession, Depends(web_session)]

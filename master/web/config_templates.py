@@ -12,7 +12,7 @@ from fastapi import APIRouter, Query, Request, Response
 from master.api.deps import SessionDep
 from master.core.expconf import parse_yaml
 from master.errors import AlreadyExists, InvalidArgument, MasterError
-from master.services import templates
+from master.services import access, templates
 from master.services.configs import config_errors_as_invalid_argument
 from master.web.common import (
     PagingDep,
@@ -130,7 +130,7 @@ async def create_template(request: Request, session: SessionDep, web: WebSession
         errors.config = _config_problems(exc)
     if not errors and config is not None:
         try:
-            await templates.create_template(session, name, config, None)
+            await templates.create_template(session, name, config, None, web.user_id)
         except AlreadyExists as exc:
             errors.name = exc.message
         except InvalidArgument as exc:
@@ -161,7 +161,8 @@ async def edit_template(
     request: Request, name: str, session: SessionDep, web: WebSessionDep
 ) -> Response:
     form = await checked_form(request, web)
-    await templates.get_template(session, name)  # a 404 page for a template deleted meanwhile
+    # A 404 page for a template deleted meanwhile, a 403 page for another user's.
+    await access.require_template_owner(session, web.actor, name, "change it")
     text = form.get("config")
     try:
         await templates.replace_template_config(session, name, _parse(text))
@@ -187,5 +188,6 @@ async def delete_template(
     request: Request, name: str, session: SessionDep, web: WebSessionDep
 ) -> Response:
     await checked_form(request, web)
+    await access.require_template_owner(session, web.actor, name, "delete it")
     await templates.delete_template(session, name)
     return redirect("/ui/templates?notice=deleted")

@@ -17,7 +17,7 @@ from master.core.errors import ConfigError
 from master.core.expconf import parse_yaml
 from master.db.models import ExperimentState, TrialModel, TrialState
 from master.errors import InvalidArgument, MasterError
-from master.services import checkpoint_gc, experiments, logs, search, trial_reports
+from master.services import access, checkpoint_gc, experiments, logs, search, trial_reports
 from master.services.experiments import ExperimentView
 from master.services.logs import LogFilter
 from master.web.common import (
@@ -310,6 +310,7 @@ async def experiment_action(
 ) -> Response:
     await checked_form(request, web)
     try:
+        await access.require_experiment_owner(session, web.actor, experiment_id, f"{action} it")
         await _ACTIONS[action](session, experiment_id, web.username)
     except MasterError as exc:
         await session.rollback()

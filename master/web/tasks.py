@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.api.deps import SessionDep
 from master.errors import MasterError
-from master.services import experiments, tasks
+from master.services import access, experiments, tasks
 from master.web.common import (
     Paging,
     WebRoute,
@@ -73,6 +73,7 @@ async def set_priority(
     form = await checked_form(request, web)
     try:
         priority = parse_int(form, "priority", 1, 99)
+        await access.require_job_owner(session, web.actor, job_id, "change its priority")
         await experiments.set_job_priority(session, job_id, priority, web.username)
     except MasterError as exc:
         await session.rollback()

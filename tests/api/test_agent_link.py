@@ -13,7 +13,7 @@ import pytest
 from fastapi import FastAPI
 
 from master.db.session import session_scope
-from master.services import agent_link, scheduler
+from master.services import agent_link, counters, scheduler
 from master.services.agent_link import AgentHub, Connection, Refusal
 from resolute_proto.agent.v1 import agent_pb2 as pb
 
@@ -34,6 +34,21 @@ def hub_of(app: FastAPI) -> AgentHub:
     return hub
 
 
+# What each simulated agent's credential file would hold, per hub: an agent id enrolls on
+# its first Hello and must show its secret on every later one.
+_SECRETS: dict[tuple[int, str], str] = {}
+
+
+async def open_as_agent(hub: AgentHub, hello: pb.Hello) -> Connection:
+    """`hub.open`, keeping the credential the master issues, as det-agent does."""
+    key = (id(hub), hello.agent_id)
+    hello.agent_secret = _SECRETS.get(key, "")
+    connection, welcome = await hub.open(hello)
+    if welcome.agent_secret:
+        _SECRETS[key] = welcome.agent_secret
+    return connection
+
+
 async def connect(hub: AgentHub, agent_id: str) -> Connection:
     hello = pb.Hello(
         agent_id=agent_id,
@@ -46,8 +61,7 @@ async def connect(hub: AgentHub, agent_id: str) -> Connection:
             pb.NetworkInterface(name="eth0", ipv4=[f"198.18.0.{ord(agent_id[-1]) % 200}"]),
         ],
     )
-    connection, _ = await hub.open(hello)
-    return connection
+    return await open_as_agent(hub, hello)
 
 
 def sent(connection: Connection) -> list[pb.MasterMessage]:
@@ -260,13 +274,13 @@ async def test_a_kill_does_not_wait_for_a_watching_trial(
     [("pause", "STATE_PAUSED"), ("disable", "STATE_QUEUED")],
 )
 async def test_ranks_that_exit_0_when_asked_to_stop_have_not_completed(
-    app: FastAPI, api: httpx.AsyncClient, how: str, after: str
+    app: FastAPI, api: httpx.AsyncClient, admin: httpx.AsyncClient, how: str, after: str
 ) -> None:
     hub, a, b, experiment_id, allocation_id = await started_gang(app, api)
     if how == "pause":
         reply = await api.post(f"/api/v1/experiments/{experiment_id}/pause")
     else:  # an agent taken out of service asks its trials to stop and move elsewhere
-        reply = await api.post("/api/v1/agents/agent-b/disable", json={"drain": False})
+        reply = await admin.post("/api/v1/agents/agent-b/disable", json={"drain": False})
     assert reply.status_code == 200, reply.text
     await api.post(f"/api/v1/allocations/{allocation_id}/signals/ack_preemption", json={})
     await hub.tick()
@@ -519,8 +533,6 @@ def training_body(trial_id: int, run_id: int, steps: int) -> dict[str, Any]:
 async def test_a_report_from_a_run_that_has_ended_is_refused_and_counted(
     app: FastAPI, api: httpx.AsyncClient
 ) -> None:
-    from master.services import counters
-
     hub, a, b, experiment_id, allocation_id, rank = await started_gang_with_token(app, api)
     trial = await trial_of(api, experiment_id)
     run_id = int(allocation_id.split(".")[1])
@@ -566,3 +578,77 @@ async def test_a_report_racing_its_runs_end_waits_for_it_and_is_refused(
     assert reply.status_code == 401, reply.text
     metrics = (await api.get(path)).json()["metrics"]
     assert metrics == []
+
+
+# -- agent identity (issue 15) ---------------------------------------------------------------
+
+
+async def test_an_enrolled_agent_id_admits_only_its_own_secret(
+    app: FastAPI, api: httpx.AsyncClient
+) -> None:
+    hub = hub_of(app)
+    hello = pb.Hello(
+        agent_id="node-1",
+        join_token=hub.join_token,
+        devices=[pb.Device(slot_id=0, type="cpu", index=-1)],
+    )
+    first, welcome = await hub.open(hello)
+    secret = welcome.agent_secret
+    assert len(secret) >= 32
+    hub.close(first)
+    # The join token alone no longer passes for node-1, nor does a guessed secret.
+    for shown in ("", "guess"):
+        impostor = pb.Hello(agent_id="node-1", join_token=hub.join_token, agent_secret=shown)
+        with pytest.raises(Refusal, match="credential does not match agent id 'node-1'"):
+            await hub.open(impostor)
+    # Its own secret admits it without the join token, and no new secret is issued.
+    again, welcome = await hub.open(pb.Hello(agent_id="node-1", agent_secret=secret))
+    assert welcome.agent_secret == ""
+    assert hub.connections["node-1"] is again
+
+
+async def test_a_revoked_agent_is_cut_off_and_stays_out(
+    app: FastAPI, api: httpx.AsyncClient, admin: httpx.AsyncClient
+) -> None:
+    hub = hub_of(app)
+    connection = await connect(hub, "agent-r")
+    assert "for admins" in (await api.post("/api/v1/agents/agent-r/revoke")).json()["message"]
+    reply = await admin.post("/api/v1/agents/agent-r/revoke")
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["agent"]["enabled"] is False
+    assert connection.closed and "agent-r" not in hub.connections
+    for hello in (
+        pb.Hello(agent_id="agent-r", join_token=hub.join_token),
+        pb.Hello(agent_id="agent-r", agent_secret=_SECRETS[(id(hub), "agent-r")]),
+    ):
+        with pytest.raises(Refusal, match="was revoked"):
+            await hub.open(hello)
+    assert (await admin.post("/api/v1/agents/nobody/revoke")).status_code == 404
+
+
+async def test_an_agent_writes_only_the_logs_of_its_own_allocations(
+    app: FastAPI, api: httpx.AsyncClient
+) -> None:
+    hub, a, _b, experiment_id, allocation_id = await started_gang(app, api)
+    outsider = await connect(hub, "agent-c")
+    before = counters.foreign_agent_messages["logs"]
+
+    def line(text: str) -> pb.AgentMessage:
+        entry = pb.LogEntry(
+            allocation_id=allocation_id,
+            rank=0,
+            stdtype="stdout",
+            unix_micros=int(time.time() * 1e6),
+            message=text,
+        )
+        return pb.AgentMessage(logs=pb.LogBatch(entries=[entry]))
+
+    await hub.on_message(a, line("from a rank of the trial\n"))
+    await hub.on_message(outsider, line("forged by another node\n"))
+    trial_id = (await trial_of(api, experiment_id))["id"]
+    reply = await api.get(f"/api/v1/trials/{trial_id}/logs")
+    assert "from a rank of the trial" in reply.text
+    assert "forged by another node" not in reply.text
+    assert counters.foreign_agent_messages["logs"] == before + 1
+    scrape = (await api.get("/metrics")).text
+    assert f'resolute_foreign_agent_messages_total{{kind="logs"}} {before + 1}' in scrape

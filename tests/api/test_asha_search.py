@@ -18,7 +18,7 @@ from master.db.session import session_scope
 from master.services import scheduler
 from master.services.agent_link import AgentHub, Connection
 from resolute_proto.agent.v1 import agent_pb2 as pb
-from tests.api.test_agent_link import exited, hub_of, of_kind, sent, stops
+from tests.api.test_agent_link import exited, hub_of, of_kind, open_as_agent, sent, stops
 
 CONFIG = """
 name: asha
@@ -46,8 +46,7 @@ async def connect_agent(hub: AgentHub, slots: int = 4) -> Connection:
         devices=[pb.Device(slot_id=i, type="cpu", index=-1) for i in range(slots)],
         interfaces=[pb.NetworkInterface(name="lo", ipv4=["127.0.0.1"])],
     )
-    connection, _ = await hub.open(hello)
-    return connection
+    return await open_as_agent(hub, hello)
 
 
 async def start_queued(app: FastAPI, hub: AgentHub, agent: Connection) -> list[str]:

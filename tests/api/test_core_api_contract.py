@@ -300,7 +300,7 @@ async def test_bad_early_exits_are_refused_and_change_nothing(
     ghost = await rank.post(
         "/api/v1/trials/999999/early_exit", {"reason": "EXITED_REASON_INVALID_HP"}
     )
-    assert ghost.status_code == 404, ghost.text
+    assert ghost.status_code == 403, ghost.text  # a rank's token opens only its own trial
     nobody = await rank.client.post(
         path, json={"reason": "EXITED_REASON_INVALID_HP"}, headers={TOKEN_HEADER: ""}
     )
@@ -325,7 +325,7 @@ async def test_the_preemption_ack_is_stored(rank: Rank, app: FastAPI) -> None:
         allocation = await session.get(AllocationModel, allocation_id)
         assert allocation is not None and allocation.preempt_acked is True
     ghost = await rank.post("/api/v1/allocations/999999.1/signals/ack_preemption")
-    assert ghost.status_code == 404, ghost.text
+    assert ghost.status_code == 403, ghost.text  # a rank's token opens only its own trial
 
 
 # -- optional routes -------------------------------------------------------------------------
@@ -378,7 +378,8 @@ async def test_run_metadata_is_merged_and_read_back(rank: Rank) -> None:
     not_an_object = await rank.post(path, {"runId": trial_id, "metadata": [1, 2]})
     assert not_an_object.status_code == 400 and "metadata" in not_an_object.text
     assert (await rank.get(path)).json() == {"metadata": merged}  # nothing changed
-    assert (await rank.get("/api/v1/runs/999999/metadata")).status_code == 404
+    # A rank's token opens only its own trial's routes.
+    assert (await rank.get("/api/v1/runs/999999/metadata")).status_code == 403
 
 
 async def test_accelerator_data_is_accepted(rank: Rank) -> None:
@@ -398,7 +399,7 @@ async def test_accelerator_data_is_accepted(rank: Rank) -> None:
     assert reply.status_code == 200, reply.text
     assert reply.json() == {}
     ghost = await rank.post("/api/v1/allocations/999999.1/acceleratorData", body)
-    assert ghost.status_code == 404, ghost.text
+    assert ghost.status_code == 403, ghost.text  # a rank's token opens only its own trial
     reply = await rank.post(
         f"/api/v1/allocations/{allocation_id}/acceleratorData", {"acceleratorData": []}
     )

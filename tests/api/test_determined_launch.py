@@ -22,7 +22,16 @@ from master.services.agent_link import AgentHub, Connection
 from master.services.trial_reports import EARLY_EXIT_REASONS
 from master.settings import TaskContainerDefaults
 from resolute_proto.agent.v1 import agent_pb2 as pb
-from tests.api.test_agent_link import exited, hub_of, long_poll, of_kind, sent, stops, trial_of
+from tests.api.test_agent_link import (
+    exited,
+    hub_of,
+    long_poll,
+    of_kind,
+    open_as_agent,
+    sent,
+    stops,
+    trial_of,
+)
 from tests.factories import create_experiment, v1_file
 
 DET_SCRIPT = b"import determined as det\n\nwith det.core.init() as core_context:\n    pass\n"
@@ -66,8 +75,7 @@ async def connect(hub: AgentHub, agent_id: str, slots: int = 2) -> Connection:
             pb.NetworkInterface(name="eth0", ipv4=[ADDRESS[agent_id]]),
         ],
     )
-    connection, _ = await hub.open(hello)
-    return connection
+    return await open_as_agent(hub, hello)
 
 
 def model_definition(script: bytes, path: str = "train.py") -> list[dict[str, Any]]:

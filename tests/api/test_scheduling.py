@@ -175,24 +175,24 @@ async def test_waiting_gang_reason_counts_idle_agents(api: httpx.AsyncClient, ap
 
 
 async def test_disabled_and_draining_agents_take_nothing(
-    api: httpx.AsyncClient, app: FastAPI
+    api: httpx.AsyncClient, admin: httpx.AsyncClient, app: FastAPI
 ) -> None:
     await register(app, "d1", 4)
     await register(app, "d2", 4)
-    assert (await api.post("/api/v1/agents/d1/disable", json={"drain": True})).status_code == 200
+    assert (await admin.post("/api/v1/agents/d1/disable", json={"drain": True})).status_code == 200
     agent = (await api.get("/api/v1/agents/d1")).json()["agent"]
     assert (agent["enabled"], agent["draining"]) == (False, True)
     first = (await submit(api, config(1)))["experiment"]["id"]
     await schedule(app)
     assert placed_on((await tasks_of(api, first))[0]) == {"d2": [0]}
-    await api.post("/api/v1/agents/d2/disable", json={"drain": False})
+    await admin.post("/api/v1/agents/d2/disable", json={"drain": False})
     # Without drain, the trial running there is asked to stop (it will be requeued).
     assert (await tasks_of(api, first))[0]["preemptRequested"] is True
     second = (await submit(api, config(1)))["experiment"]["id"]
     await schedule(app)
     [task] = await tasks_of(api, second)
     assert task["pendingReason"]["code"] == "NO_USABLE_AGENTS"
-    await api.post("/api/v1/agents/d1/enable")
+    await admin.post("/api/v1/agents/d1/enable")
     await schedule(app)
     assert placed_on((await tasks_of(api, second))[0]) == {"d1": [0]}
 
@@ -496,7 +496,10 @@ async def test_a_kill_during_a_pass_waits_for_it_and_stops_what_it_placed(
 
 
 async def test_a_disable_during_a_pass_stops_what_the_pass_placed(
-    api: httpx.AsyncClient, app: FastAPI, monkeypatch: pytest.MonkeyPatch
+    api: httpx.AsyncClient,
+    admin: httpx.AsyncClient,
+    app: FastAPI,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     await register(app, "q1", 1)
     experiment_id = (await submit(api, config(1)))["experiment"]["id"]
@@ -506,7 +509,7 @@ async def test_a_disable_during_a_pass_stops_what_the_pass_placed(
     async def load_then_disable(session: AsyncSession) -> object:
         nonlocal disable
         loaded = await load_agents(session)
-        disable = asyncio.create_task(api.post("/api/v1/agents/q1/disable", json={}))
+        disable = asyncio.create_task(admin.post("/api/v1/agents/q1/disable", json={}))
         await asyncio.sleep(0.3)
         return loaded
 
@@ -555,7 +558,7 @@ async def test_only_held_allocations_can_be_released(api: httpx.AsyncClient, app
 
 
 async def test_every_scheduling_change_moves_the_epoch(
-    api: httpx.AsyncClient, app: FastAPI
+    api: httpx.AsyncClient, admin: httpx.AsyncClient, app: FastAPI
 ) -> None:
     """What the loop relies on to notice changes from any process, without a wake."""
     await register(app, "ep1", 1)
@@ -565,8 +568,8 @@ async def test_every_scheduling_change_moves_the_epoch(
     loop = scheduler.SchedulerLoop(app.state.session_factory, app.state.settings)
     await loop.run_once()
     changes = [
-        lambda: api.post("/api/v1/agents/ep1/disable", json={"drain": True}),
-        lambda: api.post("/api/v1/agents/ep1/enable"),
+        lambda: admin.post("/api/v1/agents/ep1/disable", json={"drain": True}),
+        lambda: admin.post("/api/v1/agents/ep1/enable"),
         lambda: api.post(
             "/api/v1/job-queues", json={"updates": [{"jobId": created["jobId"], "priority": 7}]}
         ),

@@ -103,6 +103,10 @@ class MasterProcess:
             command += ["--db-url", self.db_url]
         env = {k: v for k, v in os.environ.items() if not k.startswith("DET_MASTER_")}
         env["PYTHONUNBUFFERED"] = "1"
+        if self.host not in ("127.0.0.1", "localhost"):
+            # Tests reach the namespaces' masters with the default users' empty passwords;
+            # a real deployment sets passwords instead (the master refuses otherwise).
+            env["DET_MASTER_SECURITY__ALLOW_EMPTY_PASSWORDS"] = "true"
         env.update(self.extra_env)
         with self.log.open("ab") as sink:
             self._proc = subprocess.Popen(
@@ -244,12 +248,15 @@ def run_our_det(
     cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run OUR `det` (the one installed beside this interpreter) against `master_url`."""
+    # Its own config directory: a login stored by `det user login` elsewhere (the
+    # developer's own) must not decide who the test acts as.
+    config = {"XDG_CONFIG_HOME": str(cwd / ".config")} if cwd is not None else {}
     return subprocess.run(
         [str(OUR_DET), *args],
         input=input,
         capture_output=True,
         text=True,
-        env=_client_env(master_url),
+        env=_client_env(master_url, **config),
         cwd=cwd,
         timeout=timeout,
         check=False,

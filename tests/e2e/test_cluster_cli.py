@@ -270,7 +270,12 @@ def test_placement_reasons_drain_priority_and_release(cluster: Cluster) -> None:
 
     # 3. Draining the agent that runs the 2-slot trial: it stays, nothing new goes there,
     #    and the gang's reason follows (only one usable agent is left).
-    drained = ok(master.det("agent", "disable", agent_a, "--drain"))
+    # Taking agents in and out of service is for admins (issue 15).
+    refused = master.det("agent", "disable", agent_a, "--drain")
+    assert lines(refused.stderr) == [
+        "Error: disabling an agent is for admins; user determined is not one"
+    ], describe_run(refused)
+    drained = ok(master.det("-u", "admin", "agent", "disable", agent_a, "--drain"))
     assert lines(drained.stdout) == [
         f"Disabled agent {agent_a} (draining: 1 task still running there)"
     ], describe_run(drained)
@@ -290,7 +295,7 @@ def test_placement_reasons_drain_priority_and_release(cluster: Cluster) -> None:
     rows = {r["Agent ID"]: r for r in rich_table(table.stdout, AGENT_HEADERS)}
     assert rows[agent_a]["Draining"] == "True", table.stdout
 
-    enabled = ok(master.det("agent", "enable", agent_a))
+    enabled = ok(master.det("-u", "admin", "agent", "enable", agent_a))
     assert lines(enabled.stdout) == [f"Enabled agent {agent_a}"], describe_run(enabled)
     listed = {a["id"]: a for a in parse_json(master.det("agent", "list", "--json"))}
     assert (listed[agent_a]["enabled"], listed[agent_a]["draining"]) == (True, False)
@@ -335,7 +340,10 @@ def test_placement_reasons_drain_priority_and_release(cluster: Cluster) -> None:
 def test_errors_are_one_line_on_stderr(cluster: Cluster) -> None:
     master = cluster.master
     for args, message in (
-        (("agent", "disable", "no-such-agent", "--drain"), "Error: agent no-such-agent not found"),
+        (
+            ("-u", "admin", "agent", "disable", "no-such-agent", "--drain"),
+            "Error: agent no-such-agent not found",
+        ),
         (("job", "update", "no-such-job", "--priority", "3"), "Error: job no-such-job not found"),
         (("task", "list", "--json", "--csv"), "Error: --json and --csv cannot be used together"),
     ):

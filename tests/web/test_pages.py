@@ -556,6 +556,19 @@ async def test_agents_show_slots_and_metrics_and_can_be_drained_disabled_enabled
 
     token = csrf_of(page.text)
     base = "/ui/agents/gpu%20box%401"
+    # Taking agents in and out of service is the admins': the default user is refused.
+    refused = await post_form(web, f"{base}/disable", {}, csrf=token)
+    assert refused.status_code == 200
+    assert "disable an agent is for admins; user determined is not one" in refused.text
+    agent = (await web.get("/api/v1/agents/gpu box@1")).json()["agent"]
+    assert (agent["enabled"], agent["draining"]) == (True, False)
+    signed_in = await web.post(
+        "/ui/login",
+        data={"username": "admin", "password": "", "next": "/ui/cluster"},
+        headers={"Origin": "http://master"},
+    )
+    assert signed_in.status_code == 303, signed_in.text
+    token = csrf_of((await web.get("/ui/cluster")).text)
     for action, enabled, draining in (
         ("drain", False, True),
         ("disable", False, False),

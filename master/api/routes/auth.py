@@ -5,6 +5,7 @@ from datetime import timedelta
 from fastapi import APIRouter, Request
 
 from master.api.deps import CurrentUser, SessionDep, SettingsDep, bearer_token
+from master.errors import Unauthenticated
 from master.schemas.auth import LoginRequest, LoginResponse, MeResponse, User
 from master.schemas.experiments import Empty
 from master.services import auth
@@ -13,14 +14,24 @@ router = APIRouter(prefix="/api/v1", tags=["Authentication"])
 
 
 @router.post("/auth/login")
-async def login(body: LoginRequest, session: SessionDep, settings: SettingsDep) -> LoginResponse:
-    token, user = await auth.login(
-        session,
-        body.username,
-        body.password or "",
-        is_hashed=bool(body.is_hashed),
-        ttl=timedelta(hours=settings.security.token_ttl_hours),
-    )
+async def login(
+    body: LoginRequest, request: Request, session: SessionDep, settings: SettingsDep
+) -> LoginResponse:
+    limiter: auth.LoginLimiter = request.app.state.login_limiter
+    client = request.client.host if request.client else "unknown"
+    limiter.check(body.username, client)
+    try:
+        token, user = await auth.login(
+            session,
+            body.username,
+            body.password or "",
+            is_hashed=bool(body.is_hashed),
+            ttl=timedelta(hours=settings.security.token_ttl_hours),
+        )
+    except Unauthenticated:
+        limiter.failed(body.username, client)
+        raise
+    limiter.succeeded(body.username)
     return LoginResponse(token=token, user=User.of(user))
 
 

@@ -5,14 +5,15 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fastapi import APIRouter, Body, Query
+from fastapi import APIRouter, Body, Query, Request
 from sqlalchemy import select
 
-from master.api.deps import MAX_INT, CurrentUser, SessionDep, SettingsDep
+from master.api.deps import MAX_INT, CurrentUser, SessionDep, SettingsDep, after_commit
 from master.db.models import AllocationModel, SlotModel
 from master.errors import InvalidArgument, NotFound
 from master.schemas import cluster
-from master.services import agents, experiments, metrics, tasks
+from master.services import access, agents, experiments, metrics, tasks
+from master.services.access import Actor
 
 router = APIRouter(prefix="/api/v1", tags=["Cluster"])
 
@@ -96,6 +97,7 @@ async def get_agent_metrics(
 
 @router.post("/agents/{agent_id}/enable")
 async def enable_agent(agent_id: str, session: SessionDep, _user: CurrentUser) -> dict[str, Any]:
+    access.require_admin(Actor.of(_user), "enabling an agent")
     await agents.enable_agent(session, agent_id)
     return await get_agent(agent_id, session, _user)
 
@@ -110,8 +112,23 @@ async def disable_agent(
     drain = bool(body and body.drain)
     if body and body.agent_id not in (None, "", agent_id):
         raise InvalidArgument(f"agentId: the body says {body.agent_id!r}, the path {agent_id!r}")
+    access.require_admin(Actor.of(_user), "disabling an agent")
     await agents.disable_agent(session, agent_id, drain=drain)
     return await get_agent(agent_id, session, _user)
+
+
+@router.post("/agents/{agent_id}/revoke")
+async def revoke_agent(
+    agent_id: str, request: Request, session: SessionDep, user: CurrentUser
+) -> dict[str, Any]:
+    """resolute: the agent's credential is void and the id can no longer connect; its
+    stream is closed once this commits, and its ranks are fenced like a lost agent's."""
+    access.require_admin(Actor.of(user), "revoking an agent")
+    await agents.revoke_agent(session, agent_id, user.username)
+    hub = getattr(request.app.state, "agent_hub", None)
+    if hub is not None:
+        after_commit(session, lambda: hub.disconnect(agent_id, "revoked"))
+    return await get_agent(agent_id, session, user)
 
 
 @router.get("/tasks")
@@ -197,5 +214,8 @@ async def update_job_queue(
             )
         if update.priority is None:
             raise InvalidArgument(f"updates: job {update.job_id}: priority is required")
+        await access.require_job_owner(
+            session, Actor.of(user), update.job_id, "change its priority"
+        )
         await experiments.set_job_priority(session, update.job_id, update.priority, user.username)
     return {}

@@ -31,7 +31,8 @@ from master.schemas.experiments import (
     TrialList,
     TrialResponse,
 )
-from master.services import allocations, checkpoint_gc, experiments, search, trial_reports
+from master.services import access, allocations, checkpoint_gc, experiments, search, trial_reports
+from master.services.access import Actor
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,7 @@ async def get_experiment(
 
 @router.post("/experiments/{experiment_id}/kill")
 async def kill_experiment(experiment_id: ObjectId, session: SessionDep, user: CurrentUser) -> Empty:
+    await access.require_experiment_owner(session, Actor.of(user), experiment_id, "kill it")
     await experiments.kill_experiment(session, experiment_id, user.username)
     return Empty()
 
@@ -144,6 +146,7 @@ async def delete_experiment(
 ) -> Empty:
     """Determined's delete: the experiment becomes DELETING, its checkpoints are deleted
     from the store, then the experiment is gone."""
+    await access.require_experiment_owner(session, Actor.of(user), experiment_id, "delete it")
     await allocations.hold_scheduler(session)
     experiment = (await experiments.get_experiment(session, experiment_id)).experiment
     await checkpoint_gc.delete_experiment(session, experiment, user.username)
@@ -154,6 +157,7 @@ async def delete_experiment(
 async def pause_experiment(
     experiment_id: ObjectId, session: SessionDep, user: CurrentUser
 ) -> Empty:
+    await access.require_experiment_owner(session, Actor.of(user), experiment_id, "pause it")
     await experiments.pause_experiment(session, experiment_id, user.username)
     return Empty()
 
@@ -162,6 +166,7 @@ async def pause_experiment(
 async def activate_experiment(
     experiment_id: ObjectId, session: SessionDep, user: CurrentUser
 ) -> Empty:
+    await access.require_experiment_owner(session, Actor.of(user), experiment_id, "activate it")
     await experiments.activate_experiment(session, experiment_id, user.username)
     return Empty()
 

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import secrets
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from master.services import health
+from master.api.deps import bearer_token
+from master.db.session import session_scope
+from master.errors import Unauthenticated
+from master.services import auth, health
+from master.settings import MasterSettings
 
 router = APIRouter(tags=["health"])
 
@@ -32,7 +38,9 @@ async def ready(request: Request) -> JSONResponse:
 
 @router.get("/metrics")
 async def metrics(request: Request) -> PlainTextResponse:
+    """Not open to anyone who can reach the port: it names agents, pools and load."""
     state = request.app.state
+    await _check_scraper(request)
     text = await health.scrape(
         state.session_factory,
         hub=state.agent_hub,
@@ -40,3 +48,15 @@ async def metrics(request: Request) -> PlainTextResponse:
         scheduler=state.scheduler,
     )
     return PlainTextResponse(text, media_type=PROMETHEUS_TEXT)
+
+
+async def _check_scraper(request: Request) -> None:
+    settings: MasterSettings = request.app.state.settings
+    token = bearer_token(request)
+    expected = settings.security.metrics_token
+    if expected:
+        if not secrets.compare_digest(token.encode(), expected.encode()):
+            raise Unauthenticated("wrong bearer token for /metrics (security.metrics_token)")
+        return
+    async with session_scope(request.app.state.session_factory) as session:
+        await auth.user_for_token(session, token)

@@ -17,7 +17,8 @@ from master.schemas.templates import (
     TemplateRename,
     TemplateResponse,
 )
-from master.services import templates
+from master.services import access, templates
+from master.services.access import Actor
 
 router = APIRouter(prefix="/api/v1", tags=["Templates"])
 
@@ -49,40 +50,45 @@ def _body_name(path_name: str, body: TemplateCreate) -> None:
 
 @router.post("/templates/{name}")
 async def create_template(
-    name: str, body: TemplateCreate, session: SessionDep, _user: CurrentUser
+    name: str, body: TemplateCreate, session: SessionDep, user: CurrentUser
 ) -> TemplateResponse:
     _body_name(name, body)
-    row = await templates.create_template(session, name, body.config, body.workspace_id)
+    row = await templates.create_template(session, name, body.config, body.workspace_id, user.id)
     return TemplateResponse(template=Template.of(row))
 
 
 @router.put("/templates/{name}")
 async def put_template(
-    name: str, body: TemplateCreate, session: SessionDep, _user: CurrentUser
+    name: str, body: TemplateCreate, session: SessionDep, user: CurrentUser
 ) -> TemplateResponse:
     _body_name(name, body)
-    row = await templates.put_template(session, name, body.config, body.workspace_id)
+    if await templates.template_exists(session, name):
+        await access.require_template_owner(session, Actor.of(user), name, "replace it")
+    row = await templates.put_template(session, name, body.config, body.workspace_id, user.id)
     return TemplateResponse(template=Template.of(row))
 
 
 @router.patch("/templates/{name}")
 async def patch_template_config(
-    name: str, session: SessionDep, _user: CurrentUser, config: Any = Body(None)
+    name: str, session: SessionDep, user: CurrentUser, config: Any = Body(None)
 ) -> TemplateResponse:
     """Determined's PATCH takes the bare config as the body and replaces the stored one."""
+    await access.require_template_owner(session, Actor.of(user), name, "change it")
     row = await templates.replace_template_config(session, name, config)
     return TemplateResponse(template=Template.of(row))
 
 
 @router.patch("/template/rename")
 async def rename_template(
-    body: TemplateRename, session: SessionDep, _user: CurrentUser
+    body: TemplateRename, session: SessionDep, user: CurrentUser
 ) -> TemplateResponse:
+    await access.require_template_owner(session, Actor.of(user), body.old_name, "rename it")
     row = await templates.rename_template(session, body.old_name, body.new_name)
     return TemplateResponse(template=Template.of(row))
 
 
 @router.delete("/templates/{name}")
-async def delete_template(name: str, session: SessionDep, _user: CurrentUser) -> Empty:
+async def delete_template(name: str, session: SessionDep, user: CurrentUser) -> Empty:
+    await access.require_template_owner(session, Actor.of(user), name, "delete it")
     await templates.delete_template(session, name)
     return Empty()

@@ -78,7 +78,7 @@ class RunningAllocation(_message.Message):
     def __init__(self, allocation_id: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("agent_id", "resource_pool", "version", "hostname", "join_token", "devices", "interfaces", "running", "exited", "instance_id")
+    __slots__ = ("agent_id", "resource_pool", "version", "hostname", "join_token", "devices", "interfaces", "running", "exited", "instance_id", "agent_secret")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_POOL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +89,7 @@ class Hello(_message.Message):
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     EXITED_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_SECRET_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     resource_pool: str
     version: str
@@ -99,7 +100,8 @@ class Hello(_message.Message):
     running: _containers.RepeatedCompositeFieldContainer[RunningAllocation]
     exited: _containers.RepeatedCompositeFieldContainer[AllocationExited]
     instance_id: str
-    def __init__(self, agent_id: _Optional[str] = ..., resource_pool: _Optional[str] = ..., version: _Optional[str] = ..., hostname: _Optional[str] = ..., join_token: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., interfaces: _Optional[_Iterable[_Union[NetworkInterface, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningAllocation, _Mapping]]] = ..., exited: _Optional[_Iterable[_Union[AllocationExited, _Mapping]]] = ..., instance_id: _Optional[str] = ...) -> None: ...
+    agent_secret: str
+    def __init__(self, agent_id: _Optional[str] = ..., resource_pool: _Optional[str] = ..., version: _Optional[str] = ..., hostname: _Optional[str] = ..., join_token: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., interfaces: _Optional[_Iterable[_Union[NetworkInterface, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningAllocation, _Mapping]]] = ..., exited: _Optional[_Iterable[_Union[AllocationExited, _Mapping]]] = ..., instance_id: _Optional[str] = ..., agent_secret: _Optional[str] = ...) -> None: ...
 
 class GpuSample(_message.Message):
     __slots__ = ("index", "uuid", "gpu_util", "gpu_memory_used", "gpu_free_memory", "temperature_c", "power_w")
@@ -234,7 +236,7 @@ class MasterMessage(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., refused: _Optional[_Union[Refused, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ..., prepare: _Optional[_Union[PrepareAllocation, _Mapping]] = ..., start: _Optional[_Union[StartAllocation, _Mapping]] = ..., stop: _Optional[_Union[StopAllocation, _Mapping]] = ..., exit_ack: _Optional[_Union[ExitAck, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("stream_id", "master_id", "heartbeat_interval_s", "metrics_period_s", "stop_allocation_ids", "fence_after_s", "fence_kill_after_s")
+    __slots__ = ("stream_id", "master_id", "heartbeat_interval_s", "metrics_period_s", "stop_allocation_ids", "fence_after_s", "fence_kill_after_s", "agent_secret")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     MASTER_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
@@ -242,6 +244,7 @@ class Welcome(_message.Message):
     STOP_ALLOCATION_IDS_FIELD_NUMBER: _ClassVar[int]
     FENCE_AFTER_S_FIELD_NUMBER: _ClassVar[int]
     FENCE_KILL_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    AGENT_SECRET_FIELD_NUMBER: _ClassVar[int]
     stream_id: str
     master_id: str
     heartbeat_interval_s: float
@@ -249,7 +252,8 @@ class Welcome(_message.Message):
     stop_allocation_ids: _containers.RepeatedScalarFieldContainer[str]
     fence_after_s: float
     fence_kill_after_s: float
-    def __init__(self, stream_id: _Optional[str] = ..., master_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., metrics_period_s: _Optional[float] = ..., stop_allocation_ids: _Optional[_Iterable[str]] = ..., fence_after_s: _Optional[float] = ..., fence_kill_after_s: _Optional[float] = ...) -> None: ...
+    agent_secret: str
+    def __init__(self, stream_id: _Optional[str] = ..., master_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., metrics_period_s: _Optional[float] = ..., stop_allocation_ids: _Optional[_Iterable[str]] = ..., fence_after_s: _Optional[float] = ..., fence_kill_after_s: _Optional[float] = ..., agent_secret: _Optional[str] = ...) -> None: ...
 
 class Refused(_message.Message):
     __slots__ = ("reason",)

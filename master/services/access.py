@@ -1,0 +1,163 @@
+"""Who may do what: admins everything, users their own experiments, templates and jobs, a
+run's task token only its own trial's routes.
+
+Reading is open to every signed-in user (Determined's open-source rule: anyone may look at
+anyone's experiments and logs); changing something is not. The checks raise PermissionDenied
+(403) naming the owner, so a refused user knows whom to ask. They are called by the API
+routes and the dashboard's forms alike, before the service that changes anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from master.db.models import (
+    AllocationModel,
+    ExperimentModel,
+    TemplateModel,
+    TrialModel,
+    UserModel,
+)
+from master.errors import NotFound, PermissionDenied
+
+# session.info keys set by auth.user_for_token: the token's kind and, for a task token,
+# the one trial it serves.
+TOKEN_KIND = "token_kind"
+TOKEN_TRIAL_ID = "token_trial_id"
+TASK = "task"
+
+# Routes without an object in their path that a run's ranks call (Determined's harness
+# and the resolute library): what they report names its trial in the body, and the
+# route checks it (trial_reports.trial_for_report).
+_TASK_ROUTES_WITHOUT_SCOPE = {
+    ("GET", "/api/v1/me"),
+    ("GET", "/api/v1/master"),
+    ("POST", "/api/v1/checkpoints"),
+    ("POST", "/api/v1/runs/start"),
+    ("POST", "/api/v1/webhooks/custom"),
+    ("POST", "/api/v1/auth/logout"),
+}
+# Path parameters that name something a task token may reach when it is its own trial's.
+_SCOPED_PARAMETERS = ("trial_id", "run_id", "experiment_id", "allocation_id", "task_id")
+
+
+@dataclass(frozen=True)
+class Actor:
+    """The signed-in user, as plain values (a refused form rolls back and expires rows)."""
+
+    user_id: int
+    username: str
+    admin: bool
+
+    @classmethod
+    def of(cls, user: UserModel) -> Actor:
+        return cls(user_id=user.id, username=user.username, admin=user.admin)
+
+
+def require_admin(actor: Actor, what: str) -> None:
+    if not actor.admin:
+        raise PermissionDenied(f"{what} is for admins; user {actor.username} is not one")
+
+
+async def _owner_name(session: AsyncSession, owner_id: int | None) -> str:
+    if owner_id is None:
+        return "nobody (created before owners were recorded)"
+    name = await session.scalar(select(UserModel.username).where(UserModel.id == owner_id))
+    return name or f"user {owner_id}"
+
+
+async def require_experiment_owner(
+    session: AsyncSession, actor: Actor, experiment_id: int, what: str
+) -> None:
+    owner_id = await session.scalar(
+        select(ExperimentModel.owner_id).where(ExperimentModel.id == experiment_id)
+    )
+    if owner_id is None and not await session.get(ExperimentModel, experiment_id):
+        raise NotFound(f"experiment {experiment_id} not found")
+    if actor.admin or owner_id == actor.user_id:
+        return
+    owner = await _owner_name(session, owner_id)
+    raise PermissionDenied(
+        f"experiment {experiment_id} belongs to {owner}; only its owner or an admin may {what}"
+    )
+
+
+async def require_job_owner(session: AsyncSession, actor: Actor, job_id: str, what: str) -> None:
+    """A job is its experiment: its owner may reorder it, an admin anyone's."""
+    experiment_id = await session.scalar(
+        select(ExperimentModel.id).where(ExperimentModel.job_id == job_id)
+    )
+    if experiment_id is None:
+        raise NotFound(f"job {job_id} not found")
+    await require_experiment_owner(session, actor, experiment_id, what)
+
+
+async def require_template_owner(session: AsyncSession, actor: Actor, name: str, what: str) -> None:
+    """A template without an owner (made before owners were recorded) is the admins'."""
+    row = await session.scalar(select(TemplateModel).where(TemplateModel.name == name))
+    if row is None:
+        raise NotFound(f"template {name} not found")
+    if actor.admin or (row.owner_id is not None and row.owner_id == actor.user_id):
+        return
+    owner = await _owner_name(session, row.owner_id)
+    raise PermissionDenied(
+        f"template {name!r} belongs to {owner}; only its owner or an admin may {what}"
+    )
+
+
+def may_act_for_user(actor: Actor, user_id: int, what: str) -> None:
+    """A user may manage their own account and tokens; an admin anyone's."""
+    if not actor.admin and actor.user_id != user_id:
+        raise PermissionDenied(f"only an admin may {what} of another user")
+
+
+async def check_task_scope(
+    session: AsyncSession,
+    trial_id: int,
+    method: str,
+    route: str,
+    path_params: dict[str, str],
+) -> None:
+    """A run's token (DET_SESSION_TOKEN, the allocation token) opens only its own trial's
+    routes: anything a rank's code can read, a rank of another user's trial must not."""
+    refusal = PermissionDenied(
+        f"this token belongs to the ranks of trial {trial_id}: it opens only that trial's "
+        f"routes, not {method} {route}"
+    )
+    scoped = {k: v for k, v in path_params.items() if k in _SCOPED_PARAMETERS}
+    if not scoped:
+        if (method, route) in _TASK_ROUTES_WITHOUT_SCOPE:
+            return
+        if method == "GET" and route in ("/api/v1/checkpoints/{uuid}", "/checkpoints/{uuid}"):
+            return  # restoring reads a checkpoint by uuid, maybe another experiment's
+        raise refusal
+    trial = await session.get(TrialModel, trial_id)
+    if trial is None:
+        raise refusal
+    for name, value in scoped.items():
+        if name in ("trial_id", "run_id") and value != str(trial.id):
+            raise refusal
+        if name == "experiment_id" and value != str(trial.experiment_id):
+            raise refusal
+        # Determined's trial task ids are "<experiment id>.<request id>" (allocations.task_id,
+        # not imported: allocations imports auth, which imports this module).
+        if name == "task_id" and value != f"{trial.experiment_id}.{trial.request_id}":
+            raise refusal
+        if name == "allocation_id":
+            owner = await session.scalar(
+                select(AllocationModel.trial_id).where(AllocationModel.id == value)
+            )
+            if owner != trial.id:
+                raise refusal
+
+
+def require_token_for_trial(token_trial_id: int | None, trial_id: int) -> None:
+    """A report names its trial in the body: a task token reports only for its own."""
+    if token_trial_id is not None and token_trial_id != trial_id:
+        raise PermissionDenied(
+            f"this token belongs to the ranks of trial {token_trial_id}; it cannot report "
+            f"for trial {trial_id}"
+        )
