@@ -107,9 +107,21 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
 async def start_server(hub: AgentHub, settings: AgentLinkSettings) -> tuple[grpc.aio.Server, int]:
     server = grpc.aio.server(options=channel_options(settings))
     agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentService(hub), server)  # type: ignore[no-untyped-call]
-    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    address = f"{settings.host}:{settings.port}"
+    tls = hub.settings.security.tls
+    if tls.cert_file is not None and tls.key_file is not None:
+        # The same pair as the HTTP API (checked readable and matching by the settings).
+        # Agents verify it against their CA file before they send the join token.
+        credentials = grpc.ssl_server_credentials(
+            [(tls.key_file.read_bytes(), tls.cert_file.read_bytes())]
+        )
+        port = server.add_secure_port(address, credentials)
+    else:
+        port = server.add_insecure_port(address)
     if port == 0:
-        raise RuntimeError(f"cannot listen for agents on {settings.host}:{settings.port}")
+        raise RuntimeError(f"cannot listen for agents on {address}")
     await server.start()
-    log.info("agent gRPC server on %s:%d", settings.host, port)
+    log.info(
+        "agent gRPC server on %s:%d (%s)", settings.host, port, "TLS" if tls.enabled else "plain"
+    )
     return server, port

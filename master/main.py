@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
+import ssl
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,10 +15,13 @@ import typer
 import uvicorn
 from pydantic import ValidationError
 
+from master import certs
 from master.app import create_app
 from master.db.migrate import upgrade_to_head
 from master.db.session import create_engine
 from master.settings import MasterSettings
+
+log = logging.getLogger("master")
 
 app = typer.Typer(
     name="det-master",
@@ -108,6 +113,8 @@ def run(
         return
     settings = load_settings(**_overrides(port, db_url, data_dir, host, agent_port))
     configure_logging(settings)
+    tls = settings.security.tls
+    announce_transport(settings)
     uvicorn.run(
         create_app(settings),
         host=settings.host,
@@ -116,6 +123,48 @@ def run(
         access_log=False,
         # Open log follow streams would otherwise hold a stopping master up forever.
         timeout_graceful_shutdown=5,
+        # A PROTOCOL_TLS_SERVER context refuses anything older than TLS 1.2 (Python 3.10+).
+        ssl_certfile=tls.cert_file,
+        ssl_keyfile=tls.key_file,
+        ssl_version=ssl.PROTOCOL_TLS_SERVER,
+    )
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def announce_transport(settings: MasterSettings) -> None:
+    """One line at start saying whether the ports speak TLS; plain text reachable from other
+    machines is a warning."""
+    tls = settings.security.tls
+    http = f"{settings.host}:{settings.port}"
+    agents = f"{settings.agent_link.host}:{settings.agent_link.port}"
+    if tls.enabled:
+        assert tls.key_file is not None
+        if tls.key_file.stat().st_mode & 0o077:
+            log.warning(
+                "security.tls.key_file %s is readable by other users; chmod 600 it", tls.key_file
+            )
+        log.info(
+            "TLS on: https on %s and the agent port %s present %s", http, agents, tls.cert_file
+        )
+        return
+    exposed = not (_loopback(settings.host) and _loopback(settings.agent_link.host))
+    log.log(
+        logging.WARNING if exposed else logging.INFO,
+        "TLS off: plain HTTP on %s and plain gRPC on the agent port %s%s; set "
+        "security.tls.cert_file and key_file (`det-master certs` makes a pair)",
+        http,
+        agents,
+        ": passwords, tokens and the join token cross the network in the clear"
+        if exposed
+        else " (loopback only: fine for development)",
     )
 
 
@@ -143,6 +192,29 @@ def migrate(
 
     asyncio.run(_run())
     typer.echo("database is at the newest schema")
+
+
+@app.command("certs")
+def make_certs(
+    out: Path = typer.Option(
+        ..., "--out", help="Directory for ca.crt, ca.key, master.crt, master.key."
+    ),
+    hosts: list[str] | None = typer.Option(
+        None,
+        "--host",
+        help="A name or IP address clients and agents use for the master (repeatable; "
+        "default: localhost, 127.0.0.1 and this machine's host name).",
+    ),
+    force: bool = typer.Option(False, "--force", help="Replace files that exist."),
+) -> None:
+    """Make a self-signed CA and a master certificate it signs, for a quick start with TLS."""
+    names = hosts or certs.default_hosts()
+    try:
+        files = certs.generate(out, names, force=force)
+    except certs.CertError as exc:
+        typer.echo(f"det-master certs: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(certs.usage(files, names))
 
 
 def main() -> None:

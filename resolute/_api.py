@@ -8,7 +8,9 @@ import contextlib
 import http.client
 import json
 import logging
+import os
 import socket
+import ssl
 import threading
 import time
 import urllib.parse
@@ -54,6 +56,35 @@ def _decode(call: str, status: int, data: bytes) -> Any:
         ) from None
 
 
+def tls_context() -> tuple[ssl.SSLContext, str | None]:
+    """How ranks verify an https master, as Determined's harness does: DET_MASTER_CERT_FILE
+    (the agent's copy of its CA) is trusted beside the system's CAs, `noverify` turns
+    verification off, and DET_MASTER_CERT_NAME is the name checked instead of the host."""
+    context = ssl.create_default_context()
+    path = os.environ.get("DET_MASTER_CERT_FILE", "")
+    if path.lower() == "noverify":
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    elif path:
+        try:
+            context.load_verify_locations(cafile=path)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"DET_MASTER_CERT_FILE={path}: {exc}") from None
+    return context, os.environ.get("DET_MASTER_CERT_NAME") or None
+
+
+class _HTTPSConnection(http.client.HTTPSConnection):
+    """Verifies (and sends as SNI) `server_name` instead of the host it connects to."""
+
+    def __init__(self, *args: Any, server_name: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._server_name = server_name
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)
+        self.sock = self._context.wrap_socket(self.sock, server_hostname=self._server_name)  # type: ignore[attr-defined]
+
+
 class Session:
     """One connection, used by one request at a time: a thread that long-polls makes its
     own Session so that it never holds up the others."""
@@ -79,14 +110,30 @@ class Session:
         self._headers = {"Accept": "application/json"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
+        self._tls = tls_context() if self._https else None
         self._conn: http.client.HTTPConnection | None = None
         self._lock = threading.Lock()
         self._closed = False
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
-            kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            conn = kind(self._host, self._port, timeout=self._timeout_s)
+            conn: http.client.HTTPConnection
+            if self._tls is None:
+                conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout_s)
+            else:
+                context, name = self._tls
+                if name:
+                    conn = _HTTPSConnection(
+                        self._host,
+                        self._port,
+                        timeout=self._timeout_s,
+                        context=context,
+                        server_name=name,
+                    )
+                else:
+                    conn = http.client.HTTPSConnection(
+                        self._host, self._port, timeout=self._timeout_s, context=context
+                    )
             conn.connect()
             if conn.sock is not None:  # small requests: no waiting on Nagle's algorithm
                 conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -145,6 +192,15 @@ class Session:
                 raise MasterError(call, "the connection to the master was closed")
             try:
                 status, data = self._once(method, path, payload)
+            except ssl.SSLCertVerificationError as exc:
+                self._reset()
+                # Not transient: retrying would only hide it for a minute.
+                raise MasterError(
+                    call,
+                    f"the master's certificate at {self.master_url} did not verify against "
+                    f"DET_MASTER_CERT_FILE={os.environ.get('DET_MASTER_CERT_FILE') or '(unset)'}"
+                    f": {exc.verify_message}",
+                ) from None
             except (OSError, http.client.HTTPException) as exc:
                 self._reset()
                 problem = f"{type(exc).__name__}: {exc}"
