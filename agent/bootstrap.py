@@ -27,6 +27,8 @@ from pathlib import Path
 RUN_DETERMINED = Path("/run/determined")
 SHARED_FS = Path("/determined_shared_fs")
 WORKDIR = RUN_DETERMINED / "workdir"
+# Where a TLS agent's CA file shows inside the namespace (DET_MASTER_CERT_FILE, cluster.json).
+MASTER_CERT = RUN_DETERMINED / "etc" / "ssl" / "master.crt"
 
 # The namespace's first process: bind the allocation's directories, then run the
 # entrypoint, pass the stop signals on, and exit with its status. When it exits the kernel
@@ -108,11 +110,22 @@ def probe_namespaces(work_dir: Path) -> str | None:
     return None
 
 
-def wrap(argv: Sequence[str], run_dir: Path, shared_fs: str, tmp_dir: Path) -> list[str]:
+def wrap(
+    argv: Sequence[str],
+    run_dir: Path,
+    shared_fs: str,
+    tmp_dir: Path,
+    run_as: Sequence[str] = (),
+) -> list[str]:
     """The command that runs `argv` inside the allocation's namespaces. The overlay's
-    layers go in `tmp_dir`, made here."""
+    layers go in `tmp_dir`, made here. `run_as` (setpriv and its options, ending in `--`)
+    runs the entrypoint as the rank user: after the mounts, which need root, and while
+    the namespace's init stays root to pass the stop signals on."""
     for layer in ("upper", "work"):
         (tmp_dir / layer).mkdir(parents=True, exist_ok=True)
+    # The merged /tmp takes the upper layer's mode: make it /tmp's, or a rank user could
+    # not write its own /tmp.
+    (tmp_dir / "upper").chmod(0o1777)
     return [
         *_unshare_argv(os.geteuid() == 0),
         "/bin/sh",
@@ -124,6 +137,7 @@ def wrap(argv: Sequence[str], run_dir: Path, shared_fs: str, tmp_dir: Path) -> l
         str(run_dir),
         shared_fs,
         str(tmp_dir),
+        *run_as,
         *argv,
     ]
 
@@ -132,12 +146,26 @@ def write_info(
     run_dir: Path,
     info_files: Mapping[str, str],
     gpu_uuids: Sequence[str],
+    master_cert_file: Path | None = None,
+    master_cert_name: str | None = None,
 ) -> None:
     """/run/determined/info/*.json (the master's files, plus resources.json: the GPUs
-    this agent gives the allocation, as Determined's `prep_container --resources` finds)."""
+    this agent gives the allocation, as Determined's `prep_container --resources` finds).
+    A TLS agent's CA file is copied in and named in cluster.json, as Determined's master
+    does, so the harness verifies the master over https with it."""
     info = run_dir / "info"
     info.mkdir(parents=True, exist_ok=True)
-    for name, content in info_files.items():
+    files = dict(info_files)
+    if master_cert_file is not None:
+        inside = run_dir / MASTER_CERT.relative_to(RUN_DETERMINED)
+        inside.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(master_cert_file, inside)
+        inside.chmod(0o644)  # a CA certificate is public; the ranks may run as another user
+        if "cluster.json" in files:
+            cluster = json.loads(files["cluster.json"])
+            cluster.update(master_cert_file=str(MASTER_CERT), master_cert_name=master_cert_name)
+            files["cluster.json"] = json.dumps(cluster)
+    for name, content in files.items():
         if "/" in name or name.startswith("."):
             raise ValueError(f"bad bootstrap file name {name!r}")
         (info / name).write_text(content)
@@ -145,11 +173,17 @@ def write_info(
 
 
 def interpreter_problem(
-    argv: Sequence[str], env: Mapping[str, str], run_dir: Path, shared_fs: str, tmp_dir: Path
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    run_dir: Path,
+    shared_fs: str,
+    tmp_dir: Path,
+    run_as: Sequence[str] = (),
 ) -> str | None:
     """None if the entrypoint's Python has what Determined's harness imports at start,
     else a sentence naming the interpreter and what it lacks. Checked inside the same
-    namespaces as the launch, so it sees what the entrypoint will see (a private /tmp)."""
+    namespaces and as the same user as the launch, so it sees what the entrypoint will
+    see (a private /tmp, the files that user may read)."""
     name = argv[0] if Path(argv[0]).name.startswith("python") else "python3"
     how = "choose the interpreter with PATH in environment.environment_variables"
     check = (
@@ -168,7 +202,7 @@ def interpreter_problem(
     found = shutil.which(name, path=path) if "/" not in name else name
     if found is None:
         return f"no {name} on the trial's PATH ({path}); {how}"
-    command = wrap([found, "-c", check, name], run_dir, shared_fs, tmp_dir)
+    command = wrap([found, "-c", check, name], run_dir, shared_fs, tmp_dir, run_as)
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=60, env=dict(env))
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import bootstrap, storage_secrets
+from agent import bootstrap, rank_user, storage_secrets
 from agent.fence import FenceProcess
+from agent.rank_user import RankUser
 from resolute.storage import CLOUD_TYPES as CLOUD_STORAGE
 from resolute_proto.agent.v1 import agent_pb2 as pb
 
@@ -44,18 +45,20 @@ FENCED_MESSAGE = (
 )
 # Determined's wrap_rank prefixes every line of a rank with this.
 RANK_PREFIX = re.compile(rb"^\[rank=(\d+)\] ")
+# A TLS agent's CA file, copied into each per-slot run's directory for its ranks.
+MASTER_CERT = ".det-master-ca.crt"
 
 
 # Ranks die with the agent: setpriv (util-linux) sets PR_SET_PDEATHSIG and execs the rank.
 # Doing it in a preexec_fn instead forces a real fork() of a process running gRPC threads,
 # which crashed children here (SIGSEGV); without preexec_fn Python spawns with vfork.
-SETPRIV = shutil.which("setpriv")
+# Popen's user=/group= would force that fork too, so setpriv switches the ranks' user as
+# well (agent/rank_user.py).
+SETPRIV = rank_user.SETPRIV
 
 
-def _die_with_agent(argv: list[str]) -> list[str]:
-    if SETPRIV is None:
-        return argv
-    return [SETPRIV, "--pdeathsig", "KILL", "--", *argv]
+def _die_with_agent(argv: list[str], rank: RankUser | None = None) -> list[str]:
+    return rank_user.command(argv, setpriv=SETPRIV, die_with_agent=True, rank=rank)
 
 
 class LaunchFailed(Exception):
@@ -106,6 +109,14 @@ class Runner:
         self.all_acked.set()
         # Why this agent cannot run Determined-style launches (bootstrap.probe_namespaces).
         self.namespace_problem: str | None = None
+        # Whom ranks run as (setting rank_user; None: the agent's user), and values (the join
+        # token) no variable handed to a rank may contain.
+        self.rank_user: RankUser | None = None
+        self.withheld: tuple[str, ...] = ()
+        # The CA this agent verifies the master with (its master_cert_file): every run gets a
+        # copy, so its ranks verify the master over https too (DET_MASTER_CERT_FILE).
+        self.master_cert_file: Path | None = None
+        self.master_cert_name: str | None = None
 
     def spawn_task(self, work: Coroutine[Any, Any, None]) -> None:
         """Fire and forget, keeping a reference so the task is not collected mid-way."""
@@ -143,7 +154,9 @@ class Runner:
         self.runs[allocation_id] = run
         try:
             # Beside the allocation's directory, not in it: that is the ranks' cwd.
-            storage_secrets.move_s3_keys(start.env, start.info_files, self._secrets_dir(run))
+            storage_secrets.move_s3_keys(
+                start.env, start.info_files, self._secrets_dir(run), self.rank_user
+            )
             if run.per_agent:
                 problem = await self._prepare_determined(start, run)
                 if problem:
@@ -152,7 +165,10 @@ class Runner:
                     run.stopping = True
             else:
                 await asyncio.to_thread(_unpack, start.model_definition, run.work_dir)
+                if self.master_cert_file is not None:
+                    shutil.copyfile(self.master_cert_file, run.work_dir / MASTER_CERT)
             if not run.stopping:
+                await asyncio.to_thread(self._hand_over, run)
                 problem = await self._storage_problem(start, run)
                 if problem:
                     run.kind, run.message = pb.EXIT_KIND_FAILED, problem
@@ -250,9 +266,17 @@ class Runner:
             for s in slots
             if s in self.devices and self.devices[s].type == "cuda"
         ]
-        problem = await asyncio.to_thread(_lay_out_determined, start, run.work_dir, gpu_uuids)
+        problem = await asyncio.to_thread(
+            _lay_out_determined,
+            start,
+            run.work_dir,
+            gpu_uuids,
+            self.master_cert_file,
+            self.master_cert_name,
+        )
         if problem:
             return problem
+        await asyncio.to_thread(self._hand_over, run)  # the probe runs as the rank user
         env = self._rank_env(start, start.ranks[0], run)
         return await asyncio.to_thread(
             bootstrap.interpreter_problem,
@@ -261,6 +285,7 @@ class Runner:
             run.work_dir / "run",
             start.shared_fs_host_path,
             run.work_dir / "tmp",
+            self._switch(),
         )
 
     async def _storage_problem(self, start: pb.StartAllocation, run: AllocationRun) -> str | None:
@@ -279,9 +304,8 @@ class Runner:
             return None
         env = self._rank_env(start, start.ranks[0], run)
         check = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "resolute.storage_check",
+            *_die_with_agent([sys.executable, "-m", "resolute.storage_check"], self.rank_user),
+            cwd=run.work_dir,
             env=env,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
@@ -314,11 +338,16 @@ class Runner:
         if shutil.which(argv[0], path=env["PATH"]) is None and not (where / argv[0]).exists():
             raise LaunchFailed(f"entrypoint command {argv[0]!r} not found on PATH")
         if run.per_agent:
+            # The namespace's init sets up its mounts as root, then drops to the rank user.
             argv = bootstrap.wrap(
-                argv, run.work_dir / "run", start.shared_fs_host_path, run.work_dir / "tmp"
+                argv,
+                run.work_dir / "run",
+                start.shared_fs_host_path,
+                run.work_dir / "tmp",
+                self._switch(),
             )
         process = await asyncio.create_subprocess_exec(
-            *_die_with_agent(argv),
+            *_die_with_agent(argv, None if run.per_agent else self.rank_user),
             cwd=run.work_dir,
             env=env,
             stdin=asyncio.subprocess.DEVNULL,
@@ -337,10 +366,21 @@ class Runner:
     def _rank_env(
         self, start: pb.StartAllocation, spec: pb.RankSpec, run: AllocationRun
     ) -> dict[str, str]:
-        # The agent's own DET_* settings (its join token above all) never reach user code.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DET_")}
+        # The agent's own DET_* settings (its join token above all) never reach user code;
+        # pydantic-settings reads them in any case (det_agent_join_token), so drop those too,
+        # and anything else that holds a withheld value.
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.upper().startswith("DET_") and not any(s and s in v for s in self.withheld)
+        }
         # `python3` in an entrypoint is the interpreter the agent runs on, with its packages.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        if self.rank_user is not None:
+            # Not root's home and name: a home the rank user can write (caches, ~/.config),
+            # the same path inside a per-agent namespace as outside.
+            name = self.rank_user.name
+            env.update(HOME=str(run.work_dir), USER=name, LOGNAME=name)
         env.update(start.env)
         devices = [self.devices[s] for s in spec.slot_ids if s in self.devices]
         gpus = [str(d.index) for d in devices if d.type == "cuda"]
@@ -368,6 +408,16 @@ class Runner:
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        if self.master_cert_file is not None:
+            where = bootstrap.MASTER_CERT if run.per_agent else run.work_dir / MASTER_CERT
+            env["DET_MASTER_CERT_FILE"] = str(where)
+            if self.master_cert_name:
+                env["DET_MASTER_CERT_NAME"] = self.master_cert_name
+            # requests lets these beat the bundle Determined's harness builds from
+            # DET_MASTER_CERT_FILE, so the agent's own are not handed down (an experiment's are).
+            for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+                if name not in start.env:
+                    env.pop(name, None)
         return env
 
     async def _pump(
@@ -474,6 +524,20 @@ class Runner:
         await asyncio.to_thread(shutil.rmtree, run.work_dir, True)
         await asyncio.to_thread(shutil.rmtree, self._secrets_dir(run), True)
 
+    def _switch(self) -> list[str]:
+        """setpriv's command prefix that drops to the rank user; empty without one."""
+        if self.rank_user is None:
+            return []
+        return rank_user.command([], setpriv=SETPRIV, rank=self.rank_user)
+
+    def _hand_over(self, run: AllocationRun) -> None:
+        """Give the run's directory to its ranks: the rank user's alone (0700). Its parent
+        lets them pass but not list the other allocations."""
+        run.work_dir.chmod(0o700)
+        if self.rank_user is not None:
+            run.work_dir.parent.chmod(0o711)
+            rank_user.chown_tree(run.work_dir, self.rank_user)
+
     def _secrets_dir(self, run: AllocationRun) -> Path:
         return self.work_dir / "secrets" / run.allocation_id
 
@@ -496,7 +560,11 @@ def _signal_group(process: asyncio.subprocess.Process, sig: signal.Signals) -> N
 
 
 def _lay_out_determined(
-    start: pb.StartAllocation, work_dir: Path, gpu_uuids: list[str]
+    start: pb.StartAllocation,
+    work_dir: Path,
+    gpu_uuids: list[str],
+    master_cert_file: Path | None = None,
+    master_cert_name: str | None = None,
 ) -> str | None:
     shared = start.shared_fs_host_path
     if shared:
@@ -510,7 +578,9 @@ def _lay_out_determined(
     run_dir = work_dir / "run"
     _unpack(start.model_definition, run_dir / "workdir")
     _unpack(start.model_definition, run_dir / "train" / "model")
-    bootstrap.write_info(run_dir, dict(start.info_files), gpu_uuids)
+    bootstrap.write_info(
+        run_dir, dict(start.info_files), gpu_uuids, master_cert_file, master_cert_name
+    )
     return None
 
 

@@ -1,0 +1,173 @@
+"""Who an agent's ranks run as (setting `rank_user`), as Determined's `agent_user_group`
+does for its containers: an unprivileged user cannot read the agent's join token, its
+credential, its environment or its /proc, all of which a rank running as root can.
+
+The switch is an exec, not a hook between fork and exec: util-linux `setpriv` sets the
+user, its group and the user's supplementary groups (initgroups) and then execs the rank.
+So the agent keeps spawning with vfork (runner.py says why a fork with gRPC's threads is
+avoided), and Determined's per-agent bootstrap can drop to the user after it has set up its
+mounts as root, inside the namespace (bootstrap.wrap).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+SETPRIV = shutil.which("setpriv")
+ENV = shutil.which("env") or "/usr/bin/env"
+
+
+@dataclass(frozen=True)
+class RankUser:
+    name: str
+    uid: int
+    gid: int
+
+
+def lookup(user: str, group: str | None = None) -> RankUser:
+    """The user (and group: the user's primary group unless named); LookupError names
+    what does not exist."""
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise LookupError(f"no such user {user!r}") from None
+    gid = entry.pw_gid
+    if group is not None:
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise LookupError(f"no such group {group!r}") from None
+    return RankUser(entry.pw_name, entry.pw_uid, gid)
+
+
+def switch_options(rank: RankUser) -> list[str]:
+    """setpriv's options that make the process `rank`: real, effective and saved ids, and
+    the supplementary groups /etc/group gives the user (none of the agent's)."""
+    return [f"--reuid={rank.uid}", f"--regid={rank.gid}", "--init-groups"]
+
+
+def command(
+    argv: Sequence[str],
+    *,
+    setpriv: str | None,
+    die_with_agent: bool = False,
+    rank: RankUser | None = None,
+) -> list[str]:
+    """`argv` run through setpriv: killed when the agent dies (PR_SET_PDEATHSIG, which
+    setpriv sets after the switch, so the switch does not clear it) and/or as `rank`."""
+    options: list[str] = []
+    if die_with_agent:
+        options += ["--pdeathsig", "KILL"]
+    if rank is not None:
+        options += switch_options(rank)
+        # setpriv still holds root's capabilities while it looks the command up, so it
+        # would run an interpreter under /root that the user cannot reach (and that then
+        # half-loads). `env` looks it up again as the user: a rank runs only what its
+        # user can run, the way the interpreter checks saw it.
+        argv = [ENV, "--", *argv]
+    if not options:
+        return list(argv)
+    if setpriv is None:
+        if rank is not None:  # never run a rank as the agent's user by accident
+            raise RuntimeError("util-linux's setpriv is not installed: ranks cannot switch user")
+        return list(argv)  # no pdeathsig without setpriv; the fence still stops the ranks
+    return [setpriv, *options, "--", *argv]
+
+
+def for_agent(
+    rank: RankUser | None,
+    *,
+    euid: int,
+    egid: int,
+    setpriv: str | None,
+    join_token_file: Path | None = None,
+) -> tuple[RankUser | None, list[str]]:
+    """Whom this agent switches its ranks to (None: they run as the agent's own user), and
+    the warnings to log once at start. ValueError says why the agent must not start."""
+    warnings = []
+    if join_token_file is not None:
+        with contextlib.suppress(OSError):  # an unreadable file fails settings already
+            mode = stat.S_IMODE(join_token_file.stat().st_mode)
+            if mode & 0o044:
+                warnings.append(
+                    f"join_token_file {join_token_file} is readable by other users "
+                    f"(mode {mode:04o}): chmod 600 it"
+                )
+    if rank is None:
+        if euid == 0:
+            warnings.append(
+                "ranks run as root, the agent's user, and can read its credentials and its "
+                "join token; set rank_user (--rank-user, DET_AGENT_RANK_USER) to an "
+                "unprivileged user"
+            )
+        return None, warnings
+    if euid != 0:
+        if (rank.uid, rank.gid) == (euid, egid):
+            return None, warnings  # the agent's own user: nothing to switch
+        raise ValueError(
+            f"the agent runs as uid {euid}, not root, and only root can start ranks as "
+            f"another user ({rank.name!r}); run the agent as root or leave rank_user unset"
+        )
+    if setpriv is None:
+        raise ValueError(
+            "util-linux's setpriv is not installed, and it is what switches the ranks' user"
+        )
+    if rank.uid == 0:
+        warnings.append(
+            "rank_user is root: ranks can read the agent's credentials and its join token; "
+            "name an unprivileged user"
+        )
+    return rank, warnings
+
+
+def reach_problem(rank: RankUser, work_dir: Path, setpriv: str) -> str | None:
+    """None if `rank` can enter `work_dir` (its run directories live below it), else why
+    not. Asked of the kernel as that user, so every directory above counts."""
+    probe = subprocess.run(
+        [setpriv, *switch_options(rank), "--", "/bin/sh", "-c", 'cd -- "$1"', "sh", str(work_dir)],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
+    if probe.returncode == 0:
+        return None
+    detail = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+    return (
+        f"user {rank.name!r} cannot enter work_dir {work_dir.resolve()} ({detail}); every "
+        f"directory above it must be searchable by that user (chmod o+x, or move work_dir)"
+    )
+
+
+def run_problem(rank: RankUser, python: str, setpriv: str) -> str | None:
+    """None if `rank` can run the agent's interpreter (entrypoints' `python3` and the
+    storage check use it), else why not."""
+    probe = subprocess.run(
+        command([python, "-c", "import resolute.storage"], setpriv=setpriv, rank=rank),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd="/",
+    )
+    if probe.returncode == 0:
+        return None
+    detail = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+    return f"user {rank.name!r} cannot run {python} with the training library ({detail})"
+
+
+def chown_tree(root: Path, rank: RankUser) -> None:
+    """Give `root` and everything below it to `rank` (links themselves, never followed)."""
+    os.lchown(root, rank.uid, rank.gid)
+    for directory, dirs, files in os.walk(root):
+        for name in (*dirs, *files):
+            os.lchown(os.path.join(directory, name), rank.uid, rank.gid)
