@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import os
+import ssl
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx
 
 from master.core.credentials import client_side_hash
 
+if TYPE_CHECKING:
+    from cli.token_store import TokenStore
+
 DEFAULT_MASTER = "localhost:8080"
+CERT_FILE_ENV = "DET_MASTER_CERT_FILE"
+CERT_NAME_ENV = "DET_MASTER_CERT_NAME"
 
 
 class CliError(Exception):
@@ -55,14 +61,74 @@ def canonical_master_url(master: str | None) -> str:
     return f"{parts.scheme}://{host}:{port}"
 
 
+class TlsTrust:
+    """How https masters are verified, as Determined's client does it: DET_MASTER_CERT_FILE
+    names a CA bundle trusted beside the system's (`noverify` turns verification off), and
+    DET_MASTER_CERT_NAME is the name checked instead of the URL's host."""
+
+    def __init__(self) -> None:
+        path = os.environ.get(CERT_FILE_ENV, "")
+        self.name = os.environ.get(CERT_NAME_ENV) or None
+        self.verify: ssl.SSLContext | bool = True
+        self.source = f"the system's trusted CAs (set {CERT_FILE_ENV} to the cluster's CA file)"
+        if path.lower() == "noverify":
+            self.verify, self.source = False, f"nothing ({CERT_FILE_ENV}=noverify)"
+        elif path:
+            context = ssl.create_default_context()
+            try:
+                context.load_verify_locations(cafile=path)
+            except ssl.SSLError:  # an OSError too: first
+                raise CliError(f"{CERT_FILE_ENV}={path}: no PEM certificate in it") from None
+            except OSError as exc:
+                raise CliError(f"{CERT_FILE_ENV}={path}: cannot read it: {exc.strerror}") from None
+            self.verify, self.source = context, f"{CERT_FILE_ENV}={path}"
+        if self.name:
+            self.source += f" for the name {self.name!r} ({CERT_NAME_ENV})"
+
+    def name_request(self, request: httpx.Request) -> None:
+        # httpcore verifies (and sends as SNI) this name instead of the URL's host.
+        request.extensions["sni_hostname"] = self.name
+
+    def problem(self, exc: BaseException) -> str | None:
+        """One line if `exc` was a failed TLS handshake, else None."""
+        cause: BaseException | None = exc
+        while cause is not None:
+            if isinstance(cause, ssl.SSLCertVerificationError):
+                return (
+                    f"the master's certificate did not verify against {self.source}: "
+                    f"{cause.verify_message}"
+                )
+            if isinstance(cause, ssl.SSLError):
+                return (
+                    f"TLS with the master failed ({cause.reason or cause}); does it serve "
+                    "https on this port?"
+                )
+            cause = cause.__cause__ or cause.__context__
+        return None
+
+
 class MasterClient:
     def __init__(self, master: str | None, user: str | None, timeout: float = 60.0) -> None:
         self.base_urls = master_urls(master) or [canonical_master_url(DEFAULT_MASTER)]
         self.base_url = self.base_urls[0]
-        self.user = user or os.environ.get("DET_USER") or "determined"
+        # Without -u or DET_USER: the active user of `det user login`, else determined.
+        self.requested_user = user or os.environ.get("DET_USER")
+        self.user = self.requested_user or "determined"
+        # Read only for https masters: a stale DET_MASTER_CERT_FILE must not break plain http.
+        https = any(url.startswith("https://") for url in self.base_urls)
+        self.tls = TlsTrust() if https else None
+        hooks = {"request": [self.tls.name_request]} if self.tls and self.tls.name else {}
         # A standby master answers writes with 307 to the leader (same method and body).
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, follow_redirects=True)
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            timeout=timeout,
+            follow_redirects=True,
+            verify=self.tls.verify if self.tls else True,
+            event_hooks=hooks,
+        )
         self._token: str | None = None
+        self._store: TokenStore | None = None
+        self._token_from_store = False
 
     def close(self) -> None:
         self._http.close()
@@ -71,7 +137,22 @@ class MasterClient:
         env_token = os.environ.get("DET_USER_TOKEN")
         if env_token and self.user == (os.environ.get("DET_USER") or self.user):
             return env_token
-        password = os.environ.get("DET_PASS", "")
+        store = self.token_store()
+        active = store.active_user() if self.requested_user is None else None
+        self.user = active or self.user
+        stored = store.token(self.user)
+        if stored:
+            self._token_from_store = True
+            return stored
+        password = os.environ.get("DET_PASS")
+        if password is None and active:
+            # The active user's kept login has ended: ask for a new one rather than try an
+            # empty password, a failed login that would count towards the rate limit.
+            raise CliError(
+                f"the login of user {active} on {self.base_url} has ended; "
+                f"run `det user login {active}` (or `det user logout` to act as determined)"
+            )
+        password = password or ""
         reply = self._send(
             "POST",
             "/api/v1/auth/login",
@@ -80,6 +161,26 @@ class MasterClient:
         )
         token: str = reply["token"]
         return token
+
+    def token_store(self) -> TokenStore:
+        """The tokens `det user login` keeps for this master."""
+        if self._store is None:
+            from cli.token_store import TokenStore  # it imports CliError from here
+
+            self._store = TokenStore(self.base_url)
+        return self._store
+
+    def _refusal(self, reply: httpx.Response, auth: bool) -> str:
+        message = _error_message(reply)
+        if reply.status_code == 401 and auth and self._token_from_store:
+            # An expired or revoked stored token is of no more use; the user stays active,
+            # so the next command asks for a new login instead of acting as someone else.
+            self.token_store().drop(self.user, keep_active=True)
+            message = (
+                f"{message.removesuffix('; log in again')}: "
+                f"run `det user login {self.user}` to log in again"
+            )
+        return message
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         return self._send(method, path, **kwargs)
@@ -114,15 +215,19 @@ class MasterClient:
             headers["Authorization"] = f"Bearer {self._token}"
         try:
             reply = self._request_any_master(method, path, headers=headers, **kwargs)
-        except httpx.ConnectError:
+        except httpx.ConnectError as exc:
             where = ", ".join(self.base_urls)
             raise CliError(
-                f"cannot reach the master at {where}; is it running? (set -m or DET_MASTER)"
+                self._tls_problem(exc)
+                or f"cannot reach the master at {where}; is it running? (set -m or DET_MASTER)"
             ) from None
         except httpx.HTTPError as exc:
-            raise CliError(f"request to {self.base_url}{path} failed: {exc}") from None
+            hint = ""
+            if isinstance(exc, httpx.RemoteProtocolError) and self.base_url.startswith("http:"):
+                hint = " (if the master serves https, use https://)"
+            raise CliError(f"request to {self.base_url}{path} failed: {exc}{hint}") from None
         if reply.status_code != 200:
-            raise CliError(_error_message(reply))
+            raise CliError(self._refusal(reply, auth))
         try:
             return reply.json()
         except ValueError:
@@ -155,10 +260,15 @@ class MasterClient:
                     reply.read()
                     raise CliError(_error_message(reply))
                 yield reply
-        except httpx.ConnectError:
-            raise CliError(f"cannot reach the master at {self.base_url}") from None
+        except httpx.ConnectError as exc:
+            raise CliError(
+                self._tls_problem(exc) or f"cannot reach the master at {self.base_url}"
+            ) from None
         except httpx.HTTPError as exc:
             raise CliError(f"download from {self.base_url}{path} failed: {exc}") from None
+
+    def _tls_problem(self, exc: BaseException) -> str | None:
+        return self.tls.problem(exc) if self.tls is not None else None
 
 
 def _error_message(reply: httpx.Response) -> str:

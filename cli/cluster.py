@@ -21,7 +21,7 @@ CsvOpt = typer.Option(False, "--csv", help="Print CSV with the table's columns."
 
 # Like Determined's, each noun alone runs its `list`.
 task_app = typer.Typer(help="Tasks (trials) that wait for or hold resources, and why they wait.")
-agent_app = typer.Typer(help="List, enable and disable agents.")
+agent_app = typer.Typer(help="List, enable, disable and revoke agents.")
 slot_app = typer.Typer(help="List the slots of every agent and what holds them.")
 job_app = typer.Typer(help="Show the job queue and change job priorities.")
 pool_app = typer.Typer(help="List resource pools and their scheduler settings.")
@@ -328,6 +328,37 @@ def disable_agent(
         stdout.print(
             f"Disabled agent {agent_id} (draining: "
             f"{len(running)} task{'' if len(running) == 1 else 's'} still running there)",
+            markup=False,
+        )
+
+
+@agent_app.command("revoke")
+def revoke_agent(
+    ctx: typer.Context,
+    agent_id: str = typer.Argument(..., help="Agent ID."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+) -> None:
+    """Revoke an agent for good (a lost or retired node): its credential stops working, it
+    is disconnected and its tasks are stopped, and its id can never connect again."""
+    with cli_errors():
+        if not yes and not typer.confirm(
+            f"Revoke agent {agent_id}? It is disconnected, its tasks are stopped, and the "
+            "id can never connect again."
+        ):
+            stdout.print(f"Agent {agent_id} was not revoked.", markup=False)
+            return
+        api = client(ctx)
+        running = [t for t in _tasks(api).values() if agent_id in _task_agents(t)]
+        api.post(_agent_path(agent_id, "revoke"), json={})
+        stopped = (
+            f"; {len(running)} task{'' if len(running) == 1 else 's'} ran there, "
+            "stopped as on a lost agent"
+            if running
+            else ""
+        )
+        stdout.print(
+            f"Revoked agent {agent_id}: it is disconnected and refused from now on{stopped}. "
+            "To bring the node back, start det-agent there under a new --id.",
             markup=False,
         )
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from cli import checkpoints, cluster, experiments, logs, templates, trials
+from cli import checkpoints, cluster, experiments, logs, templates, tokens, trials, users
 from cli.state import Globals
 from master.version import DETERMINED_COMPAT_VERSION, __version__
 
@@ -40,6 +40,10 @@ app.add_typer(cluster.job_app, name="job")
 app.add_typer(cluster.job_app, name="j", hidden=True)
 app.add_typer(cluster.pool_app, name="resource-pool")
 app.add_typer(cluster.pool_app, name="rp", hidden=True)
+app.add_typer(users.user_app, name="user")
+app.add_typer(users.user_app, name="u", hidden=True)
+app.add_typer(tokens.token_app, name="token")
+app.add_typer(tokens.token_app, name="tkn", hidden=True)
 
 
 @app.callback()
