@@ -38,7 +38,7 @@ from tests.e2e.conftest import MasterProcess
 pytestmark = pytest.mark.e2e
 
 RANK_USER = "nobody"
-# Where the lead's per-agent enrollment keeps the agent's credential (owner-only).
+# Where the agent keeps the credential it got when it enrolled (owner-only).
 CREDENTIAL_NAME = "agent-credential"
 
 PROBE_SCRIPT = """
@@ -246,8 +246,9 @@ def test_a_rank_runs_as_the_rank_user_and_cannot_read_the_agent_s_secrets(
     assert report["agent_fds"] == "PermissionError", report
     assert report["other_allocations"] == "PermissionError", report
     credential = isolated.agent.work_dir / CREDENTIAL_NAME
-    # The agent's credential exists once the agent has enrolled with the master.
-    assert report["credential"] == ("PermissionError" if credential.exists() else "absent"), report
+    # The agent enrolled with the master before it ran anything: its credential is there.
+    assert credential.exists()
+    assert report["credential"] == "PermissionError", report
     cmdline = report["agent_cmdline"]
     assert "--join-token-file" in cmdline and RANK_USER in cmdline, cmdline
     assert not any(isolated.token in arg for arg in cmdline), cmdline
