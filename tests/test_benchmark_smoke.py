@@ -167,3 +167,28 @@ def test_the_fault_matrix_reads_every_tests_figures() -> None:
         "standby_master_sigkill_then_sigstop",
     ]
     assert spread([3.0, 1.0, 2.0]) == {"min": 1.0, "median": 2.0, "max": 3.0}
+
+
+@pytest.mark.e2e
+def test_quick_security_benchmark_times_tls_and_logins_against_real_masters() -> None:
+    report = run_quick("bench_security")
+    params, tls = report["parameters"], report["tls"]
+    assert tls["negotiated"].startswith("TLSv1.3")
+    for measure, count in (
+        ("kept_alive", "kept_alive_requests"),
+        ("fresh_connection", "fresh_requests"),
+    ):
+        figures = tls[measure]
+        assert figures["plain"]["n"] == figures["tls"]["n"] == params[count]
+        assert figures["tls_over_plain"]["p50"] > 0
+    # The benchmark checks the connections itself; here, that both ways were what they say.
+    assert set(tls["kept_alive"]["connections_opened_in_last_round"].values()) == {0}
+    fresh = tls["fresh_connection"]["connections_opened_in_last_round"]
+    assert fresh["plain"] == fresh["tls"] == params["fresh_requests"] // params["rounds"]
+    logins = report["login_load"]
+    assert logins["idle"]["probe_health_live"]["n"] > 0
+    for variant in ("logins_ours_pbkdf2_in_thread", "logins_naive_pbkdf2_on_event_loop"):
+        assert logins[variant]["login_failures"] == 0, "right passwords: never 401 or 429"
+        assert logins[variant]["logins_per_s_median"] > 0
+        assert logins[variant]["probe_health_live"]["n"] > 0
+    assert any("scope check" in note for note in report["notes"])

@@ -8,14 +8,19 @@ hash, so both hashed and plain logins can be checked and the stored value is nev
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import logging
+import os
 import re
 import secrets
 import time
 from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -34,6 +39,7 @@ from master.services import counters
 from master.services.access import TASK, TOKEN_KIND, TOKEN_TRIAL_ID, Actor, may_act_for_user
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 PBKDF2_ITERATIONS = 100_000
 # session.info key: the id of the user_sessions row the request's token belongs to.
@@ -69,6 +75,19 @@ def password_matches(stored: str, password: str, *, is_hashed: bool) -> bool:
         "sha256", client_hash.encode(), bytes.fromhex(salt_hex), int(iterations)
     )
     return hmac.compare_digest(digest.hex(), digest_hex)
+
+
+# PBKDF2 takes ~20 ms of CPU per check. Off the event loop (which acknowledges heartbeats),
+# and on at most cores - 1 threads: a burst of logins queues here instead of taking every
+# core from the loop (benchmarks/bench_security.py measures the probe latency it keeps).
+_HASHING = ThreadPoolExecutor(
+    max_workers=max(1, (os.cpu_count() or 2) - 1), thread_name_prefix="password-hash"
+)
+
+
+async def _hashing(function: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_HASHING, functools.partial(function, *args, **kwargs))
 
 
 def _token_digest(token: str) -> str:
@@ -129,11 +148,7 @@ async def login(
     # One message for every failure, so a caller cannot probe which usernames exist.
     if user is None or not user.active:
         raise Unauthenticated("invalid credentials")
-    # PBKDF2 takes ~20 ms of CPU: in a thread, so a burst of logins never stalls the loop
-    # that acknowledges heartbeats.
-    matches = await asyncio.to_thread(
-        password_matches, user.password_hash, password, is_hashed=is_hashed
-    )
+    matches = await _hashing(password_matches, user.password_hash, password, is_hashed=is_hashed)
     if not matches:
         raise Unauthenticated("invalid credentials")
     token, _ = await _mint(session, user.id, ttl, LOGIN)
@@ -280,7 +295,7 @@ async def create_user(
         admin=admin,
         active=active,
         display_name=display_name,
-        password_hash=await asyncio.to_thread(hash_password, password, is_hashed=is_hashed),
+        password_hash=await _hashing(hash_password, password, is_hashed=is_hashed),
     )
     session.add(user)
     await session.flush()
@@ -320,7 +335,7 @@ async def update_user(
     if admin is not None:
         user.admin = admin
     if password is not None:
-        user.password_hash = await asyncio.to_thread(hash_password, password, is_hashed=is_hashed)
+        user.password_hash = await _hashing(hash_password, password, is_hashed=is_hashed)
     if password is not None or active is False:
         # A new password or a deactivation ends the user's logins (not their runs' tokens).
         await session.execute(
