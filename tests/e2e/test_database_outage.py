@@ -37,6 +37,7 @@ from tests.private_postgres import PrivatePostgres
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
+SCRAPE_TOKEN = "prometheus-scrape-token"
 OUTAGE_S = 12.0  # past the fence (6 s) and the lost-agent window (10 s)
 CUT_S = 15.0
 
@@ -54,7 +55,13 @@ def server() -> Iterator[PrivatePostgres]:
 def test_a_database_outage_costs_nothing_but_a_wait(
     server: PrivatePostgres, tmp_path: Path
 ) -> None:
-    master = MasterProcess(tmp_path / "data", db_url=server.url, label="outage")
+    # A scrape token is checked without the database, so Prometheus scrapes on through it.
+    master = MasterProcess(
+        tmp_path / "data",
+        db_url=server.url,
+        label="outage",
+        env={"DET_MASTER_SECURITY__METRICS_TOKEN": SCRAPE_TOKEN},
+    )
     agent = AgentProcess(master, "outage-agent", tmp_path / "agent", slots=1)
     try:
         master.start()
@@ -103,8 +110,9 @@ def _run_through_an_outage(
             page = httpx.get(
                 f"{master.url}/ui/experiments", cookies={"resolute_session": token}, timeout=10
             )
+            scrape = {"Authorization": f"Bearer {SCRAPE_TOKEN}"}
             probes = {
-                path: httpx.get(f"{master.url}{path}", timeout=10)
+                path: httpx.get(f"{master.url}{path}", headers=scrape, timeout=10)
                 for path in ("/health/live", "/health/ready", "/metrics")
             }
         time.sleep(0.25)
