@@ -485,6 +485,13 @@ def test_agent_can_be_drained_and_enabled_from_the_cluster_page(
 ) -> None:
     page.goto("/ui/cluster")
     card = page.locator(f"article.agent[data-agent-id='{cluster.agent.id}']")
+    # The default user is no admin: the agent's card offers no service buttons to it.
+    assert card.get_by_role("button", name="Drain").count() == 0
+    page.goto("/ui/login")
+    page.get_by_label("Username").fill("admin")
+    page.get_by_label("Password").fill("")
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url("**/ui/cluster")
     card.get_by_role("button", name="Drain").click()
     page.wait_for_url("**/ui/cluster")
     assert "draining" in card.locator(".badges").inner_text()
