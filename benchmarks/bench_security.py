@@ -19,12 +19,12 @@ Prints one JSON document on stdout (progress on stderr): the machine, the parame
   while N clients (8; `--quick`: 4) log in back to back with right passwords as 4 users made
   through the API, against the same probe on the idle master. The clients run in a process
   of their own (this module with `--login-worker`), so the probe's timings are not theirs.
-  Three windows per round: idle; logins on our master (PBKDF2 in a thread, `asyncio.to_thread`
-  in master/services/auth.py `login`); logins on the naive master: the same `det-master`
-  with that one call made inline in its process (`auth.asyncio` swapped for a shim whose
-  `to_thread` runs the function on the event loop), what a master that hashed in its
-  handler would do. Reported: probe p50/p99/max, logins/s, login latency and the master's
-  CPU in each window, and the loaded / idle ratios.
+  Three windows per round: idle; logins on our master (PBKDF2 on a pool of cores - 1
+  threads, `_hashing` in master/services/auth.py); logins on the naive master: the same
+  `det-master` with `auth._hashing` replaced in its process by a function that runs the
+  check on the event loop, what a master that hashed in its handler would do. Reported:
+  probe p50/p99/max, logins/s, login latency and the master's CPU in each window, and the
+  loaded / idle ratios.
 
 The run-token scope check (access.check_task_scope) is not measured here.
 """
@@ -73,18 +73,13 @@ LOGIN_WARMUP_S = 0.3  # logins running before the probe's window opens
 # The naive master: `det-master` with the password check on its event loop. Only the
 # module's reference is replaced; the rest of the process is the shipped master.
 NAIVE_MASTER = """
-import asyncio, sys
+import sys
 import master.services.auth as auth
 
-class InlineAsyncio:
-    def __getattr__(self, name):
-        return getattr(asyncio, name)
+async def inline(function, *args, **kwargs):
+    return function(*args, **kwargs)
 
-    @staticmethod
-    async def to_thread(function, /, *args, **kwargs):
-        return function(*args, **kwargs)
-
-auth.asyncio = InlineAsyncio()
+auth._hashing = inline
 from master.entry import main
 sys.argv[0] = "det-master"
 main()
