@@ -70,6 +70,7 @@ async def current_user(request: Request, session: SessionDep) -> UserModel:
         await access.check_task_scope(
             session,
             session.info[access.TOKEN_TRIAL_ID],
+            user.id,
             request.method,
             getattr(route, "path", request.url.path),
             dict(request.path_params),

@@ -434,6 +434,9 @@ class AgentModel(Base):
     # SHA-256 of the secret this agent got when it first joined with the join token; every
     # later connection must show that secret. NULL: not enrolled yet.
     credential_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # Set once the agent shows that secret back (it has it): until then a Welcome lost on
+    # the way must not lock the id out, so the join token enrolls it again.
+    credential_confirmed: Mapped[bool] = mapped_column(default=False, server_default=false())
     # `det agent revoke`: the id can no longer connect.
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 

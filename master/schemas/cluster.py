@@ -97,6 +97,10 @@ def agent(
         },
         # resolute additions
         "connected": a.connected,
+        # enrolled: it holds a secret of its own, which alone admits its id from now on;
+        # revoked: `det agent revoke` shut the id out.
+        "enrolled": a.credential_confirmed,
+        "revoked": a.revoked_at is not None,
         "hostname": a.hostname,
         "lastSeenTime": iso(a.last_seen_at),
         "zeroSlotAllocations": view.zero_slot_allocations,

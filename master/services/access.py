@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.db.models import (
     AllocationModel,
+    CheckpointModel,
     ExperimentModel,
     TemplateModel,
     TrialModel,
@@ -85,6 +86,25 @@ async def require_experiment_owner(
     )
 
 
+async def require_checkpoints_owner(
+    session: AsyncSession, actor: Actor, uuids: list[str], what: str
+) -> None:
+    """Each checkpoint's experiment must be the actor's (or the actor an admin); unknown
+    uuids are left to the service, which names them."""
+    if actor.admin:
+        return
+    experiments = (
+        await session.scalars(
+            select(CheckpointModel.experiment_id)
+            .where(CheckpointModel.uuid.in_(uuids))
+            .distinct()
+            .order_by(CheckpointModel.experiment_id)
+        )
+    ).all()
+    for experiment_id in experiments:
+        await require_experiment_owner(session, actor, experiment_id, what)
+
+
 async def require_job_owner(session: AsyncSession, actor: Actor, job_id: str, what: str) -> None:
     """A job is its experiment: its owner may reorder it, an admin anyone's."""
     experiment_id = await session.scalar(
@@ -117,6 +137,7 @@ def may_act_for_user(actor: Actor, user_id: int, what: str) -> None:
 async def check_task_scope(
     session: AsyncSession,
     trial_id: int,
+    user_id: int,
     method: str,
     route: str,
     path_params: dict[str, str],
@@ -132,10 +153,23 @@ async def check_task_scope(
         if (method, route) in _TASK_ROUTES_WITHOUT_SCOPE:
             return
         if method == "GET" and route in ("/api/v1/checkpoints/{uuid}", "/checkpoints/{uuid}"):
-            return  # restoring reads a checkpoint by uuid, maybe another experiment's
+            # Restoring reads a checkpoint by uuid, maybe another experiment's: one of the
+            # same owner's (source_checkpoint_uuid), never another user's files.
+            owner = await session.scalar(
+                select(ExperimentModel.owner_id)
+                .join(CheckpointModel, CheckpointModel.experiment_id == ExperimentModel.id)
+                .where(CheckpointModel.uuid == path_params.get("uuid", ""))
+            )
+            if owner is not None and owner != user_id:
+                raise refusal
+            return
         raise refusal
     trial = await session.get(TrialModel, trial_id)
     if trial is None:
+        raise refusal
+    if method != "GET" and not scoped.keys() & {"trial_id", "run_id", "allocation_id"}:
+        # The experiment's own routes it may read, never change: a rank cannot pause, kill
+        # or delete the experiment, and with it the other trials.
         raise refusal
     for name, value in scoped.items():
         if name in ("trial_id", "run_id") and value != str(trial.id):

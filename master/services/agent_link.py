@@ -22,9 +22,10 @@ import secrets
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -87,6 +88,9 @@ class Connection:
     outbox: asyncio.Queue[pb.MasterMessage | None] = field(default_factory=asyncio.Queue)
     last_heartbeat: float = field(default_factory=time.monotonic)
     closed: bool = False
+    # Enrolled on this stream: its first heartbeat shows the agent has read (and stored)
+    # the secret, which then becomes the only way in for this id.
+    unconfirmed_credential: bool = False
 
     def send(self, message: pb.MasterMessage) -> None:
         if not self.closed:
@@ -288,12 +292,18 @@ class AgentHub:
         self, hello: pb.Hello, registration: agent_service.AgentRegistration
     ) -> tuple[Connection, pb.Welcome]:
         stop_ids: list[str] = []
+        issued: str | None = None
         try:
             async with self._transaction() as session:
+                # Under the scheduler's lock, which a revocation takes too: it committed
+                # before this reads the row (refused here), or it waits for this commit and
+                # then finds this connection to close.
+                await allocations.hold_scheduler(session)
                 issued = await self._authenticate(session, hello)
                 agent = await agent_service.register_agent(session, self.settings, registration)
                 if issued:
                     agent.credential_hash = _digest(issued)
+                    agent.credential_confirmed = False
                 agent.interfaces = [
                     {"name": i.name, "ipv4": list(i.ipv4)} for i in hello.interfaces
                 ]
@@ -304,6 +314,7 @@ class AgentHub:
         if old is not None:
             old.close()
         connection = Connection(hello.agent_id, str(uuid.uuid4()), hello.instance_id)
+        connection.unconfirmed_credential = issued is not None
         self.connections[hello.agent_id] = connection
         self.absent_since.pop(hello.agent_id, None)
         self.wake_scheduler()
@@ -332,8 +343,10 @@ class AgentHub:
         enrolled with the join token and gets a secret of its own (returned, to be sent in
         the Welcome). So one node holding the join token cannot pass for another enrolled
         node, a revoked id stays out, and the join token can be rotated without touching
-        the enrolled agents. Raises Refusal."""
-        agent = await session.get(AgentModel, hello.agent_id)
+        the enrolled agents. Until the agent has shown its secret back once, the join token
+        still enrolls it afresh: a Welcome lost on the way must not lock the id out.
+        Raises Refusal."""
+        agent = await session.get(AgentModel, hello.agent_id, populate_existing=True)
         if agent is not None and agent.revoked_at is not None:
             raise Refusal(
                 f"agent id {hello.agent_id!r} was revoked (det agent revoke); "
@@ -343,15 +356,41 @@ class AgentHub:
             if hello.agent_secret and secrets.compare_digest(
                 _digest(hello.agent_secret), agent.credential_hash
             ):
+                agent.credential_confirmed = True
                 return None
-            raise Refusal(
-                f"the credential does not match agent id {hello.agent_id!r}: that id is "
-                "enrolled and admits only its own secret (its agent-credential file)"
-            )
+            if agent.credential_confirmed:
+                raise Refusal(
+                    f"the credential does not match agent id {hello.agent_id!r}: that id is "
+                    "enrolled and admits only its own secret (its agent-credential file)"
+                )
         if not secrets.compare_digest(hello.join_token.encode(), self.join_token.encode()):
             raise Refusal("join token missing or wrong; start the agent with --join-token-file")
-        log.info("agent %s enrolled with the join token", hello.agent_id)
+        if agent is not None and agent.credential_hash is None:
+            log.warning(
+                "agent %s was registered before agents had credentials: enrolled it now with "
+                "the join token (revoke it if that was not the node you know)",
+                hello.agent_id,
+            )
+        else:
+            log.info("agent %s enrolled with the join token", hello.agent_id)
         return secrets.token_urlsafe(32)
+
+    async def _confirm_credential(self, connection: Connection) -> None:
+        try:
+            async with self._transaction() as session:
+                await session.execute(
+                    update(AgentModel)
+                    .where(AgentModel.id == connection.agent_id)
+                    .values(credential_confirmed=True)
+                )
+        except Exception as exc:
+            connection.unconfirmed_credential = True  # the next heartbeat tries again
+            log.warning("agent %s: could not confirm its credential: %s", connection.agent_id, exc)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def disconnect(self, agent_id: str, why: str) -> None:
         """End an agent's stream now (it was revoked): its next Hello is refused."""
@@ -504,6 +543,9 @@ class AgentHub:
 
     def on_heartbeat(self, connection: Connection, heartbeat: pb.Heartbeat) -> None:
         connection.last_heartbeat = time.monotonic()
+        if connection.unconfirmed_credential:
+            connection.unconfirmed_credential = False
+            self._spawn(self._confirm_credential(connection))
         if self.leadership is not None and not self.leadership.valid():
             return  # no acknowledgement: see Leadership
         if heartbeat.samples:

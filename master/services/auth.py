@@ -16,7 +16,7 @@ import os
 import re
 import secrets
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -85,6 +85,9 @@ _HASHING = ThreadPoolExecutor(
 )
 
 
+_DECOY_HASH = hash_password("resolute-decoy")
+
+
 async def _hashing(function: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(_HASHING, functools.partial(function, *args, **kwargs))
@@ -145,8 +148,10 @@ async def login(
     if not username:
         raise InvalidArgument("username: must not be empty")
     user = await session.scalar(select(UserModel).where(UserModel.username == username))
-    # One message for every failure, so a caller cannot probe which usernames exist.
+    # One message for every failure, and the same ~20 ms of hashing, so a caller cannot
+    # probe which usernames exist by the answer or by its time.
     if user is None or not user.active:
+        await _hashing(password_matches, _DECOY_HASH, password, is_hashed=is_hashed)
         raise Unauthenticated("invalid credentials")
     matches = await _hashing(password_matches, user.password_hash, password, is_hashed=is_hashed)
     if not matches:
@@ -442,24 +447,34 @@ async def patch_access_token(
 class LoginLimiter:
     """Failed logins per user name and per client address in a sliding window: past the
     limit, logins from there (even right ones) wait, so passwords cannot be guessed at
-    the speed of the network. In memory: a restart forgets, as Determined's did nothing."""
+    the speed of the network. In memory, and bounded: a flood of made-up names evicts the
+    oldest entries, never the counts of a name under attack that is still failing."""
+
+    MAX_KEYS = 100_000
 
     def __init__(self, max_failures: int = 10, window_s: float = 60.0) -> None:
         self.max_failures = max_failures
         self.window_s = window_s
-        self._failures: dict[str, deque[float]] = {}
+        # Least recently failed first, so eviction drops the stalest entry.
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
 
-    def _recent(self, key: str, now: float) -> deque[float]:
-        times = self._failures.setdefault(key, deque())
+    def _recent(self, key: str, now: float) -> deque[float] | None:
+        times = self._failures.get(key)
+        if times is None:
+            return None
         while times and times[0] <= now - self.window_s:
             times.popleft()
+        if not times:
+            del self._failures[key]
+            return None
         return times
 
     def check(self, username: str, client: str) -> None:
+        """Reads only: checking a name never stores it."""
         now = time.monotonic()
-        for key, what in ((f"user:{username}", "user"), (f"addr:{client}", "address")):
+        for key, what in ((f"user:{username[:128]}", "user"), (f"addr:{client}", "address")):
             times = self._recent(key, now)
-            if len(times) >= self.max_failures:
+            if times is not None and len(times) >= self.max_failures:
                 retry = max(1, int(times[0] + self.window_s - now) + 1)
                 raise TooManyRequests(
                     f"too many failed logins for {what} {key.split(':', 1)[1]!r}; "
@@ -469,10 +484,15 @@ class LoginLimiter:
 
     def failed(self, username: str, client: str) -> None:
         now = time.monotonic()
-        for key in (f"user:{username}", f"addr:{client}"):
-            self._recent(key, now).append(now)
-        if len(self._failures) > 100_000:  # bound the memory a flood of names can take
-            self._failures.clear()
+        # Names are at most 128 characters; a longer one cannot exist, nor grow a key.
+        for key in (f"user:{username[:128]}", f"addr:{client}"):
+            times = self._recent(key, now)
+            if times is None:
+                times = self._failures[key] = deque()
+            times.append(now)
+            self._failures.move_to_end(key)
+        while len(self._failures) > self.MAX_KEYS:
+            self._failures.popitem(last=False)
 
     def succeeded(self, username: str) -> None:
-        self._failures.pop(f"user:{username}", None)
+        self._failures.pop(f"user:{username[:128]}", None)

@@ -22,6 +22,13 @@ def upgrade() -> None:
     with op.batch_alter_table('agents', schema=None) as batch_op:
         # SHA-256 of the secret the agent got for its join token; NULL until it enrolls.
         batch_op.add_column(sa.Column('credential_hash', sa.String(length=64), nullable=True))
+        # False until the agent first shows the secret back: a Welcome lost on the way
+        # must not lock the id out, so until then the join token enrolls it again.
+        batch_op.add_column(
+            sa.Column(
+                'credential_confirmed', sa.Boolean(), nullable=False, server_default=sa.false()
+            )
+        )
         batch_op.add_column(
             sa.Column('revoked_at', master.db.models.UTCDateTime(timezone=True), nullable=True)
         )
@@ -39,9 +46,12 @@ def upgrade() -> None:
         batch_op.create_foreign_key(
             'fk_templates_owner_id_users', 'users', ['owner_id'], ['id'], ondelete='SET NULL'
         )
+    # Runs in flight across the upgrade keep working: their tokens become task tokens of
+    # their own trial.
     op.execute(
-        "UPDATE user_sessions SET kind = 'task' WHERE id IN "
-        "(SELECT task_session_id FROM allocations WHERE task_session_id IS NOT NULL)"
+        "UPDATE user_sessions SET kind = 'task', trial_id = "
+        "(SELECT a.trial_id FROM allocations a WHERE a.task_session_id = user_sessions.id) "
+        "WHERE id IN (SELECT task_session_id FROM allocations WHERE task_session_id IS NOT NULL)"
     )
 
 
@@ -55,4 +65,5 @@ def downgrade() -> None:
         batch_op.drop_column('kind')
     with op.batch_alter_table('agents', schema=None) as batch_op:
         batch_op.drop_column('revoked_at')
+        batch_op.drop_column('credential_confirmed')
         batch_op.drop_column('credential_hash')

@@ -15,13 +15,13 @@ from sqlalchemy import update
 
 from master.app import EmptyPasswordsOnNetwork, _refuse_open_default_users
 from master.core.credentials import client_side_hash
-from master.db.models import TemplateModel, UserSessionModel
+from master.db.models import CheckpointModel, TemplateModel, UserSessionModel
 from master.db.session import session_scope
 from master.errors import TooManyRequests
 from master.services import auth
 from master.web.common import COOKIE
 from tests.api.test_core_api_contract import Rank, running
-from tests.api.test_trial_reports import metrics_body
+from tests.api.test_trial_reports import checkpoint_body, metrics_body
 
 PASSWORD = "Sekret-Passw0rd"
 EXPERIMENT = """
@@ -275,7 +275,26 @@ def test_the_limiter_counts_names_and_addresses_within_a_window() -> None:
 # -- a run's token opens its own trial only -------------------------------------------------
 
 
-async def test_a_runs_token_opens_only_its_own_trial(app: FastAPI, api: httpx.AsyncClient) -> None:
+async def checkpoint_of_another_user(app: FastAPI, admin: httpx.AsyncClient) -> str:
+    """A checkpoint row of an experiment the admin owns (written straight to the database:
+    the admin runs no trial here)."""
+    created = await admin.post("/api/v1/experiments", json={"config": EXPERIMENT})
+    experiment_id = created.json()["experiment"]["id"]
+    trials = await admin.get(f"/api/v1/experiments/{experiment_id}/trials")
+    trial_id = trials.json()["trials"][0]["id"]
+    uuid = "5e1f0000-0000-4000-8000-00000000a11c"
+    async with session_scope(app.state.session_factory) as session:
+        session.add(
+            CheckpointModel(
+                uuid=uuid, trial_id=trial_id, experiment_id=experiment_id, steps_completed=1
+            )
+        )
+    return uuid
+
+
+async def test_a_runs_token_opens_only_its_own_trial(
+    app: FastAPI, api: httpx.AsyncClient, admin: httpx.AsyncClient
+) -> None:
     first: Rank = await running(app, api)
     async with first.client:
         created = await api.post("/api/v1/experiments", json={"config": EXPERIMENT})
@@ -293,10 +312,16 @@ async def test_a_runs_token_opens_only_its_own_trial(app: FastAPI, api: httpx.As
             ("POST", f"/api/v1/trials/{other}/progress"),
             ("GET", "/api/v1/users"),
             ("POST", "/api/v1/tokens"),
+            # Its own experiment it may read, not change: nor the other trials with it.
+            ("POST", f"/api/v1/experiments/{first.trial.experiment_id}/pause"),
+            ("POST", f"/api/v1/experiments/{first.trial.experiment_id}/kill"),
+            ("DELETE", f"/api/v1/experiments/{first.trial.experiment_id}"),
+            ("GET", "/metrics"),
         ):
             reply = await first.client.request(method, path, json={})
             assert reply.status_code == 403, (method, path, reply.text)
-            assert f"belongs to the ranks of trial {own}" in reply.json()["message"]
+            message = reply.json()["message"]
+            assert f"trial {own}" in message or "its own trial's routes" in message, message
         # A report that names another trial in its body is refused too.
         body = metrics_body(first.trial, "training", 1, {"loss": 1.0}, trial_id=other)
         assert (await first.post(f"/api/v1/trials/{own}/metrics", body)).status_code in (400, 403)
@@ -308,6 +333,14 @@ async def test_a_runs_token_opens_only_its_own_trial(app: FastAPI, api: httpx.As
             "training": {"trialId": other},
         }
         assert (await first.post("/api/v1/checkpoints", checkpoint)).status_code == 403
+        # It reads its own owner's checkpoints (a restore from another experiment), never
+        # another user's.
+        mine = checkpoint_body(first.trial, 1)
+        assert (await first.post("/api/v1/checkpoints", mine)).status_code == 200
+        assert (await first.get(f"/api/v1/checkpoints/{mine['uuid']}")).status_code == 200
+        theirs = await checkpoint_of_another_user(app, admin)
+        reply = await first.get(f"/api/v1/checkpoints/{theirs}")
+        assert reply.status_code == 403, reply.text
         # Nor does it open the dashboard.
         token = first.client.headers["Grpc-Metadata-x-allocation-token"].split()[1]
         first.client.cookies.set(COOKIE, token)
@@ -367,3 +400,31 @@ async def test_empty_default_passwords_keep_the_master_off_the_network(
         assert reply.status_code == 200, reply.text
     async with session_scope(factory) as session:
         await _refuse_open_default_users(session, settings)
+
+
+async def test_checkpoints_and_preemption_signals_are_their_owners(
+    app: FastAPI, admin: httpx.AsyncClient, alice: httpx.AsyncClient
+) -> None:
+    uuid = await checkpoint_of_another_user(app, admin)
+    body = {"checkpointUuids": [uuid]}
+    message = refusal(await alice.request("DELETE", "/api/v1/checkpoints", json=body), 403)
+    assert "belongs to admin" in message
+    assert (await alice.get(f"/api/v1/checkpoints/{uuid}")).json()["checkpoint"]["state"] == (
+        "STATE_COMPLETED"
+    )
+    trials = (await admin.get("/api/v1/experiments")).json()["experiments"]
+    experiment_id = trials[0]["id"]
+    trial_id = (await admin.get(f"/api/v1/experiments/{experiment_id}/trials")).json()["trials"][0][
+        "id"
+    ]
+    allocation = f"{trial_id}.1"
+    for path in (
+        f"/api/v1/allocations/{allocation}/signals/ack_preemption",
+        f"/api/v1/allocations/{allocation}/signals/preemption",
+    ):
+        reply = await alice.request("POST" if "ack" in path else "GET", path)
+        assert "belongs to admin" in refusal(reply, 403), path
+    # The admin passes the owner check (the service may still refuse for its own reasons:
+    # the checkpoint's experiment is active here).
+    allowed = await admin.request("DELETE", "/api/v1/checkpoints", json=body)
+    assert allowed.status_code != 403, allowed.text

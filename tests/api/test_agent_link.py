@@ -593,11 +593,20 @@ async def test_an_enrolled_agent_id_admits_only_its_own_secret(
         devices=[pb.Device(slot_id=0, type="cpu", index=-1)],
     )
     first, welcome = await hub.open(hello)
-    secret = welcome.agent_secret
-    assert len(secret) >= 32
+    lost = welcome.agent_secret
+    assert len(lost) >= 32
     hub.close(first)
-    # The join token alone no longer passes for node-1, nor does a guessed secret.
-    for shown in ("", "guess"):
+    # That Welcome never reached the agent: until it shows its secret back, the join token
+    # enrolls it again (with a new secret) rather than locking the id out.
+    second, welcome = await hub.open(pb.Hello(agent_id="node-1", join_token=hub.join_token))
+    secret = welcome.agent_secret
+    assert secret and secret != lost
+    # Its first heartbeat shows it holds the secret: from then on only the secret admits it.
+    await hub.on_message(second, pb.AgentMessage(heartbeat=pb.Heartbeat(seq=1)))
+    await asyncio.gather(*hub._tasks)
+    assert (await api.get("/api/v1/agents/node-1")).json()["agent"]["enrolled"] is True
+    hub.close(second)
+    for shown in ("", "guess", lost):
         impostor = pb.Hello(agent_id="node-1", join_token=hub.join_token, agent_secret=shown)
         with pytest.raises(Refusal, match="credential does not match agent id 'node-1'"):
             await hub.open(impostor)
@@ -615,7 +624,7 @@ async def test_a_revoked_agent_is_cut_off_and_stays_out(
     assert "for admins" in (await api.post("/api/v1/agents/agent-r/revoke")).json()["message"]
     reply = await admin.post("/api/v1/agents/agent-r/revoke")
     assert reply.status_code == 200, reply.text
-    assert reply.json()["agent"]["enabled"] is False
+    assert (reply.json()["agent"]["enabled"], reply.json()["agent"]["revoked"]) == (False, True)
     assert connection.closed and "agent-r" not in hub.connections
     for hello in (
         pb.Hello(agent_id="agent-r", join_token=hub.join_token),

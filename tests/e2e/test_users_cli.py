@@ -406,6 +406,11 @@ def test_a_revoked_agent_exits_and_stays_out(tmp_path: Path) -> None:
         home = tmp_path / "node-work"
         first = start(agent_id, home)
         first.wait_connected()
+        # Its first heartbeat after the Welcome confirms it holds its secret.
+        master.wait_for(
+            "the agent's enrollment",
+            lambda: master.api("GET", f"/api/v1/agents/{agent_id}")["agent"]["enrolled"],
+        )
         credential = home / "agent-credential"
         assert stat.S_IMODE(credential.stat().st_mode) == 0o600
 

@@ -9,8 +9,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from master.api.deps import bearer_token
 from master.db.session import session_scope
-from master.errors import Unauthenticated
-from master.services import auth, health
+from master.errors import PermissionDenied, Unauthenticated
+from master.services import access, auth, health
 from master.settings import MasterSettings
 
 router = APIRouter(tags=["health"])
@@ -60,3 +60,5 @@ async def _check_scraper(request: Request) -> None:
         return
     async with session_scope(request.app.state.session_factory) as session:
         await auth.user_for_token(session, token)
+        if session.info.get(access.TOKEN_KIND) == access.TASK:
+            raise PermissionDenied("a run's token opens its own trial's routes, not /metrics")

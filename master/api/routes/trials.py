@@ -39,6 +39,7 @@ from master.schemas.experiments import (
     WorkloadList,
 )
 from master.services import (
+    access,
     allocations,
     checkpoint_download,
     checkpoint_gc,
@@ -46,6 +47,7 @@ from master.services import (
     search,
     trial_reports,
 )
+from master.services.access import Actor
 from resolute.storage import without_secrets
 
 router = APIRouter(prefix="/api/v1", tags=["Trials"])
@@ -392,6 +394,9 @@ async def delete_checkpoints(
 ) -> Empty:
     """Determined's DeleteCheckpoints: every uuid is marked DELETING (or none is); the
     files go in the background, retried until they are gone."""
+    await access.require_checkpoints_owner(
+        session, Actor.of(user), body.checkpoint_uuids, "delete its checkpoints"
+    )
     await checkpoint_gc.delete_checkpoints(session, body.checkpoint_uuids, user.username)
     return Empty()
 
@@ -474,8 +479,12 @@ async def preemption_signal(
     timeout_seconds: int = Query(0, ge=0, le=MAX_INT),
 ) -> PreemptionSignal:
     """Long-poll: true at once when the master wants the allocation to stop, else false
-    after up to `timeout_seconds` (60 at most)."""
+    after up to `timeout_seconds` (60 at most). Polling counts as the trial listening, so
+    only the experiment's owner (its ranks' token) or an admin may poll."""
     allocation = await allocations.get_allocation(session, allocation_id)
+    await access.require_experiment_owner(
+        session, Actor.of(_user), allocation.experiment_id, "poll its preemption signal"
+    )
     stop_wanted = allocation.preempt_requested or allocation.state in (
         AllocationState.TERMINATING,
         AllocationState.TERMINATED,
@@ -497,6 +506,11 @@ async def ack_preemption(
     signals: PreemptionDep,
     _body: dict[str, Any] | None = None,
 ) -> Empty:
+    # An acknowledgement turns the trial's exit 0 into "preempted, run again": its owner's.
+    allocation = await allocations.get_allocation(session, allocation_id)
+    await access.require_experiment_owner(
+        session, Actor.of(_user), allocation.experiment_id, "acknowledge its preemption"
+    )
     await allocations.acknowledge_preemption(session, allocation_id)
     signals.acknowledge(allocation_id)
     return Empty()
