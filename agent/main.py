@@ -20,7 +20,18 @@ from agent.devices import detect_devices
 from agent.gpu import open_nvml
 from agent.link import Agent, Refused
 from agent.netif import list_interfaces
-from agent.rank_user import SETPRIV, RankUser, for_agent, lookup, reach_problem, run_problem
+from agent.rank_user import (
+    SETPRIV,
+    RankUser,
+    UidPool,
+    for_agent,
+    for_range,
+    lookup,
+    parse_uid_range,
+    range_user,
+    reach_problem,
+    run_problem,
+)
 from agent.sampler import SystemSampler
 from agent.settings import AgentSettings
 
@@ -86,6 +97,12 @@ def run(
     rank_group: str | None = typer.Option(
         None, "--rank-group", help="The ranks' group (DET_AGENT_RANK_GROUP)."
     ),
+    rank_uid_range: str | None = typer.Option(
+        None,
+        "--rank-uid-range",
+        help="START-END: run each allocation's ranks as a uid of their own from this range "
+        "(DET_AGENT_RANK_UID_RANGE).",
+    ),
     master_cert_file: Path | None = typer.Option(
         None,
         "--master-cert",
@@ -110,6 +127,7 @@ def run(
         "join_token_file": join_token_file,
         "rank_user": rank_user,
         "rank_group": rank_group,
+        "rank_uid_range": rank_uid_range,
         "master_cert_file": master_cert_file,
         "master_cert_name": master_cert_name,
     }
@@ -134,11 +152,15 @@ def run(
             "ranks included: use --join-token-file or DET_AGENT_JOIN_TOKEN"
         )
     try:
-        rank = _rank_user(settings)
+        if settings.rank_uid_range:
+            uids, rank = _rank_uids(settings), None
+        else:
+            uids, rank = None, _rank_user(settings)
     except ValueError as exc:
-        typer.echo(f"det-agent: setting rank_user: {exc}", err=True)
+        field = "rank_uid_range" if settings.rank_uid_range else "rank_user"
+        typer.echo(f"det-agent: setting {field}: {exc}", err=True)
         raise typer.Exit(2) from None
-    sys.exit(asyncio.run(_serve(settings, rank)))
+    sys.exit(asyncio.run(_serve(settings, rank, uids)))
 
 
 def _rank_user(settings: AgentSettings) -> RankUser | None:
@@ -158,18 +180,41 @@ def _rank_user(settings: AgentSettings) -> RankUser | None:
     for warning in warnings:
         log.warning("%s", warning)
     if rank is not None and SETPRIV is not None:
-        settings.work_dir.mkdir(parents=True, exist_ok=True)
-        problem = reach_problem(rank, settings.work_dir, SETPRIV)
-        if problem:
-            raise ValueError(problem)
-        problem = run_problem(rank, sys.executable, SETPRIV)
-        if problem:  # an entrypoint may name another interpreter: warn, don't refuse
-            log.warning("%s", problem)
+        _check_reach(settings, rank, SETPRIV)
         log.info("ranks run as user %s (uid %d, gid %d)", rank.name, rank.uid, rank.gid)
     return rank
 
 
-async def _serve(settings: AgentSettings, rank: RankUser | None = None) -> int:
+def _rank_uids(settings: AgentSettings) -> UidPool:
+    """The uids each allocation's ranks take one of; ValueError says why the agent must
+    not start."""
+    assert settings.rank_uid_range is not None
+    pool = UidPool(*parse_uid_range(settings.rank_uid_range))
+    warnings = for_range(
+        pool, euid=os.geteuid(), setpriv=SETPRIV, join_token_file=settings.join_token_file
+    )
+    for warning in warnings:
+        log.warning("%s", warning)
+    assert SETPRIV is not None  # for_range refuses without it
+    # Every uid of the range is "other" to the work dir: the first stands for them all.
+    _check_reach(settings, range_user(pool.first), SETPRIV)
+    log.info("ranks run as a uid of their own per allocation, from %s", pool)
+    return pool
+
+
+def _check_reach(settings: AgentSettings, rank: RankUser, setpriv: str) -> None:
+    settings.work_dir.mkdir(parents=True, exist_ok=True)
+    problem = reach_problem(rank, settings.work_dir, setpriv)
+    if problem:
+        raise ValueError(problem)
+    problem = run_problem(rank, sys.executable, setpriv)
+    if problem:  # an entrypoint may name another interpreter: warn, don't refuse
+        log.warning("%s", problem)
+
+
+async def _serve(
+    settings: AgentSettings, rank: RankUser | None = None, uids: UidPool | None = None
+) -> int:
     gpu = open_nvml()
     devices = detect_devices(settings.artificial_slots, gpu)
     settings.work_dir.mkdir(parents=True, exist_ok=True)
@@ -177,6 +222,7 @@ async def _serve(settings: AgentSettings, rank: RankUser | None = None) -> int:
     agent.runner.master_cert_file = settings.master_cert_file
     agent.runner.master_cert_name = settings.master_cert_name
     agent.runner.rank_user = rank
+    agent.runner.rank_uids = uids
     agent.runner.withheld = (settings.join_token,)
     agent.runner.namespace_problem = await asyncio.to_thread(
         bootstrap.probe_namespaces, settings.work_dir

@@ -31,6 +31,57 @@ class RankUser:
     name: str
     uid: int
     gid: int
+    # A user of /etc/passwd gets its supplementary groups (initgroups); a uid of
+    # rank_uid_range has no passwd entry, so it gets none.
+    init_groups: bool = True
+
+
+# uids below this are system and login users on every distribution.
+FIRST_RANK_UID = 1000
+
+
+def parse_uid_range(text: str) -> tuple[int, int]:
+    """`START-END` (rank_uid_range) as two ints; ValueError says what is wrong with it."""
+    start, sep, end = text.strip().partition("-")
+    try:
+        first, last = int(start), int(end)
+    except ValueError:
+        raise ValueError(f"{text!r} is not START-END (two integers, e.g. 61000-61999)") from None
+    if not sep or not FIRST_RANK_UID <= first <= last < 2**31:
+        raise ValueError(
+            f"{text!r}: START-END must satisfy {FIRST_RANK_UID} <= START <= END < 2**31"
+        )
+    return first, last
+
+
+def range_user(uid: int) -> RankUser:
+    """A uid of rank_uid_range as a RankUser: its own group, no passwd entry needed."""
+    return RankUser(f"rank-{uid}", uid, uid, init_groups=False)
+
+
+class UidPool:
+    """The uids of rank_uid_range, one per current run of this agent, so one trial's ranks
+    cannot read another's run directory, S3 keys or /proc (as a shared rank_user can)."""
+
+    def __init__(self, first: int, last: int) -> None:
+        self.first, self.last = first, last
+        self._held: dict[str, int] = {}  # allocation id -> its uid
+
+    def __str__(self) -> str:
+        return f"{self.first}-{self.last}"
+
+    def take(self, owner: str) -> RankUser:
+        """The lowest free uid, now `owner`'s (the same one if asked again); RuntimeError
+        when every uid is in use."""
+        if owner not in self._held:
+            used = set(self._held.values())
+            if len(used) > self.last - self.first:
+                raise RuntimeError(f"no free uid in rank_uid_range {self} ({len(used)} runs)")
+            self._held[owner] = next(u for u in range(self.first, self.last + 1) if u not in used)
+        return range_user(self._held[owner])
+
+    def release(self, owner: str) -> None:
+        self._held.pop(owner, None)
 
 
 def lookup(user: str, group: str | None = None) -> RankUser:
@@ -51,8 +102,10 @@ def lookup(user: str, group: str | None = None) -> RankUser:
 
 def switch_options(rank: RankUser) -> list[str]:
     """setpriv's options that make the process `rank`: real, effective and saved ids, and
-    the supplementary groups /etc/group gives the user (none of the agent's)."""
-    return [f"--reuid={rank.uid}", f"--regid={rank.gid}", "--init-groups"]
+    the supplementary groups /etc/group gives the user, or none for a uid of
+    rank_uid_range (never the agent's)."""
+    groups = "--init-groups" if rank.init_groups else "--clear-groups"
+    return [f"--reuid={rank.uid}", f"--regid={rank.gid}", groups]
 
 
 def command(
@@ -93,21 +146,13 @@ def for_agent(
 ) -> tuple[RankUser | None, list[str]]:
     """Whom this agent switches its ranks to (None: they run as the agent's own user), and
     the warnings to log once at start. ValueError says why the agent must not start."""
-    warnings = []
-    if join_token_file is not None:
-        with contextlib.suppress(OSError):  # an unreadable file fails settings already
-            mode = stat.S_IMODE(join_token_file.stat().st_mode)
-            if mode & 0o044:
-                warnings.append(
-                    f"join_token_file {join_token_file} is readable by other users "
-                    f"(mode {mode:04o}): chmod 600 it"
-                )
+    warnings = _token_file_warnings(join_token_file)
     if rank is None:
         if euid == 0:
             warnings.append(
                 "ranks run as root, the agent's user, and can read its credentials and its "
                 "join token; set rank_user (--rank-user, DET_AGENT_RANK_USER) to an "
-                "unprivileged user"
+                "unprivileged user, or rank_uid_range (--rank-uid-range) to a uid range"
             )
         return None, warnings
     if euid != 0:
@@ -127,6 +172,35 @@ def for_agent(
             "name an unprivileged user"
         )
     return rank, warnings
+
+
+def for_range(
+    pool: UidPool, *, euid: int, setpriv: str | None, join_token_file: Path | None = None
+) -> list[str]:
+    """The warnings to log once at start when ranks run as uids of rank_uid_range;
+    ValueError says why the agent must not start."""
+    if euid != 0:
+        raise ValueError(
+            f"the agent runs as uid {euid}, not root, and only root can start ranks as the "
+            f"uids of rank_uid_range {pool}; run the agent as root or leave rank_uid_range unset"
+        )
+    if setpriv is None:
+        raise ValueError(
+            "util-linux's setpriv is not installed, and it is what switches the ranks' user"
+        )
+    return _token_file_warnings(join_token_file)
+
+
+def _token_file_warnings(join_token_file: Path | None) -> list[str]:
+    if join_token_file is not None:
+        with contextlib.suppress(OSError):  # an unreadable file fails settings already
+            mode = stat.S_IMODE(join_token_file.stat().st_mode)
+            if mode & 0o044:
+                return [
+                    f"join_token_file {join_token_file} is readable by other users "
+                    f"(mode {mode:04o}): chmod 600 it"
+                ]
+    return []
 
 
 def reach_problem(rank: RankUser, work_dir: Path, setpriv: str) -> str | None:

@@ -29,7 +29,7 @@ from typing import Any
 
 from agent import bootstrap, rank_user, storage_secrets
 from agent.fence import FenceProcess
-from agent.rank_user import RankUser
+from agent.rank_user import RankUser, UidPool
 from resolute.storage import CLOUD_TYPES as CLOUD_STORAGE
 from resolute_proto.agent.v1 import agent_pb2 as pb
 
@@ -78,6 +78,7 @@ class AllocationRun:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     per_agent: bool = False  # Determined's layout: one process, ranks tagged by its output
     started_at: float = float("inf")  # time.monotonic() when its ranks were spawned
+    rank: RankUser | None = None  # its own uid of rank_uid_range, if the agent has one
 
 
 Emit = Callable[[pb.AgentMessage], None]
@@ -112,6 +113,8 @@ class Runner:
         # Whom ranks run as (setting rank_user; None: the agent's user), and values (the join
         # token) no variable handed to a rank may contain.
         self.rank_user: RankUser | None = None
+        # Or (setting rank_uid_range) a uid of their own per run, taken at its start.
+        self.rank_uids: UidPool | None = None
         self.withheld: tuple[str, ...] = ()
         # The CA this agent verifies the master with (its master_cert_file): every run gets a
         # copy, so its ranks verify the master over https too (DET_MASTER_CERT_FILE).
@@ -153,9 +156,11 @@ class Runner:
         )
         self.runs[allocation_id] = run
         try:
+            if self.rank_uids is not None:
+                run.rank = self.rank_uids.take(allocation_id)
             # Beside the allocation's directory, not in it: that is the ranks' cwd.
             storage_secrets.move_s3_keys(
-                start.env, start.info_files, self._secrets_dir(run), self.rank_user
+                start.env, start.info_files, self._secrets_dir(run), self._user(run)
             )
             if run.per_agent:
                 problem = await self._prepare_determined(start, run)
@@ -285,7 +290,7 @@ class Runner:
             run.work_dir / "run",
             start.shared_fs_host_path,
             run.work_dir / "tmp",
-            self._switch(),
+            self._switch(run),
         )
 
     async def _storage_problem(self, start: pb.StartAllocation, run: AllocationRun) -> str | None:
@@ -304,7 +309,7 @@ class Runner:
             return None
         env = self._rank_env(start, start.ranks[0], run)
         check = await asyncio.create_subprocess_exec(
-            *_die_with_agent([sys.executable, "-m", "resolute.storage_check"], self.rank_user),
+            *_die_with_agent([sys.executable, "-m", "resolute.storage_check"], self._user(run)),
             cwd=run.work_dir,
             env=env,
             stdin=asyncio.subprocess.PIPE,
@@ -344,10 +349,10 @@ class Runner:
                 run.work_dir / "run",
                 start.shared_fs_host_path,
                 run.work_dir / "tmp",
-                self._switch(),
+                self._switch(run),
             )
         process = await asyncio.create_subprocess_exec(
-            *_die_with_agent(argv, None if run.per_agent else self.rank_user),
+            *_die_with_agent(argv, None if run.per_agent else self._user(run)),
             cwd=run.work_dir,
             env=env,
             stdin=asyncio.subprocess.DEVNULL,
@@ -376,10 +381,11 @@ class Runner:
         }
         # `python3` in an entrypoint is the interpreter the agent runs on, with its packages.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-        if self.rank_user is not None:
+        rank = self._user(run)
+        if rank is not None:
             # Not root's home and name: a home the rank user can write (caches, ~/.config),
             # the same path inside a per-agent namespace as outside.
-            name = self.rank_user.name
+            name = rank.name
             env.update(HOME=str(run.work_dir), USER=name, LOGNAME=name)
         env.update(start.env)
         devices = [self.devices[s] for s in spec.slot_ids if s in self.devices]
@@ -523,20 +529,28 @@ class Runner:
         )
         await asyncio.to_thread(shutil.rmtree, run.work_dir, True)
         await asyncio.to_thread(shutil.rmtree, self._secrets_dir(run), True)
+        if self.rank_uids is not None:  # its files are gone: the uid may serve another run
+            self.rank_uids.release(run.allocation_id)
 
-    def _switch(self) -> list[str]:
-        """setpriv's command prefix that drops to the rank user; empty without one."""
-        if self.rank_user is None:
+    def _user(self, run: AllocationRun) -> RankUser | None:
+        """Whom `run`'s processes run as: its own uid, else rank_user (None: the agent's)."""
+        return run.rank if run.rank is not None else self.rank_user
+
+    def _switch(self, run: AllocationRun) -> list[str]:
+        """setpriv's command prefix that drops to the run's user; empty without one."""
+        rank = self._user(run)
+        if rank is None:
             return []
-        return rank_user.command([], setpriv=SETPRIV, rank=self.rank_user)
+        return rank_user.command([], setpriv=SETPRIV, rank=rank)
 
     def _hand_over(self, run: AllocationRun) -> None:
         """Give the run's directory to its ranks: the rank user's alone (0700). Its parent
         lets them pass but not list the other allocations."""
         run.work_dir.chmod(0o700)
-        if self.rank_user is not None:
+        rank = self._user(run)
+        if rank is not None:
             run.work_dir.parent.chmod(0o711)
-            rank_user.chown_tree(run.work_dir, self.rank_user)
+            rank_user.chown_tree(run.work_dir, rank)
 
     def _secrets_dir(self, run: AllocationRun) -> Path:
         return self.work_dir / "secrets" / run.allocation_id

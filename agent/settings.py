@@ -12,6 +12,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from agent import rank_user
 from resolute._yaml_settings import YamlFileSource
 
 CONFIG_FILE_ENV = "DET_AGENT_CONFIG_FILE"
@@ -71,6 +72,14 @@ class AgentSettings(BaseSettings):
     rank_group: str | None = Field(
         default=None, description="The ranks' group; rank_user's primary group if unset."
     )
+    rank_uid_range: str | None = Field(
+        default=None,
+        description=(
+            "START-END (e.g. 61000-61999): instead of rank_user, run each allocation's ranks "
+            "as a uid of their own from this range (its own group, no passwd entry needed), "
+            "so trials cannot read each other's files, S3 keys or /proc; needs root."
+        ),
+    )
     credential_file: Path | None = Field(
         default=None,
         description=(
@@ -105,7 +114,7 @@ class AgentSettings(BaseSettings):
             raise ValueError("must be 1-256 characters without '/'")
         return value
 
-    @field_validator("rank_user", "rank_group", mode="before")
+    @field_validator("rank_user", "rank_group", "rank_uid_range", mode="before")
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
         return None if isinstance(value, str) and not value.strip() else value
@@ -136,6 +145,23 @@ class AgentSettings(BaseSettings):
                 "no_such_group", "no such group '{group}'", {"group": value}
             ) from None
         return value
+
+    @field_validator("rank_uid_range")
+    @classmethod
+    def _rank_uid_range(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        if info.data.get("rank_user") is not None:
+            raise PydanticCustomError(
+                "rank_user_and_range",
+                "rank_user and rank_uid_range are alternatives: set one of them",
+                {},
+            )
+        try:
+            rank_user.parse_uid_range(value)
+        except ValueError as exc:
+            raise PydanticCustomError("uid_range", "{problem}", {"problem": str(exc)}) from None
+        return value.strip()
 
     @model_validator(mode="after")
     def _token(self) -> AgentSettings:

@@ -295,3 +295,109 @@ def test_a_determined_per_agent_trial_runs_as_the_rank_user(
     assert len(uuid) == 1, logs[-3000:]
     weights = [p for p in isolated.checkpoints.rglob("weights.bin") if uuid[0] in str(p)]
     assert len(weights) == 1 and weights[0].stat().st_uid == nobody.pw_uid, weights
+
+
+# -- rank_uid_range: each allocation's ranks as a uid of their own ----------------------------
+
+UID_RANGE = (61000, 61999)
+
+# The first trial leaves a file in its run directory, says where it is and its pid in the
+# shared directory, and stays alive until the second trial has tried to read them.
+FIRST_TRIAL = """
+import json, os, time
+from pathlib import Path
+
+share = Path(os.environ["SHARE"])
+Path("secret.txt").write_text("the first trial's")
+(share / "first.tmp").write_text(json.dumps({"pid": os.getpid(), "cwd": os.getcwd()}))
+os.rename(share / "first.tmp", share / "first.json")
+print("PROBE " + json.dumps({"uid": os.getuid(), "gid": os.getgid()}), flush=True)
+deadline = time.monotonic() + 120
+while not (share / "second-done").exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+"""
+
+SECOND_TRIAL = """
+import json, os, time
+from pathlib import Path
+
+share = Path(os.environ["SHARE"])
+deadline = time.monotonic() + 120
+while not (share / "first.json").exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+first = json.loads((share / "first.json").read_text())
+report = {"uid": os.getuid(), "gid": os.getgid(), "first": first}
+
+def attempt(name, action):
+    try:
+        action()
+        report[name] = "read"
+    except PermissionError:
+        report[name] = "PermissionError"
+
+attempt("first_file", lambda: open(os.path.join(first["cwd"], "secret.txt")).read())
+attempt("first_dir", lambda: os.listdir(first["cwd"]))
+attempt("first_environ", lambda: open(f"/proc/{first['pid']}/environ", "rb").read())
+print("PROBE " + json.dumps(report), flush=True)
+(share / "second-done").write_text("")
+"""
+
+
+def test_with_a_uid_range_two_trials_cannot_read_each_other(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    require(os.geteuid() == 0, "the agent must run as root to start ranks as another user")
+    require(shutil.which("setpriv") is not None, "util-linux's setpriv is not installed")
+    root = Path(tempfile.mkdtemp(prefix="rank-uid-range-"))
+    root.chmod(0o711)  # pytest's own directories are 0700: the ranks could not enter them
+    share = root / "share"  # where the first trial tells the second its pid and directory
+    share.mkdir()
+    share.chmod(0o1777)
+    checkpoints = root / "checkpoints"
+    checkpoints.mkdir()
+    checkpoints.chmod(0o1777)
+    master = MasterProcess(tmp_path_factory.mktemp("rank-uid-range") / "data", label="uids")
+    agent = AgentProcess(master, "ranks-own-uids", root / "work", slots=2)
+    agent.command += ["--rank-uid-range", "-".join(map(str, UID_RANGE))]
+    try:
+        master.start()
+        agent.start().wait_connected()
+        variables = [
+            f"SHARE={share}",
+            *interpreter_for_ranks(Path(sys.executable).parent.parent),
+        ]
+        experiments = []
+        for name, script in (("first", FIRST_TRIAL), ("second", SECOND_TRIAL)):
+            config, model = write_experiment(
+                tmp_path / name,
+                script,
+                extra={
+                    "environment": {"environment_variables": variables},
+                    "checkpoint_storage": {"type": "shared_fs", "host_path": str(checkpoints)},
+                },
+            )
+            experiments.append(create_experiment(master, config, model))
+        reports = []
+        for experiment_id in experiments:
+            trial = wait_trial_state(master, experiment_id, {"COMPLETED", "ERROR"}, 240)
+            logs = trial_logs(master, trial["id"])
+            assert trial["state"] == "COMPLETED", f"{logs[-4000:]}\n{agent.output()}"
+            reports.append(probe_report(logs))
+        first, second = reports
+        uids = [first["uid"], second["uid"]]
+        assert uids[0] != uids[1], reports
+        assert all(UID_RANGE[0] <= uid <= UID_RANGE[1] for uid in uids), reports
+        assert (first["gid"], second["gid"]) == tuple(uids), reports
+        # The first was running (its pid and directory are real) while the second tried.
+        assert second["first"]["cwd"].startswith(str(agent.work_dir / "allocations")), second
+        assert second["first_file"] == "PermissionError", second
+        assert second["first_dir"] == "PermissionError", second
+        assert second["first_environ"] == "PermissionError", second
+        assert "ranks run as a uid of their own per allocation, from 61000-61999" in (
+            agent.output()
+        )
+    finally:
+        agent.stop()
+        master.stop()
+        shutil.rmtree(master.scratch, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)

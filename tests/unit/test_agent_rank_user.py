@@ -5,6 +5,7 @@ tests run real processes and need root (CI runs as root)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pwd
 import shutil
@@ -366,3 +367,155 @@ def test_a_per_agent_entrypoint_runs_as_the_rank_user_after_the_mounts(passable:
     assert result.stdout.split() == [str(user.uid), "/run/determined/workdir", "tmp-writable"]
     # The namespace's init, which keeps root to pass signals on, is not readable to it.
     assert "Permission denied" in result.stderr
+
+
+# -- rank_uid_range: a uid of their own per allocation ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ("61000", "'61000' is not START-END (two integers, e.g. 61000-61999)"),
+        ("a-b", "'a-b' is not START-END (two integers, e.g. 61000-61999)"),
+        ("999-2000", "'999-2000': START-END must satisfy 1000 <= START <= END < 2**31"),
+        ("62000-61000", "'62000-61000': START-END must satisfy 1000 <= START <= END < 2**31"),
+        ("61000-2147483648", "'61000-2147483648': START-END must satisfy 1000 <= START"),
+    ],
+)
+def test_a_bad_rank_uid_range_is_named(given: str, message: str) -> None:
+    [(where, msg)] = errors(rank_uid_range=given)
+    assert where == "rank_uid_range" and msg.startswith(message), msg
+
+
+def test_rank_user_and_rank_uid_range_are_alternatives() -> None:
+    assert errors(rank_user="root", rank_uid_range="61000-61999") == [
+        ("rank_uid_range", "rank_user and rank_uid_range are alternatives: set one of them")
+    ]
+
+
+def test_the_rank_uid_range_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DET_AGENT_RANK_UID_RANGE", " 61000-61999 ")
+    assert AgentSettings(join_token="t").rank_uid_range == "61000-61999"
+    assert rank_user.parse_uid_range("1000-1000") == (1000, 1000)
+    assert rank_user.parse_uid_range("61000-2147483647") == (61000, 2**31 - 1)
+
+
+RANGE_FLAG = ("--rank-uid-range", "61000-61999")
+
+
+def test_det_agent_refuses_both_rank_settings_with_exit_2(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [str(DET_AGENT), "--join-token", "t", "--rank-user", "root", *RANGE_FLAG],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if not k.startswith("DET_")},
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert (
+        "det-agent: setting rank_uid_range: rank_user and rank_uid_range are alternatives"
+    ) in result.stderr
+
+
+def test_det_agent_not_root_refuses_a_rank_uid_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    for name in [k for k in os.environ if k.startswith("DET_")]:
+        monkeypatch.delenv(name)
+    result = CliRunner().invoke(app, ["--rank-uid-range", "61000-61999", "--join-token", "t"])
+    assert result.exit_code == 2, result.output
+    assert (
+        "det-agent: setting rank_uid_range: the agent runs as uid 1000, not root, and only "
+        "root can start ranks as the uids of rank_uid_range 61000-61999"
+    ) in result.output
+    with pytest.raises(ValueError, match="setpriv is not installed"):
+        rank_user.for_range(rank_user.UidPool(61000, 61999), euid=0, setpriv=None)
+
+
+def test_each_run_takes_the_lowest_free_uid_until_none_is_left() -> None:
+    pool = rank_user.UidPool(61000, 61002)
+    assert [pool.take(a).uid for a in ("1.1", "2.1", "3.1")] == [61000, 61001, 61002]
+    assert pool.take("2.1") == rank_user.RankUser("rank-61001", 61001, 61001, init_groups=False)
+    with pytest.raises(RuntimeError) as caught:
+        pool.take("4.1")
+    assert str(caught.value) == "no free uid in rank_uid_range 61000-61002 (3 runs)"
+    pool.release("2.1")
+    pool.release("2.1")  # twice is harmless
+    assert pool.take("4.1").uid == 61001  # the lowest free, not the next one up
+    pool.release("1.1")
+    assert pool.take("5.1").uid == 61000
+
+
+def test_a_range_uid_switches_without_a_passwd_entry_and_with_no_groups() -> None:
+    require_root()
+    uid = 61999
+    try:
+        pwd.getpwuid(uid)
+        require(False, f"uid {uid} has a passwd entry here")
+    except KeyError:
+        pass
+    user = rank_user.range_user(uid)
+    assert rank_user.switch_options(user) == [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    argv = rank_user.command(
+        [sys.executable, "-c", "import os; print(os.getuid(), os.getgid(), os.getgroups())"],
+        setpriv=rank_user.SETPRIV,
+        rank=user,
+    )
+    out = subprocess.run(argv, capture_output=True, text=True, cwd="/", check=False)
+    if out.returncode != 0:  # the agent's interpreter may be under root's 0700 home
+        argv[-3:] = ["sh", "-c", "id -u; id -g; id -G"]
+        out = subprocess.run(argv, capture_output=True, text=True, cwd="/", check=True)
+        assert out.stdout.split() == [str(uid), str(uid), str(uid)]
+    else:
+        assert out.stdout.split() == [str(uid), str(uid), "[]"]
+
+
+def test_each_allocation_runs_as_its_own_uid_and_gives_it_back(passable: Path) -> None:
+    require_root()
+    messages: list[pb.AgentMessage] = []
+    runner = Runner("a1", passable, [], messages.append, lambda _e: None)
+    runner.rank_uids = rank_user.UidPool(61000, 61000)
+
+    def start(allocation_id: str) -> pb.StartAllocation:
+        return pb.StartAllocation(
+            allocation_id=allocation_id,
+            argv=["sleep", "30"],
+            ranks=[pb.RankSpec(rank=0)],
+            stop_grace_s=1.0,
+        )
+
+    async def scenario() -> None:
+        await runner.start(start("1.1"))
+        run = runner.runs["1.1"]
+        pid = run.processes[0].pid
+        await asyncio.to_thread(_wait_for_exec, pid, "sleep")  # past setpriv's switch
+        owner = os.stat(f"/proc/{pid}")  # a process's /proc entry is its euid's and egid's
+        assert (owner.st_uid, owner.st_gid) == (61000, 61000)
+        assert run.work_dir.stat().st_uid == 61000
+        env = runner._rank_env(start("1.1"), pb.RankSpec(rank=0), run)
+        assert (env["USER"], env["LOGNAME"], env["HOME"]) == (
+            "rank-61000",
+            "rank-61000",
+            str(run.work_dir),
+        )
+        # The only uid is taken: the next allocation fails to start, saying why.
+        await runner.start(start("2.1"))
+        exited = [m.exited for m in messages if m.HasField("exited")]
+        assert [(e.allocation_id, e.message) for e in exited] == [
+            ("2.1", "could not start: no free uid in rank_uid_range 61000-61000 (1 runs)")
+        ]
+        await runner.stop("1.1", "test over", 1.0)
+        await asyncio.gather(*run.tasks, return_exceptions=True)
+        assert "1.1" not in runner.runs
+        # Released with the run: the next allocation gets it.
+        assert runner.rank_uids is not None and runner.rank_uids.take("3.1").uid == 61000
+
+    asyncio.run(scenario())
+
+
+def _wait_for_exec(pid: int, name: str) -> None:
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}/comm").read_text().strip() != name:
+        assert time.monotonic() < deadline, f"process {pid} never became {name}"
+        time.sleep(0.02)
