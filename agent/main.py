@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -151,6 +152,13 @@ def run(
             "--join-token is readable by every process of this machine in /proc/<pid>/cmdline, "
             "ranks included: use --join-token-file or DET_AGENT_JOIN_TOKEN"
         )
+    if settings.master_cert_file is None and not _all_loopback(settings.master):
+        log.warning(
+            "the link to master %s is not encrypted: its join token and this agent's "
+            "credential cross the network in the clear; give the master a certificate "
+            "(security.tls) and this agent --master-cert",
+            settings.master,
+        )
     try:
         if settings.rank_uid_range:
             uids, rank = _rank_uids(settings), None
@@ -273,6 +281,19 @@ async def _run(agent: Agent) -> int:
     with contextlib.suppress(asyncio.CancelledError, Refused):
         await serving
     return 0
+
+
+def _all_loopback(masters: str) -> bool:
+    for address in masters.split(","):
+        host = address.strip().rpartition(":")[0].strip("[]")
+        if host == "localhost":
+            continue
+        try:
+            if not ipaddress.ip_address(host).is_loopback:
+                return False
+        except ValueError:
+            return False  # a host name: somewhere on the network
+    return True
 
 
 def main() -> None:

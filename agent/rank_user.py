@@ -148,12 +148,12 @@ def for_agent(
     the warnings to log once at start. ValueError says why the agent must not start."""
     warnings = _token_file_warnings(join_token_file)
     if rank is None:
-        if euid == 0:
-            warnings.append(
-                "ranks run as root, the agent's user, and can read its credentials and its "
-                "join token; set rank_user (--rank-user, DET_AGENT_RANK_USER) to an "
-                "unprivileged user, or rank_uid_range (--rank-uid-range) to a uid range"
-            )
+        who = "root, the agent's user," if euid == 0 else "the agent's own user"
+        warnings.append(
+            f"ranks run as {who} and can read its credentials and its join token; run the "
+            "agent as root with rank_user (--rank-user, DET_AGENT_RANK_USER) set to an "
+            "unprivileged user, or rank_uid_range (--rank-uid-range) to a uid range"
+        )
         return None, warnings
     if euid != 0:
         if (rank.uid, rank.gid) == (euid, egid):

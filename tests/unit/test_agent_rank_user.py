@@ -139,11 +139,14 @@ def test_det_agent_refuses_a_work_dir_the_rank_user_cannot_enter(tmp_path: Path)
 # -- the checks at start ----------------------------------------------------------------------
 
 
-def test_a_root_agent_without_a_rank_user_warns_once() -> None:
+def test_an_agent_without_a_rank_user_warns_once() -> None:
     rank, warnings = rank_user.for_agent(None, euid=0, egid=0, setpriv=SETPRIV)
     assert rank is None
     assert len(warnings) == 1 and "ranks run as root" in warnings[0]
-    assert rank_user.for_agent(None, euid=1000, egid=1000, setpriv=SETPRIV) == (None, [])
+    # Not root either: its ranks still read what the agent's user can.
+    rank, warnings = rank_user.for_agent(None, euid=1000, egid=1000, setpriv=SETPRIV)
+    assert rank is None
+    assert len(warnings) == 1 and "ranks run as the agent's own user" in warnings[0]
 
 
 def test_a_root_agent_switches_to_the_rank_user() -> None:
@@ -519,3 +522,18 @@ def _wait_for_exec(pid: int, name: str) -> None:
     while Path(f"/proc/{pid}/comm").read_text().strip() != name:
         assert time.monotonic() < deadline, f"process {pid} never became {name}"
         time.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    ("masters", "loopback"),
+    [
+        ("127.0.0.1:8090", True),
+        ("localhost:8090,[::1]:8090", True),
+        ("127.0.0.1:8090,198.18.0.1:8090", False),
+        ("master.example.com:8090", False),
+    ],
+)
+def test_a_plaintext_link_off_this_machine_is_warned_about(masters: str, loopback: bool) -> None:
+    from agent.main import _all_loopback
+
+    assert _all_loopback(masters) is loopback
