@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -9,9 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 
-from tests.conftest import PostgresServer, require
+from tests.conftest import POSTGRES_ADMIN_DSN, PostgresServer, require
 
 
 def run_quick(module: str) -> dict[str, Any]:
@@ -192,3 +194,55 @@ def test_quick_security_benchmark_times_tls_and_logins_against_real_masters() ->
         assert logins[variant]["logins_per_s_median"] > 0
         assert logins[variant]["probe_health_live"]["n"] > 0
     assert any("scope check" in note for note in report["notes"])
+
+
+@pytest.mark.postgres
+@pytest.mark.e2e
+def test_quick_gang_benchmark_starts_every_rank_and_frees_every_slot(
+    postgres: PostgresServer,
+) -> None:
+    require(postgres.error is None, postgres.error or "")
+    command = [sys.executable, "-m", "benchmarks.bench_gangs", "--quick"]
+    result = subprocess.run(
+        [*command, "--postgres", POSTGRES_ADMIN_DSN],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["machine"]["postgres"]["fsync"] == "on"
+    rounds = report["parameters"]["rounds"]
+    assert set(report["scenarios"]) == {"one_agent_gangs", "two_agent_gangs", "single_slot_trials"}
+    for name, scenario in report["scenarios"].items():
+        assert len(scenario["ours_rounds"]) == rounds, name
+        for round_ in scenario["ours_rounds"]:
+            gangs = round_["gangs"]
+            assert gangs == scenario["gangs_per_round"] > 0
+            # Every gang was granted, started every rank and was released, each seen once.
+            for figure in ("post_to_slots_committed", "post_to_every_rank_started"):
+                assert round_[figure]["n"] == gangs, (name, figure)
+            assert round_["kill_to_slots_free"]["n"] == gangs
+            # A gang spans exactly the agents its size needs.
+            assert round_["agents_per_gang_seen"] == [scenario["agents_per_gang"]]
+            # Ranks start after their slots commit, which follows the POST.
+            committed = round_["post_to_slots_committed"]["max_ms"]
+            assert 0 < round_["post_to_slots_committed"]["p50_ms"] <= committed
+            assert round_["post_to_every_rank_started"]["max_ms"] > committed
+        if "ray" in scenario:  # ray is optional (the bench group): checked when it ran
+            assert [r["gangs"] for r in scenario["ray_rounds"]] == [scenario["gangs_per_round"]]
+            assert scenario["ours_over_ray"]["gangs_per_s"] > 0
+    # The benchmark's database is gone.
+    database = report["machine"]["postgres"]["database"]
+    assert database.startswith("resolute_bench_gangs_")
+    assert database not in asyncio.run(_databases())
+
+
+async def _databases() -> set[str]:
+    conn = await asyncpg.connect(POSTGRES_ADMIN_DSN, timeout=10)
+    try:
+        return {row[0] for row in await conn.fetch("SELECT datname FROM pg_database")}
+    finally:
+        await conn.close()
