@@ -190,15 +190,10 @@ def create_app(settings: MasterSettings) -> FastAPI:
             leadership=leadership,
         )
         app.state.agent_hub = hub
-        # Placements and stop requests reach the agents as soon as they commit, not on the
-        # hub's next tick (which stays as the safety net).
-        hub_loop = HubLoop(hub)
-        app.state.hub_loop = hub_loop
-        scheduler.after_placement = hub_loop.wake
         loops: list[Loop] = [
             DatabaseWatch(app.state.session_factory, db_health),
             scheduler,
-            hub_loop,
+            HubLoop(hub),
             MetricsLoop(app.state.session_factory, metrics, settings),
             CheckpointDeleter(app.state.session_factory),
         ]

@@ -37,12 +37,8 @@ async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
     for action in session.info.get(AFTER_COMMIT, ()):
         action()
     if session.info.get(WAKE_SCHEDULER):
-        # Only now is the new work visible to the scheduler's own transaction; a kill or a
-        # pause is the hub's to pass on to the agents, at once rather than on its tick.
+        # Only now is the new work visible to the scheduler's own transaction.
         request.app.state.scheduler.wake()
-        hub_loop = getattr(request.app.state, "hub_loop", None)
-        if hub_loop is not None:
-            hub_loop.wake()
 
 
 def after_commit(session: AsyncSession, action: Callable[[], None]) -> None:

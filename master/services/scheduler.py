@@ -13,7 +13,7 @@ import gc
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import cast
@@ -432,9 +432,6 @@ class SchedulerLoop(Loop):
         self.pass_times = Histogram(PASS_BUCKETS_S)  # for the metrics endpoint
         self._woken = True
         self._last_full = 0.0
-        # Called after a pass that placed something committed: the hub launches at once
-        # instead of on its next tick (set by the app to the hub loop's wake).
-        self.after_placement: Callable[[], None] = lambda: None
 
     def wake(self) -> None:
         self._woken = True
@@ -451,8 +448,6 @@ class SchedulerLoop(Loop):
             async with session_scope(self.factory) as session:
                 self.last = await run_pass(session, self.settings)
             self.passes += 1
-            if self.last.placed:
-                self.after_placement()
             if not self.last.skipped:
                 self.pass_times.observe(self.last.seconds)
             if due:
