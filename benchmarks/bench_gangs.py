@@ -71,10 +71,10 @@ import httpx
 import psutil
 import yaml
 
+from benchmarks import common
 from benchmarks.bench_trial_runtime import BIN, Process, login, start_master
 from benchmarks.common import (
     host_facts,
-    percentile,
     progress,
     ratio,
     seconds_since_start,
@@ -162,15 +162,7 @@ def scenarios_of(params: Params) -> list[Scenario]:
 
 
 def ms_summary(seconds: Sequence[float]) -> dict[str, Any]:
-    ordered = sorted(seconds)
-    if not ordered:
-        return {"n": 0}
-    return {
-        "n": len(ordered),
-        "p50_ms": round(percentile(ordered, 50) * 1000, 2),
-        "p99_ms": round(percentile(ordered, 99) * 1000, 2),
-        "max_ms": round(ordered[-1] * 1000, 2),
-    }
+    return common.ms_summary(seconds)
 
 
 def median_of(rounds: Sequence[dict[str, Any]], key: str) -> float | None:

@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import ssl
 import statistics
 import subprocess
@@ -52,7 +51,9 @@ from typing import Any
 import httpx
 import psutil
 
+from benchmarks import common
 from benchmarks.common import (
+    free_port,
     host_facts,
     log_tail,
     percentile,
@@ -113,23 +114,7 @@ def params_of(args: argparse.Namespace) -> Params:
 
 
 def ms_summary(seconds: Sequence[float]) -> dict[str, Any]:
-    ordered = sorted(seconds)
-    if not ordered:
-        return {"n": 0}
-    return {
-        "n": len(ordered),
-        "p50_ms": round(percentile(ordered, 50) * 1000, 3),
-        "p99_ms": round(percentile(ordered, 99) * 1000, 3),
-        "max_ms": round(ordered[-1] * 1000, 3),
-        "mean_ms": round(statistics.fmean(ordered) * 1000, 3),
-    }
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    return common.ms_summary(seconds, digits=3, mean=True)
 
 
 # --- the masters -------------------------------------------------------------------------

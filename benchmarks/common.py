@@ -7,6 +7,8 @@ import math
 import os
 import platform
 import signal
+import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -30,6 +32,29 @@ def percentile(ordered: Sequence[float], p: float) -> float:
     """Nearest rank: the smallest sample with at least p% of the samples at or below it."""
     rank = max(1, math.ceil(p / 100 * len(ordered)))
     return ordered[rank - 1]
+
+
+def ms_summary(seconds: Sequence[float], digits: int = 2, mean: bool = False) -> dict[str, Any]:
+    """n, p50, p99 and max of durations in seconds, as milliseconds (and the mean)."""
+    ordered = sorted(seconds)
+    if not ordered:
+        return {"n": 0}
+    summary: dict[str, Any] = {
+        "n": len(ordered),
+        "p50_ms": round(percentile(ordered, 50) * 1000, digits),
+        "p99_ms": round(percentile(ordered, 99) * 1000, digits),
+        "max_ms": round(ordered[-1] * 1000, digits),
+    }
+    if mean:
+        summary["mean_ms"] = round(statistics.fmean(ordered) * 1000, digits)
+    return summary
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def ratio(a: float, b: float) -> float | None:
