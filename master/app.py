@@ -190,10 +190,14 @@ def create_app(settings: MasterSettings) -> FastAPI:
             leadership=leadership,
         )
         app.state.agent_hub = hub
+        # The tick stays as the safety net; placements and stop requests wake it at once.
+        hub_loop = HubLoop(hub)
+        app.state.hub_loop = hub_loop
+        scheduler.after_commit = hub_loop.wake
         loops: list[Loop] = [
             DatabaseWatch(app.state.session_factory, db_health),
             scheduler,
-            HubLoop(hub),
+            hub_loop,
             MetricsLoop(app.state.session_factory, metrics, settings),
             CheckpointDeleter(app.state.session_factory),
         ]

@@ -13,7 +13,7 @@ from master.db.models import UserModel
 from master.db.session import session_scope
 from master.errors import Unauthenticated
 from master.services import access, auth
-from master.services.allocations import WAKE_SCHEDULER
+from master.services.allocations import WAKE_HUB, WAKE_SCHEDULER
 from master.services.preemption import PreemptionSignals
 from master.settings import MasterSettings
 
@@ -36,6 +36,12 @@ async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
         yield session
     for action in session.info.get(AFTER_COMMIT, ()):
         action()
+    if session.info.get(WAKE_HUB):
+        # A kill or a pause reaches the ranks' agents now rather than on the hub's tick
+        # (woken first: the pass a stop asks for has nothing to place until slots free).
+        hub_loop = getattr(request.app.state, "hub_loop", None)
+        if hub_loop is not None:
+            hub_loop.wake()
     if session.info.get(WAKE_SCHEDULER):
         # Only now is the new work visible to the scheduler's own transaction.
         request.app.state.scheduler.wake()

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.db.models import AgentModel, AllocationModel, AllocationSlotModel, SlotModel, utcnow
 from master.errors import InvalidArgument, NotFound
-from master.services.allocations import HELD_STATES, hold_scheduler
+from master.services.allocations import HELD_STATES, WAKE_HUB, hold_scheduler
 from master.settings import MasterSettings
 
 log = logging.getLogger(__name__)
@@ -147,6 +147,7 @@ async def disable_agent(session: AsyncSession, agent_id: str, *, drain: bool) ->
     agent = await get_agent(session, agent_id)
     agent.enabled, agent.draining = False, drain
     if not drain:
+        session.info[WAKE_HUB] = True
         held = select(AllocationSlotModel.allocation_id).where(
             AllocationSlotModel.agent_id == agent_id
         )

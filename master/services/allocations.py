@@ -31,6 +31,9 @@ from master.services import auth, states, trial_reports
 log = logging.getLogger(__name__)
 
 WAKE_SCHEDULER = "wake_scheduler"
+# Set on a transaction that asks running ranks to stop: once it commits, the agent hub
+# passes the stop on at once instead of on its next tick.
+WAKE_HUB = "wake_hub"
 HELD_STATES = (
     AllocationState.ASSIGNED,
     AllocationState.PULLING,
@@ -180,6 +183,7 @@ async def ask_to_stop(
     held = await held_allocations(session, trial_ids)
     if held:
         request_scheduling(session)
+        session.info[WAKE_HUB] = True
     for allocation in held:
         allocation.preempt_requested = True
         if terminate:

@@ -13,7 +13,7 @@ import gc
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import cast
@@ -432,6 +432,9 @@ class SchedulerLoop(Loop):
         self.pass_times = Histogram(PASS_BUCKETS_S)  # for the metrics endpoint
         self._woken = True
         self._last_full = 0.0
+        # Called once a pass that placed or preempted something has committed, so the
+        # agent hub launches (or signals) at once rather than on its next tick.
+        self.after_commit: Callable[[], None] = lambda: None
 
     def wake(self) -> None:
         self._woken = True
@@ -448,6 +451,8 @@ class SchedulerLoop(Loop):
             async with session_scope(self.factory) as session:
                 self.last = await run_pass(session, self.settings)
             self.passes += 1
+            if self.last.placed or self.last.preempted:
+                self.after_commit()
             if not self.last.skipped:
                 self.pass_times.observe(self.last.seconds)
             if due:
