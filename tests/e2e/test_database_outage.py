@@ -11,6 +11,7 @@ within 2 s.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import time
@@ -20,7 +21,9 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import text
 
+from master.db import session as db_session
 from tests.e2e import netns as netns_module
 from tests.e2e.agents import (
     TICK_SCRIPT,
@@ -71,6 +74,41 @@ def test_a_database_outage_costs_nothing_but_a_wait(
         agent.stop()
         master.stop()
         shutil.rmtree(master.scratch, ignore_errors=True)
+
+
+def test_pooled_connections_outlive_a_database_restart(
+    server: PrivatePostgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool pings only connections idle past PING_AFTER_IDLE_S (not every checkout): an
+    idle one left over from before a restart is replaced before use, so the first request
+    after the restart answers; one trusted because it was used a moment ago fails as an
+    outage (a 503, never a 500), and the pool then opens fresh ones."""
+    url = "postgresql+asyncpg://" + server.url.split("://", 1)[1]
+
+    async def select_one(engine: Any) -> Any:
+        async with engine.connect() as connection:
+            return await connection.scalar(text("SELECT 1"))
+
+    async def scenario() -> None:
+        engine = db_session.create_engine(url)
+        try:
+            assert await select_one(engine) == 1
+            server.stop("fast")
+            server.start()
+            await asyncio.sleep(db_session.PING_AFTER_IDLE_S + 0.2)
+            assert await select_one(engine) == 1  # pinged, found dead, replaced
+
+            monkeypatch.setattr(db_session, "PING_AFTER_IDLE_S", 3600.0)
+            server.stop("fast")
+            server.start()
+            with pytest.raises(Exception) as failed:
+                await select_one(engine)
+            assert db_session.is_outage(failed.value), repr(failed.value)
+            assert await select_one(engine) == 1
+        finally:
+            await engine.dispose()
+
+    asyncio.run(scenario())
 
 
 def _run_through_an_outage(
