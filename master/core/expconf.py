@@ -1013,7 +1013,15 @@ def _problems_from(
 # --- YAML ------------------------------------------------------------------------------------
 
 
-class _Loader(yaml.SafeLoader):
+# libyaml's parser where PyYAML has it: parsing is most of a submit's own CPU time in pure
+# Python (issue 16); the constructor (duplicate keys, dates) stays ours either way.
+if TYPE_CHECKING:
+    _SafeLoader = yaml.SafeLoader
+else:
+    _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Loader(_SafeLoader):
     """SafeLoader that keeps dates as strings (as Determined's JSON conversion does) and
     rejects duplicate keys instead of silently keeping the last one."""
 
