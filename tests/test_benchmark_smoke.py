@@ -215,9 +215,17 @@ def test_quick_gang_benchmark_starts_every_rank_and_frees_every_slot(
     report = json.loads(result.stdout)
     assert report["machine"]["postgres"]["fsync"] == "on"
     rounds = report["parameters"]["rounds"]
-    assert set(report["scenarios"]) == {"one_agent_gangs", "two_agent_gangs", "single_slot_trials"}
+    assert set(report["scenarios"]) == {
+        "one_agent_gangs",
+        "two_agent_gangs",
+        "single_slot_trials",
+        "lone_gang_idle_cluster",
+    }
+    lone = report["scenarios"]["lone_gang_idle_cluster"]
+    assert lone["gangs_per_round"] == 1 and len(lone["ours_rounds"]) == 5 * rounds
     for name, scenario in report["scenarios"].items():
-        assert len(scenario["ours_rounds"]) == rounds, name
+        if name != "lone_gang_idle_cluster":
+            assert len(scenario["ours_rounds"]) == rounds, name
         for round_ in scenario["ours_rounds"]:
             gangs = round_["gangs"]
             assert gangs == scenario["gangs_per_round"] > 0
@@ -232,7 +240,8 @@ def test_quick_gang_benchmark_starts_every_rank_and_frees_every_slot(
             assert 0 < round_["post_to_slots_committed"]["p50_ms"] <= committed
             assert round_["post_to_every_rank_started"]["max_ms"] > committed
         if "ray" in scenario:  # ray is optional (the bench group): checked when it ran
-            assert [r["gangs"] for r in scenario["ray_rounds"]] == [scenario["gangs_per_round"]]
+            assert {r["gangs"] for r in scenario["ray_rounds"]} == {scenario["gangs_per_round"]}
+            assert len(scenario["ray_rounds"]) == len(scenario["ours_rounds"])
             assert scenario["ours_over_ray"]["gangs_per_s"] > 0
     # The benchmark's database is gone.
     database = report["machine"]["postgres"]["database"]
