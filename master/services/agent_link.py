@@ -602,8 +602,9 @@ class AgentHub:
     async def _mark_running_if_started(self, session: AsyncSession, gang: Gang) -> None:
         if not gang.started >= set(gang.agent_ids):
             return
-        # The scheduler's lock first, in the same order as kill and pause take it.
-        await allocations.hold_scheduler(session)
+        # The scheduler's lock first, in the same order as kill and pause take it. Without
+        # bumping the epoch: STARTING and RUNNING hold the same slots, so no pass is owed.
+        await allocations.hold_scheduler_for_pass(session)
         allocation = await session.get(AllocationModel, gang.allocation_id, populate_existing=True)
         if allocation is None or allocation.state != AllocationState.STARTING:
             return
@@ -800,7 +801,8 @@ class AgentHub:
     ) -> None:
         if any(a not in self.connections for a in gang.agent_ids):
             return  # an agent is away; it reconnects or is declared lost
-        choice = await self._choose_interface(session, gang, allocation)
+        experiment = await session.get(ExperimentModel, allocation.experiment_id)
+        choice = await self._choose_interface(session, gang, allocation, experiment)
         if choice.name is None:
             if allocation.pending_code != NO_COMMON_INTERFACE:
                 allocation.pending_code = NO_COMMON_INTERFACE
@@ -818,7 +820,6 @@ class AgentHub:
         gang.phase = "preparing"
         gang.prepare_sent_at = time.monotonic()
         gang.addresses = tuple(choice.addresses[a] for a in gang.agent_ids)
-        experiment = await session.get(ExperimentModel, allocation.experiment_id)
         layout = launch.stored_layout(experiment.config) if experiment else launch.PER_SLOT
         per_agent = layout == launch.PER_AGENT
         self._send(
@@ -834,9 +835,12 @@ class AgentHub:
         )
 
     async def _choose_interface(
-        self, session: AsyncSession, gang: Gang, allocation: AllocationModel
+        self,
+        session: AsyncSession,
+        gang: Gang,
+        allocation: AllocationModel,
+        experiment: ExperimentModel | None,
     ) -> InterfaceChoice:
-        experiment = await session.get(ExperimentModel, allocation.experiment_id)
         environment = (experiment.config.get("environment") if experiment else None) or {}
         explicit = (
             environment.get("dtrain_network_interface")
@@ -862,14 +866,29 @@ class AgentHub:
         master_port: int,
         extra_ports: tuple[int, ...] = (),
     ) -> None:
-        allocation = await session.get(AllocationModel, gang.allocation_id)
-        if allocation is None or not await _still(session, allocation, AllocationState.PULLING):
+        # The lock first (see _still), then a fresh read: a kill committed meanwhile wins.
+        await allocations.hold_scheduler_for_pass(session)
+        allocation = await session.get(AllocationModel, gang.allocation_id, populate_existing=True)
+        if (
+            allocation is None
+            or allocation.state != AllocationState.PULLING
+            or allocation.preempt_requested
+        ):
             return  # stopped meanwhile: the next tick releases it
-        trial = await session.get(TrialModel, allocation.trial_id)
-        experiment = await session.get(ExperimentModel, allocation.experiment_id)
-        model_definition = await session.get(ModelDefinitionModel, allocation.experiment_id)
-        assert trial is not None and experiment is not None  # foreign keys
-        owner = await session.get(UserModel, experiment.owner_id)
+        # What the launch needs, in one statement rather than four.
+        found = (
+            await session.execute(
+                select(TrialModel, ExperimentModel, ModelDefinitionModel, UserModel)
+                .join(ExperimentModel, ExperimentModel.id == TrialModel.experiment_id)
+                .outerjoin(
+                    ModelDefinitionModel,
+                    ModelDefinitionModel.experiment_id == ExperimentModel.id,
+                )
+                .outerjoin(UserModel, UserModel.id == ExperimentModel.owner_id)
+                .where(TrialModel.id == allocation.trial_id)
+            )
+        ).one()  # foreign keys: the trial and its experiment exist
+        trial, experiment, model_definition, owner = found
         token, allocation.task_session_id = await auth_service.issue_task_token(
             session, experiment.owner_id, TASK_TOKEN_TTL, trial.id
         )

@@ -203,9 +203,15 @@ async def confirm_token_live(session: AsyncSession, what: str) -> None:
 
 
 async def user_for_token(session: AsyncSession, token: str) -> UserModel:
-    row = await session.scalar(
-        select(UserSessionModel).where(UserSessionModel.token_hash == _token_digest(token))
-    )
+    # The token and its user in one statement: every authenticated request starts here.
+    found = (
+        await session.execute(
+            select(UserSessionModel, UserModel)
+            .outerjoin(UserModel, UserModel.id == UserSessionModel.user_id)
+            .where(UserSessionModel.token_hash == _token_digest(token))
+        )
+    ).first()
+    row, user = found if found is not None else (None, None)
     if row is None or row.expires_at <= datetime.now(UTC):
         raise Unauthenticated("invalid or expired token; log in again")
     if row.revoked_at is not None:
@@ -216,7 +222,6 @@ async def user_for_token(session: AsyncSession, token: str) -> UserModel:
     session.info[TOKEN_SESSION_ID] = row.id
     session.info[TOKEN_KIND] = row.kind
     session.info[TOKEN_TRIAL_ID] = row.trial_id if row.kind == TASK else None
-    user = await session.get(UserModel, row.user_id)
     if user is None or not user.active:
         raise Unauthenticated("user is no longer active")
     return user
