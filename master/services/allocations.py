@@ -9,8 +9,9 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Sequence
+from typing import Any, cast
 
-from sqlalchemy import delete, event, select, update
+from sqlalchemy import Table, delete, event, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
@@ -128,23 +129,37 @@ def task_id(trial: TrialModel) -> str:
     return f"{trial.experiment_id}.{trial.request_id}"
 
 
+def _pending_allocation(trial_id: int, run_id: int, experiment: ExperimentModel) -> dict[str, Any]:
+    resources = experiment.config.get("resources") or {}
+    return {
+        "id": f"{trial_id}.{run_id}",
+        "trial_id": trial_id,
+        "experiment_id": experiment.id,
+        "state": AllocationState.PENDING,
+        "resource_pool": experiment.resource_pool,
+        "slots_needed": int(resources.get("slots_per_trial", 1)),
+        "single_node": bool(resources.get("is_single_node", False)),
+        "pending_code": FIRST_PENDING_CODE,
+        "pending_reason": FIRST_PENDING_REASON,
+    }
+
+
 def enqueue_trial(session: AsyncSession, trial: TrialModel, experiment: ExperimentModel) -> None:
     """A new PENDING allocation for a QUEUED trial."""
     trial.run_id += 1
-    resources = experiment.config.get("resources") or {}
-    session.add(
-        AllocationModel(
-            id=f"{trial.id}.{trial.run_id}",
-            trial_id=trial.id,
-            experiment_id=experiment.id,
-            state=AllocationState.PENDING,
-            resource_pool=experiment.resource_pool,
-            slots_needed=int(resources.get("slots_per_trial", 1)),
-            single_node=bool(resources.get("is_single_node", False)),
-            pending_code=FIRST_PENDING_CODE,
-            pending_reason=FIRST_PENDING_REASON,
-        )
-    )
+    session.add(AllocationModel(**_pending_allocation(trial.id, trial.run_id, experiment)))
+    request_scheduling(session)
+
+
+async def enqueue_new_trials(
+    session: AsyncSession, trial_ids: Sequence[int], experiment: ExperimentModel
+) -> None:
+    """enqueue_trial for trials just inserted with run_id 1: one statement for them all."""
+    if not trial_ids:
+        return
+    now = utcnow()
+    rows = [_pending_allocation(i, 1, experiment) | {"registered_at": now} for i in trial_ids]
+    await session.execute(insert(cast(Table, AllocationModel.__table__)), rows)
     request_scheduling(session)
 
 

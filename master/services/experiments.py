@@ -302,17 +302,17 @@ async def create_experiment(
             file_count=prepared.model_definition.file_count,
         )
     )
-    trials = await search.add_trials(session, experiment, plans)
+    trial_ids = await search.add_trials(session, experiment, plans)
     await session.flush()
     log.info(
         "created experiment %s (%s trials, seed %s, template %s) for %s",
         experiment.id,
-        len(trials),
+        len(trial_ids),
         prepared.seed,
         request.template or "-",
         owner.username,
     )
-    view = ExperimentView(experiment, owner.username, len(trials), prepared.warnings)
+    view = ExperimentView(experiment, owner.username, len(trial_ids), prepared.warnings)
     return view, prepared
 
 

@@ -281,6 +281,11 @@ async def _run_pass(session: AsyncSession, settings: MasterSettings) -> PassStat
     stats.epoch = await hold_scheduler_for_pass(session)
     pending = await _load_pending(session)
     stats.pending = len(pending)
+    if not pending:
+        # Nothing to place, explain or preempt for (preemption only ever makes room for
+        # pending work): the pass after a release or a kill on a drained queue ends here.
+        stats.seconds = time.perf_counter() - started
+        return stats
     agents = await load_agent_states(session)
     # Running work matters to the core only for preemption; without it, the slots it holds
     # (in the agents' used slots) are all the pass needs.

@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Table, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -301,7 +301,7 @@ async def _refill(
 
 async def create_trials(
     session: AsyncSession, experiment: ExperimentModel, brackets: list[int]
-) -> list[TrialModel]:
+) -> list[int]:
     """New trials drawn from where the experiment's generator stands; the generator's new
     position is stored in the same transaction."""
     await session.refresh(experiment, ["searcher_state"])
@@ -314,29 +314,46 @@ async def create_trials(
 
 async def add_trials(
     session: AsyncSession, experiment: ExperimentModel, plans: list[tuple[int | None, TrialPlan]]
-) -> list[TrialModel]:
-    """Store planned trials: QUEUED with an allocation, or PAUSED in a paused experiment."""
+) -> list[int]:
+    """Store planned trials: QUEUED with an allocation, or PAUSED in a paused experiment.
+
+    Three statements whatever the count (trials, their state records, their allocations),
+    not the ORM's per-object work: a 1,000-trial search is stored by the POST that
+    creates it (issue 16). Returns the new trials' ids, in the plans' order."""
+    if not plans:
+        return []
     paused = ExperimentState(experiment.state) == ExperimentState.PAUSED
     trial_state = TrialState.PAUSED if paused else TrialState.QUEUED
-    trials = [
-        TrialModel(
-            experiment_id=experiment.id,
-            request_id=str(plan.request_id),
-            state=trial_state,
-            hparams=plan.hparams,
-            seed=plan.seed,
-            searcher_bracket=bracket,
-            searcher_rung=None if bracket is None else 0,
-        )
+    queued = trial_state == TrialState.QUEUED
+    rows = [
+        {
+            "experiment_id": experiment.id,
+            "request_id": str(plan.request_id),
+            "state": trial_state,
+            "hparams": plan.hparams,
+            "seed": plan.seed,
+            "searcher_bracket": bracket,
+            "searcher_rung": None if bracket is None else 0,
+            # A queued trial's first allocation is "<trial id>.1" (enqueue_new_trials).
+            "run_id": 1 if queued else 0,
+        }
         for bracket, plan in plans
     ]
-    session.add_all(trials)
+    # Core statements do not flush the session: what it holds (the experiment's own state
+    # record) goes first, in the order it was added.
     await session.flush()
-    for trial in trials:
-        states.record_initial_state(session, "trial", trial.id, trial_state)
-        if trial_state == TrialState.QUEUED:
-            allocations.enqueue_trial(session, trial, experiment)
-    return trials
+    table = cast(Table, TrialModel.__table__)
+    ids = list(
+        (
+            await session.scalars(
+                insert(table).returning(table.c.id, sort_by_parameter_order=True), rows
+            )
+        ).all()
+    )
+    await states.record_initial_states(session, "trial", ids, trial_state)
+    if queued:
+        await allocations.enqueue_new_trials(session, ids, experiment)
+    return ids
 
 
 # --- progress and views --------------------------------------------------------------------

@@ -97,6 +97,29 @@ def record_initial_state(session: AsyncSession, entity: str, entity_id: int, sta
     _record(session, entity, entity_id, None, state, "created")
 
 
+async def record_initial_states(
+    session: AsyncSession, entity: str, entity_ids: Sequence[int], state: str
+) -> None:
+    """The bulk twin of record_initial_state: one statement for many new rows."""
+    if not entity_ids:
+        return
+    now = utcnow()
+    await session.execute(
+        insert(cast(Table, StateChangeModel.__table__)),
+        [
+            {
+                "entity": entity,
+                "entity_id": entity_id,
+                "from_state": None,
+                "to_state": state,
+                "reason": "created",
+                "at": now,
+            }
+            for entity_id in entity_ids
+        ],
+    )
+
+
 def set_experiment_state(
     session: AsyncSession, experiment: ExperimentModel, new: ExperimentState, reason: str
 ) -> None:
