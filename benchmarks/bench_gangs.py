@@ -95,14 +95,17 @@ TARGETS = {
     "post_to_slots_committed_p50_ms_max": 10.0,
     "post_to_every_rank_started_p50_ms_max_8_rank_gang": 60.0,
     "kill_to_slots_free_p50_ms_max": 50.0,
+    "search_fills_free_slots_ms_max": 200.0,
 }
+SEARCH_TRIALS = 1000  # the issue's random search: 1,000 one-slot trials
 
 # Each rank stamps its start first thing, then waits for the kill. The file appears whole
 # (written aside, then renamed), so a reader never sees half a line.
 RANK_SCRIPT = b"""\
 import os, sys, time
 started = time.time_ns()
-name = "%s.%s" % (os.environ["DET_EXPERIMENT_ID"], os.environ.get("RANK", "0"))
+name = "%s.%s.%s" % (os.environ["DET_EXPERIMENT_ID"], os.environ["DET_TRIAL_ID"],
+                     os.environ.get("RANK", "0"))
 aside = os.path.join(sys.argv[1], "." + name)
 with open(aside, "w") as out:
     out.write("%d %s %s\\n" % (started, os.environ.get("RANK", "0"),
@@ -418,14 +421,21 @@ def model_definition() -> list[dict[str, Any]]:
     ]
 
 
-def experiment_body(scenario: Scenario, rank_dir: Path, index: int) -> dict[str, Any]:
-    config = {
+def experiment_body(
+    scenario: Scenario, rank_dir: Path, index: int, searcher: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    config: dict[str, Any] = {
         "name": f"{scenario.name}-{index}",
         "entrypoint": ["python3", "-S", "rank.py", str(rank_dir)],
         "resources": {"slots_per_trial": scenario.gang_slots},
-        "searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 1}},
+        "searcher": searcher or {"name": "single", "metric": "loss", "max_length": {"batches": 1}},
         "max_restarts": 0,
     }
+    if searcher is not None:
+        config["hyperparameters"] = {
+            "lr": {"type": "log", "base": 10, "minval": -4, "maxval": -1},
+            "width": {"type": "int", "minval": 16, "maxval": 512},
+        }
     return {
         "config": yaml.safe_dump(config),
         "modelDefinition": model_definition(),
@@ -456,6 +466,36 @@ async def _allocation_experiments(url: str, allocations: Sequence[str]) -> dict[
     return {row["id"]: row["experiment_id"] for row in rows}
 
 
+def wait_for_grants(cluster: OurCluster, mark: int, allocations: int) -> dict[str, int]:
+    """Allocation -> when its slots were committed, once `allocations` have been."""
+    notices = cluster.listener.wait_for(
+        f"{allocations} allocations' slots committed",
+        mark,
+        lambda n: len(allocations_of(n, "held")) >= allocations,
+        ROUND_TIMEOUT_S,
+    )
+    return allocations_of(notices, "held")
+
+
+def wait_for_releases(cluster: OurCluster, mark: int, held: dict[str, int]) -> dict[str, int]:
+    """Allocation -> when its slots were freed, once every one in `held` has been."""
+    notices = cluster.listener.wait_for(
+        f"{len(held)} allocations' slots freed",
+        mark,
+        lambda n: set(held) <= set(allocations_of(n, "freed")),
+        ROUND_TIMEOUT_S,
+    )
+    return allocations_of(notices, "freed")
+
+
+def wait_for_ranks(cluster: OurCluster, rank_dir: Path, ranks: int) -> None:
+    def every_rank() -> bool:
+        cluster.check()
+        return sum(1 for name in os.listdir(rank_dir) if not name.startswith(".")) >= ranks
+
+    wait_until(f"{ranks} ranks to start", every_rank, ROUND_TIMEOUT_S, RANK_POLL_S)
+
+
 def our_round(cluster: OurCluster, scenario: Scenario, label: str) -> dict[str, Any]:
     client, listener = cluster.client, cluster.listener
     gangs = scenario.gangs_per_round
@@ -477,21 +517,8 @@ def our_round(cluster: OurCluster, scenario: Scenario, label: str) -> dict[str, 
         if reply.status_code != 200:
             raise RuntimeError(f"POST /api/v1/experiments -> {reply.status_code}: {reply.text}")
         sent[reply.json()["experiment"]["id"]] = at
-    held = allocations_of(
-        listener.wait_for(
-            f"{gangs} gangs' slots committed",
-            mark,
-            lambda n: len(allocations_of(n, "held")) >= gangs,
-            ROUND_TIMEOUT_S,
-        ),
-        "held",
-    )
-
-    def every_rank() -> bool:
-        cluster.check()
-        return sum(1 for name in os.listdir(rank_dir) if not name.startswith(".")) >= total_ranks
-
-    wait_until(f"{total_ranks} ranks to start", every_rank, ROUND_TIMEOUT_S, RANK_POLL_S)
+    held = wait_for_grants(cluster, mark, gangs)
+    wait_for_ranks(cluster, rank_dir, total_ranks)
     ranks = read_ranks(rank_dir)
     experiment_of = asyncio.run(_allocation_experiments(cluster.database_url, list(held)))
     if set(experiment_of.values()) != set(sent) or len(experiment_of) != gangs:
@@ -516,15 +543,7 @@ def our_round(cluster: OurCluster, scenario: Scenario, label: str) -> dict[str, 
         if reply.status_code != 200:
             raise RuntimeError(f"kill {experiment} -> {reply.status_code}: {reply.text}")
         killed[experiment] = at
-    freed = allocations_of(
-        listener.wait_for(
-            f"{gangs} gangs' slots freed",
-            mark,
-            lambda n: set(held) <= set(allocations_of(n, "freed")),
-            ROUND_TIMEOUT_S,
-        ),
-        "freed",
-    )
+    freed = wait_for_releases(cluster, mark, held)
     freed_s = [(freed[a] - killed[e]) / 1e9 for a, e in experiment_of.items()]
     round_free_s = (max(freed.values()) - min(killed.values())) / 1e9
     # What a user sees: every slot free in the API (the commit above is what it reads).
@@ -674,6 +693,80 @@ def ray_round(handle: RayCluster, scenario: Scenario, slots_per_agent: int) -> d
         "create_to_ready": ms_summary(ready_s),
         "first_remove_to_every_slot_free_ms": round(free_s * 1000, 2),
         "ray_processes_cpu_s": round(cpu, 3),
+    }
+
+
+def search_round(cluster: OurCluster, label: str) -> dict[str, Any]:
+    """One random search of SEARCH_TRIALS one-slot trials, its trials created inside the
+    master by the POST: POST -> the cluster's every slot committed and every rank started,
+    then kill -> every slot free."""
+    client, listener = cluster.client, cluster.listener
+    slots = cluster.params.agents * cluster.params.slots_per_agent
+    rank_dir = cluster.tmp / "ranks" / label
+    rank_dir.mkdir(parents=True)
+    searcher = {
+        "name": "random",
+        "metric": "loss",
+        "max_trials": SEARCH_TRIALS,
+        "max_length": {"batches": 1},
+    }
+    body = experiment_body(Scenario("random_search", 1, slots, 1), rank_dir, 0, searcher)
+    mark = listener.mark()
+    cpu_before = cpu_seconds(cluster.processes)
+    at = time.time_ns()
+    reply = client.post("/api/v1/experiments", json=body)
+    post_s = (time.time_ns() - at) / 1e9
+    if reply.status_code != 200:
+        raise RuntimeError(f"POST /api/v1/experiments -> {reply.status_code}: {reply.text}")
+    experiment = reply.json()["experiment"]["id"]
+    held = wait_for_grants(cluster, mark, slots)
+    wait_for_ranks(cluster, rank_dir, slots)
+    started = read_ranks(rank_dir)[experiment]
+    mark = listener.mark()
+    killed = time.time_ns()
+    reply = client.post(f"/api/v1/experiments/{experiment}/kill")
+    if reply.status_code != 200:
+        raise RuntimeError(f"kill {experiment} -> {reply.status_code}: {reply.text}")
+    freed = wait_for_releases(cluster, mark, held)
+    wait_until(
+        "the search's trials to end",
+        lambda: not client.get("/api/v1/tasks").json()["allocationIdToSummary"],
+        ROUND_TIMEOUT_S,
+        0.1,
+    )
+    trials = client.get(f"/api/v1/experiments/{experiment}/trials?limit=1").json()
+    return {
+        "trials_created": trials["pagination"]["total"],
+        "post_reply_ms": round(post_s * 1000, 2),
+        "post_to_every_slot_committed_ms": round((max(held.values()) - at) / 1e6, 2),
+        "post_to_first_slot_committed_ms": round((min(held.values()) - at) / 1e6, 2),
+        "post_to_every_rank_started_ms": round((max(started) - at) / 1e6, 2),
+        "kill_to_every_slot_free_ms": round((max(freed.values()) - killed) / 1e6, 2),
+        "master_and_agents_cpu_s": round(cpu_seconds(cluster.processes) - cpu_before, 3),
+    }
+
+
+def run_search(cluster: OurCluster, params: Params) -> dict[str, Any]:
+    rounds: list[dict[str, Any]] = []
+    for index in range(params.warmup_rounds + params.rounds):
+        figures = search_round(cluster, f"random-search-{index}")
+        tag = "" if index >= params.warmup_rounds else " (warm-up)"
+        progress(
+            f"random search {index}{tag}: {figures['trials_created']} trials, every slot "
+            f"committed {figures['post_to_every_slot_committed_ms']} ms, every rank "
+            f"{figures['post_to_every_rank_started_ms']} ms"
+        )
+        if index >= params.warmup_rounds:
+            rounds.append(figures)
+    keys = [k for k in rounds[0] if k.endswith("_ms")]
+    return {
+        "what": f"one random search of {SEARCH_TRIALS} one-slot trials per round, created "
+        "by the POST inside the master, onto the idle cluster (Ray has no searcher: ours only)",
+        "median": {k: median_of(rounds, k) for k in keys},
+        "rounds": rounds,
+        "target_met": median_of(rounds, "post_to_every_slot_committed_ms") is not None
+        and (median_of(rounds, "post_to_every_slot_committed_ms") or 0)
+        <= TARGETS["search_fills_free_slots_ms_max"],
     }
 
 
@@ -886,6 +979,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             stack.enter_context(py_spy(ours.processes[1].pid, args.profile / "agent.txt"))
         for scenario in scenarios:
             results[scenario.name] = run_scenario(ours, ray, scenario, params)
+        search = run_search(ours, params)
         clusters: dict[str, Any] = {
             "ours_start_s": ours.start_s,
             **footprints,
@@ -919,6 +1013,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "parameters": asdict(params) | {"ray": ray_note},
         "clusters": clusters,
         "scenarios": results,
+        "random_search": search,
         "targets": judge(results, params),
         **({"profile": profile} if profile else {}),
         "notes": [

@@ -243,6 +243,16 @@ def test_quick_gang_benchmark_starts_every_rank_and_frees_every_slot(
             assert {r["gangs"] for r in scenario["ray_rounds"]} == {scenario["gangs_per_round"]}
             assert len(scenario["ray_rounds"]) == len(scenario["ours_rounds"])
             assert scenario["ours_over_ray"]["gangs_per_s"] > 0
+    # The random search created every trial and filled the cluster, each slot seen once.
+    search = report["random_search"]
+    assert [r["trials_created"] for r in search["rounds"]] == [1000] * rounds
+    for round_ in search["rounds"]:
+        assert round_["post_to_first_slot_committed_ms"] > 0
+        assert (
+            round_["post_to_first_slot_committed_ms"] <= round_["post_to_every_slot_committed_ms"]
+        )
+        assert round_["post_to_every_rank_started_ms"] > round_["post_to_every_slot_committed_ms"]
+    assert isinstance(search["target_met"], bool)
     # The benchmark's database is gone.
     database = report["machine"]["postgres"]["database"]
     assert database.startswith("resolute_bench_gangs_")
