@@ -387,7 +387,10 @@ def our_cluster(tmp: Path, params: Params, database_url: str) -> Iterator[OurClu
         def connected() -> bool:
             for agent in agents:
                 agent.check()
-            listed = client.get("/api/v1/agents").json()["agents"]
+            reply = client.get("/api/v1/agents")
+            if reply.status_code != 200:
+                raise RuntimeError(f"GET /api/v1/agents -> {reply.status_code}: {reply.text}")
+            listed = reply.json()["agents"]
             return sum(1 for a in listed if a.get("connected")) == params.agents
 
         wait_until(f"{params.agents} agents to connect", connected, START_TIMEOUT_S, 0.2)
