@@ -202,11 +202,15 @@ async def list_agents(session: AsyncSession, agent_id: str | None = None) -> lis
         held_query = held_query.where(AllocationSlotModel.agent_id == agent_id)
         zero_query = zero_query.where(AllocationModel.zero_slot_agent_id == agent_id)
     views = {a.id: AgentView(a, []) for a in (await session.scalars(agent_query)).all()}
+    # Each statement sees what was committed when it ran (Postgres, READ COMMITTED): an
+    # agent that registered after the first one is left for the next listing, not a 500.
     for slot in (await session.scalars(slot_query)).all():
-        views[slot.agent_id].slots.append(slot)
+        if slot.agent_id in views:
+            views[slot.agent_id].slots.append(slot)
     for held in (await session.scalars(held_query)).all():
-        views[held.agent_id].holders[held.slot_id] = held.allocation_id
+        if held.agent_id in views:
+            views[held.agent_id].holders[held.slot_id] = held.allocation_id
     for allocation_id, zero_agent in (await session.execute(zero_query)).all():
-        if zero_agent is not None:
+        if zero_agent in views:
             views[zero_agent].zero_slot_allocations.append(allocation_id)
     return list(views.values())

@@ -154,6 +154,39 @@ async def test_pool_without_agents(api: httpx.AsyncClient, app: FastAPI) -> None
     assert "pool default has no agents" in task["pendingReason"]["message"]
 
 
+async def test_an_agent_registering_during_a_listing_is_not_a_server_error(
+    api: httpx.AsyncClient, app: FastAPI
+) -> None:
+    """The listing reads agents, then their slots, in separate statements; on Postgres each
+    sees what was committed when it ran, so an agent that registers in between (eight
+    agents joining a fresh master did it) has slots but no row in the first read. It is
+    left for the next listing instead of failing the request with a 500."""
+    await register(app, "early", 2)
+
+    class RegistersAfterTheFirstRead:
+        def __init__(self, session: AsyncSession) -> None:
+            self.session = session
+            self.reads = 0
+
+        async def scalars(self, *args: Any, **kwargs: Any) -> Any:
+            result = await self.session.scalars(*args, **kwargs)
+            self.reads += 1
+            if self.reads == 1:
+                await register(app, "late", 2)  # commits on a connection of its own
+            return result
+
+        async def execute(self, *args: Any, **kwargs: Any) -> Any:
+            return await self.session.execute(*args, **kwargs)
+
+    async with session_scope(app.state.session_factory) as session:
+        views = await agent_service.list_agents(
+            RegistersAfterTheFirstRead(session)  # type: ignore[arg-type]
+        )
+    assert [(v.agent.id, len(v.slots)) for v in views] == [("early", 2)]
+    listed = (await api.get("/api/v1/agents")).json()["agents"]
+    assert sorted(a["id"] for a in listed) == ["early", "late"]
+
+
 async def test_unknown_pool_is_refused(api: httpx.AsyncClient) -> None:
     reply = await api.post(
         "/api/v1/experiments", json={"config": config(1, extra=", resource_pool: gpu-a100")}
