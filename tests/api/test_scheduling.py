@@ -187,6 +187,39 @@ async def test_an_agent_registering_during_a_listing_is_not_a_server_error(
     assert sorted(a["id"] for a in listed) == ["early", "late"]
 
 
+class WakeCounter:
+    """Stands in for the agent hub's loop (these tests run no loops): counts its wakes."""
+
+    def __init__(self) -> None:
+        self.wakes = 0
+
+    def wake(self) -> None:
+        self.wakes += 1
+
+
+async def test_placements_and_kills_wake_the_hub_as_they_commit(
+    api: httpx.AsyncClient, app: FastAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hub launches what a pass placed and passes a kill on to the agents as soon as
+    either commits, not on its next tick. A submit alone does not wake it: there is
+    nothing for it to do until the pass has placed the trial."""
+    hub = WakeCounter()
+    monkeypatch.setattr(app.state, "hub_loop", hub, raising=False)
+    loop = scheduler.SchedulerLoop(app.state.session_factory, app.state.settings)
+    loop.after_commit = hub.wake
+    await register(app, "solo", 2)
+    experiment_id = (await submit(api, config(2)))["experiment"]["id"]
+    assert hub.wakes == 0
+    await loop.run_once()
+    assert loop.last is not None and loop.last.placed == 1
+    assert hub.wakes == 1
+    await loop.run_once()  # nothing new to place: no wake
+    assert hub.wakes == 1
+    reply = await api.post(f"/api/v1/experiments/{experiment_id}/kill")
+    assert reply.status_code == 200, reply.text
+    assert hub.wakes == 2
+
+
 async def test_unknown_pool_is_refused(api: httpx.AsyncClient) -> None:
     reply = await api.post(
         "/api/v1/experiments", json={"config": config(1, extra=", resource_pool: gpu-a100")}
