@@ -811,7 +811,7 @@ class AgentHub:
             return
         # PULLING too: a prepare asked again (no answer in time, an answer without the
         # ports, a restarted master) finds the allocation there.
-        if not await _still(session, allocation, *_LAUNCHING):
+        if await _still(session, allocation.id, *_LAUNCHING) is None:
             return
         allocation.pending_code = allocation.pending_reason = ""
         allocation.network_interface = choice.name
@@ -866,14 +866,8 @@ class AgentHub:
         master_port: int,
         extra_ports: tuple[int, ...] = (),
     ) -> None:
-        # The lock first (see _still), then a fresh read: a kill committed meanwhile wins.
-        await allocations.hold_scheduler_for_pass(session)
-        allocation = await session.get(AllocationModel, gang.allocation_id, populate_existing=True)
-        if (
-            allocation is None
-            or allocation.state != AllocationState.PULLING
-            or allocation.preempt_requested
-        ):
+        allocation = await _still(session, gang.allocation_id, AllocationState.PULLING)
+        if allocation is None:
             return  # stopped meanwhile: the next tick releases it
         # What the launch needs, in one statement rather than four.
         found = (
@@ -1151,14 +1145,17 @@ def _reading(sample: pb.MetricSample) -> metric_service.MetricReading:
 
 
 async def _still(
-    session: AsyncSession, allocation: AllocationModel, *states: AllocationState
-) -> bool:
+    session: AsyncSession, allocation_id: str, *states: AllocationState
+) -> AllocationModel | None:
     """Lock out kill, pause and scheduling passes (the scheduler's row lock, without waking
-    the scheduler), then check that the allocation is still in one of `states` with no stop
-    asked: a kill committed after our read must not be overwritten by a launch."""
+    the scheduler), then read the allocation afresh: it, if it is still in one of `states`
+    with no stop asked, else None. A kill committed after an earlier read must not be
+    overwritten by a launch."""
     await allocations.hold_scheduler_for_pass(session)
-    await session.refresh(allocation)
-    return allocation.state in states and not allocation.preempt_requested
+    allocation = await session.get(AllocationModel, allocation_id, populate_existing=True)
+    if allocation is None or allocation.state not in states or allocation.preempt_requested:
+        return None
+    return allocation
 
 
 async def _held_on_agent(

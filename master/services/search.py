@@ -322,9 +322,8 @@ async def add_trials(
     creates it (issue 16). Returns the new trials' ids, in the plans' order."""
     if not plans:
         return []
-    paused = ExperimentState(experiment.state) == ExperimentState.PAUSED
-    trial_state = TrialState.PAUSED if paused else TrialState.QUEUED
-    queued = trial_state == TrialState.QUEUED
+    queued = ExperimentState(experiment.state) != ExperimentState.PAUSED
+    trial_state = TrialState.QUEUED if queued else TrialState.PAUSED
     rows = [
         {
             "experiment_id": experiment.id,

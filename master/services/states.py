@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from datetime import datetime
 from typing import cast
 
 from sqlalchemy import Table, insert, update
@@ -101,19 +102,30 @@ async def record_initial_states(
     session: AsyncSession, entity: str, entity_ids: Sequence[int], state: str
 ) -> None:
     """The bulk twin of record_initial_state: one statement for many new rows."""
-    if not entity_ids:
-        return
-    now = utcnow()
+    if entity_ids:
+        await _insert_changes(session, entity, entity_ids, None, state, "created", utcnow())
+
+
+async def _insert_changes(
+    session: AsyncSession,
+    entity: str,
+    entity_ids: Sequence[int],
+    old: str | None,
+    new: str,
+    reason: str,
+    at: datetime,
+) -> None:
+    """One transition of many rows, recorded in one statement."""
     await session.execute(
         insert(cast(Table, StateChangeModel.__table__)),
         [
             {
                 "entity": entity,
                 "entity_id": entity_id,
-                "from_state": None,
-                "to_state": state,
-                "reason": "created",
-                "at": now,
+                "from_state": old,
+                "to_state": new,
+                "reason": reason,
+                "at": at,
             }
             for entity_id in entity_ids
         ],
@@ -171,20 +183,7 @@ async def set_trial_states(
             .values(values)
             .execution_options(synchronize_session=False)
         )
-        await session.execute(
-            insert(cast(Table, StateChangeModel.__table__)),
-            [
-                {
-                    "entity": "trial",
-                    "entity_id": trial_id,
-                    "from_state": old,
-                    "to_state": new,
-                    "reason": reason,
-                    "at": now,
-                }
-                for trial_id in chunk
-            ],
-        )
+        await _insert_changes(session, "trial", chunk, old, new, reason, now)
     if trial_ids:
         log.info("%d trials: %s -> %s (%s)", len(trial_ids), old, new, reason)
 
