@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import json
 import os
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from typing import Any
 import httpx
 import yaml
 
+from benchmarks import common
 from benchmarks.bench_trial_runtime import (
     Cluster,
     local_cluster,
@@ -245,11 +245,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     result = run(args)
-    text = json.dumps(result, indent=2) + "\n"
-    sys.stdout.write(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+    common.emit_report(result, args.out)
 
 
 if __name__ == "__main__":

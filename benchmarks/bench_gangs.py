@@ -55,7 +55,6 @@ import asyncio
 import base64
 import contextlib
 import importlib
-import json
 import os
 import signal
 import statistics
@@ -80,6 +79,7 @@ from benchmarks import common
 from benchmarks.bench_trial_runtime import BIN, Process, login, start_master
 from benchmarks.common import (
     host_facts,
+    ms_summary,
     progress,
     ratio,
     seconds_since_start,
@@ -174,10 +174,6 @@ def scenarios_of(params: Params) -> list[Scenario]:
     ]
 
 
-def ms_summary(seconds: Sequence[float]) -> dict[str, Any]:
-    return common.ms_summary(seconds)
-
-
 def median_of(rounds: Sequence[dict[str, Any]], key: str) -> float | None:
     values = [r[key] for r in rounds if r.get(key) is not None]
     return round(statistics.median(values), 2) if values else None
@@ -209,21 +205,6 @@ async def _execute(dsn: str, sql: str) -> None:
         await conn.execute(sql)
     finally:
         await conn.close()
-
-
-async def _fetchval(dsn: str, sql: str) -> Any:
-    conn = await asyncpg.connect(dsn, timeout=10)
-    try:
-        return await conn.fetchval(sql)
-    finally:
-        await conn.close()
-
-
-def postgres_facts(admin_dsn: str) -> dict[str, Any]:
-    facts: dict[str, Any] = {"server": admin_dsn.rsplit("@", 1)[-1].rsplit("/", 1)[0]}
-    for setting in ("server_version", "fsync", "synchronous_commit", "wal_sync_method"):
-        facts[setting] = asyncio.run(_fetchval(admin_dsn, f"SHOW {setting}"))
-    return facts
 
 
 @contextlib.contextmanager
@@ -934,7 +915,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     facts = host_facts(("fastapi", "uvicorn", "sqlalchemy", "asyncpg", "grpcio", "httpx", "ray"))
     try:
-        facts["postgres"] = postgres_facts(args.postgres)
+        facts["postgres"] = asyncio.run(common.postgres_facts(args.postgres))
     except (OSError, asyncpg.PostgresError) as exc:
         raise SystemExit(f"cannot use PostgreSQL at {args.postgres}: {exc}") from exc
     if facts["postgres"]["fsync"] != "on":
@@ -1163,11 +1144,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     result = run(args)
-    text = json.dumps(result, indent=2) + "\n"
-    sys.stdout.write(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+    common.emit_report(result, args.out)
 
 
 if __name__ == "__main__":

@@ -81,6 +81,7 @@ import httpx
 import psutil
 from sqlalchemy import func, select
 
+from benchmarks import common
 from benchmarks.common import (
     host_facts,
     log_tail,
@@ -1139,11 +1140,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         asyncio.run(echo_main())
         return
     result = asyncio.run(run(args))
-    text = json.dumps(result, indent=2) + "\n"
-    sys.stdout.write(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+    common.emit_report(result, args.out)
 
 
 if __name__ == "__main__":

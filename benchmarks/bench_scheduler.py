@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import logging
 import math
 import os
@@ -56,6 +55,7 @@ from fastapi import FastAPI
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from benchmarks import common
 from benchmarks.common import host_facts, percentile, progress, ratio, seconds_since_start
 from master.app import create_app
 from master.core import placement
@@ -168,25 +168,6 @@ def rate(count: int, seconds: float) -> float:
 
 
 # --- the machine ---------------------------------------------------------------------------
-
-
-async def postgres_facts(admin_dsn: str) -> dict[str, Any]:
-    conn = await asyncpg.connect(admin_dsn, timeout=10)
-    try:
-        facts: dict[str, Any] = {"version": await conn.fetchval("SELECT version()")}
-        for setting in (
-            "server_version",
-            "fsync",
-            "synchronous_commit",
-            "wal_sync_method",
-            "full_page_writes",
-            "shared_buffers",
-        ):
-            facts[setting] = await conn.fetchval(f"SHOW {setting}")
-    finally:
-        await conn.close()
-    facts["server"] = admin_dsn.rsplit("@", 1)[-1].rsplit("/", 1)[0]
-    return facts
 
 
 # --- databases and masters -----------------------------------------------------------------
@@ -1067,7 +1048,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     progress(f"{'quick' if args.quick else 'full'} run against {args.postgres}")
     facts = host_facts(("sqlalchemy", "asyncpg", "fastapi", "httpx", "pydantic"))
     try:
-        facts["postgres"] = await postgres_facts(args.postgres)
+        facts["postgres"] = await common.postgres_facts(args.postgres)
     except (OSError, asyncpg.PostgresError) as exc:
         raise SystemExit(f"cannot use PostgreSQL at {args.postgres}: {exc}") from exc
     if facts["postgres"]["fsync"] != "on":
@@ -1100,6 +1081,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "%(default)s, or RESOLUTE_BENCH_POSTGRES / RESOLUTE_TEST_POSTGRES)",
     )
     parser.add_argument("--seed", type=int, default=3, help="seeds the S2 releases")
+    parser.add_argument("--out", type=Path, help="also write the JSON document here")
     return parser.parse_args(argv)
 
 
@@ -1107,9 +1089,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     # The master logs every state change at INFO; only its warnings reach stderr here.
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    result = asyncio.run(run(args))
-    json.dump(result, sys.stdout, indent=2)
-    sys.stdout.write("\n")
+    common.emit_report(asyncio.run(run(args)), args.out)
 
 
 if __name__ == "__main__":

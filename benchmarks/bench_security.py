@@ -577,11 +577,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.login_worker is not None:
         asyncio.run(login_worker(json.loads(args.login_worker)))
         return
-    text = json.dumps(run(args), indent=1) + "\n"
-    sys.stdout.write(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+    common.emit_report(run(args), args.out, indent=1)
 
 
 if __name__ == "__main__":

@@ -71,6 +71,7 @@ from typing import Any
 import httpx
 import yaml
 
+from benchmarks import common
 from benchmarks.common import (
     host_facts,
     log_tail,
@@ -778,11 +779,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         serve_stub()
         return
     result = run(args)
-    text = json.dumps(result, indent=2) + "\n"
-    sys.stdout.write(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+    common.emit_report(result, args.out)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ machine it ran on (the brief asks each result to name its machine)."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
@@ -16,6 +17,8 @@ from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+import asyncpg
 
 _STARTED = time.perf_counter()
 
@@ -119,3 +122,32 @@ def log_tail(log: Path, chars: int = 4000) -> str:
         return log.read_text(errors="replace")[-chars:]
     except OSError:
         return f"(no {log.name})"
+
+
+def emit_report(result: dict[str, Any], out: Path | None, indent: int = 2) -> None:
+    """The JSON document on stdout and, with --out, in that file too."""
+    text = json.dumps(result, indent=indent) + "\n"
+    sys.stdout.write(text)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+
+
+async def postgres_facts(admin_dsn: str) -> dict[str, Any]:
+    """The server behind `admin_dsn` and the settings that decide what a commit costs."""
+    conn = await asyncpg.connect(admin_dsn, timeout=10)
+    try:
+        facts: dict[str, Any] = {"version": await conn.fetchval("SELECT version()")}
+        for setting in (
+            "server_version",
+            "fsync",
+            "synchronous_commit",
+            "wal_sync_method",
+            "full_page_writes",
+            "shared_buffers",
+        ):
+            facts[setting] = await conn.fetchval(f"SHOW {setting}")
+    finally:
+        await conn.close()
+    facts["server"] = admin_dsn.rsplit("@", 1)[-1].rsplit("/", 1)[0]
+    return facts
