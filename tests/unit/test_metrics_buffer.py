@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from typing import Any, cast
 
 import pytest
+from sqlalchemy.dialects.sqlite import aiosqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from master.services.metrics import GpuReading, MetricReading, MetricsBuffer
+from master.services.metrics import _COLUMNS, GpuReading, MetricReading, MetricsBuffer
 
 
 def reading(millis: int, cpu: float = 10.0, gpus: int = 0) -> MetricReading:
@@ -46,16 +48,28 @@ def times(buffer: MetricsBuffer) -> list[tuple[str, int]]:
 
 
 class RecordingSession:
-    """Stands in for AsyncSession.execute: records the rows of each insert, or fails."""
+    """Stands in for AsyncSession and its connection (SQLite's dialect): records the rows of
+    each insert the buffer hands the driver, by column name with the GPUs' JSON decoded, or
+    fails."""
+
+    dialect = aiosqlite.dialect()
 
     def __init__(self, fail: bool = False) -> None:
         self.fail = fail
         self.inserts: list[list[dict[str, Any]]] = []
 
-    async def execute(self, _statement: Any, rows: list[dict[str, Any]]) -> None:
+    async def connection(self) -> RecordingSession:
+        return self
+
+    async def exec_driver_sql(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         if self.fail:
             raise RuntimeError("database down")
-        self.inserts.append(rows)
+        assert sql.startswith("INSERT INTO agent_metrics (agent_id, unix_millis, ")
+        named = [dict(zip(_COLUMNS, row, strict=True)) for row in rows]
+        for row in named:
+            assert isinstance(row["gpus"], str), "the driver gets the GPUs as JSON text"
+            row["gpus"] = json.loads(row["gpus"])
+        self.inserts.append(named)
 
 
 def session(recording: RecordingSession) -> AsyncSession:
