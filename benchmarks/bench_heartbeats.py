@@ -115,6 +115,7 @@ TARGETS = {
     "rtt_p99_ms_max": 20.0,
     "silent_agent_lost_s_max": 10.0,
 }
+METRICS_PERIOD_S = AgentLinkSettings().metrics_period_s  # 1 Hz, the master's default
 # The load counts as offered if the workers sent at least this share of the intended rate.
 OFFERED_LOAD_MIN_SHARE = 0.98
 
@@ -241,6 +242,8 @@ class Worker:
         self.join_token = join_token
         self.rng = random.Random(seed)
         self.interval = 1.0
+        self.samples_per_heartbeat = 1
+        self.metrics_period_ms = 1000
         self.stopping = False
         # (scheduled, actual) send times, and (send time, round trip), all monotonic.
         self.sends: list[tuple[float, float]] = []
@@ -277,10 +280,13 @@ class Worker:
             call.cancel()
             return
         self.interval = first.welcome.heartbeat_interval_s or 1.0
+        # As det-agent: a sample every metrics period, all sent with the next heartbeat.
+        period = first.welcome.metrics_period_s or 1.0
+        self.samples_per_heartbeat = max(1, round(self.interval / period))
+        self.metrics_period_ms = round(period * 1000)
         agent.call = call
-        agent.message = pb.AgentMessage(
-            heartbeat=pb.Heartbeat(samples=[metric_sample(agent.index, self.rng)])
-        )
+        samples = [metric_sample(agent.index, self.rng)] * self.samples_per_heartbeat
+        agent.message = pb.AgentMessage(heartbeat=pb.Heartbeat(samples=samples))
         first_due = time.monotonic() + self.rng.uniform(0, self.interval)
         agent.tasks = [
             asyncio.create_task(self.read(agent)),
@@ -289,7 +295,7 @@ class Worker:
 
     async def beat(self, agent: SimAgent, due: float) -> None:
         heartbeat = agent.message.heartbeat
-        sample = heartbeat.samples[0]
+        last = len(heartbeat.samples) - 1
         while True:
             delay = due - time.monotonic()
             if delay > 0:
@@ -300,7 +306,9 @@ class Worker:
             agent.seq += 1
             heartbeat.seq = agent.seq
             heartbeat.sent_unix_nanos = time.time_ns()
-            sample.unix_millis = heartbeat.sent_unix_nanos // 1_000_000
+            for n, sample in enumerate(heartbeat.samples):
+                now_ms = heartbeat.sent_unix_nanos // 1_000_000
+                sample.unix_millis = now_ms - (last - n) * self.metrics_period_ms
             sent_at = time.monotonic()
             agent.pending[agent.seq] = sent_at
             self.sends.append((due, sent_at))
@@ -377,6 +385,7 @@ class Worker:
             "unexpected_acks": self.unexpected_acks,
             "closed_by_master": [a.name for a in self.agents if a.closed_at is not None],
             "acked_per_agent": {a.name: a.acked for a in self.agents},
+            "samples_per_heartbeat": self.samples_per_heartbeat,
         }
         for agent in self.agents:
             for task in agent.tasks:
@@ -582,8 +591,14 @@ class Params:
     floor_window_s: float  # 0: no gRPC floor measurement
     idle_s: float
     lost_after_s: float | None  # None: the master's default
+    heartbeat_interval_s: float  # the master's agent_link.heartbeat_interval_s
     naive_heartbeats: int
     seed: int
+
+
+def samples_per(heartbeat_interval_s: float) -> int:
+    """Metric samples in each heartbeat: one per metrics period since the last one."""
+    return max(1, round(heartbeat_interval_s / METRICS_PERIOD_S))
 
 
 def split_agents(agents: int, workers: int) -> list[list[int]]:
@@ -639,9 +654,11 @@ async def connect_agents(
 
 
 async def measure_window(
-    seconds: float, server: psutil.Process, workers: list[WorkerProcess], agents: int
+    seconds: float, server: psutil.Process, workers: list[WorkerProcess], params: Params
 ) -> dict[str, Any]:
     """The server's CPU and the heartbeats' fate over `seconds` of steady streaming."""
+    interval = params.heartbeat_interval_s
+    samples_per_heartbeat = samples_per(interval)
     progress(f"measuring for {seconds:.0f} s")
     me = psutil.Process()
     rss0 = server.memory_info().rss
@@ -664,18 +681,20 @@ async def measure_window(
     acks = sum(w["acks_received"] for w in windows)
     server_cpu = cpu1 - cpu0
     others = busy - server_cpu - sum(worker_cpu) - mine
-    intended = agents  # one heartbeat per agent per second (the Welcome's interval)
+    intended = params.agents / interval  # one heartbeat per agent per interval (the Welcome's)
     figures = {
         "seconds": round(wall, 2),
         "server_cpu_seconds": round(server_cpu, 3),
         "server_cpu_fraction_of_one_core": round(server_cpu / wall, 4),
         "server_cpu_us_per_heartbeat": round(server_cpu / acks * 1e6, 1) if acks else None,
+        "metric_samples_per_heartbeat": samples_per_heartbeat,
+        "metric_samples_acked_per_s": round(acks * samples_per_heartbeat / wall, 1),
         # Threads that ended inside the window are missing here (none are expected).
         "server_cpu_fraction_of_one_core_by_thread": {
             kind: round((threads1[kind] - threads0[kind]) / wall, 4) for kind in threads1
         },
         "server_rss_mib_start_end": [round(rss0 / 2**20, 1), round(rss1 / 2**20, 1)],
-        "heartbeats_intended_per_s": intended,
+        "heartbeats_intended_per_s": round(intended, 1),
         "heartbeats_sent_per_s": round(sent / wall, 1),
         "acks_received_per_s": round(acks / wall, 1),
         "heartbeats_sent_in_window": sent,
@@ -738,6 +757,7 @@ async def against_master(params: Params, tmp: Path) -> dict[str, Any]:
     env = {"DET_MASTER_LOG_LEVEL": "INFO"}
     if params.lost_after_s is not None:
         env["DET_MASTER_AGENT_LINK__LOST_AFTER_S"] = str(params.lost_after_s)
+    env["DET_MASTER_AGENT_LINK__HEARTBEAT_INTERVAL_S"] = str(params.heartbeat_interval_s)
     master = Master(tmp / "master", env)
     progress(f"starting det-master (log {master.log})")
     master.start()
@@ -756,7 +776,7 @@ async def against_master(params: Params, tmp: Path) -> dict[str, Any]:
             result["registration"] = registration
             progress(f"warm-up {params.warmup_s:.0f} s")
             await asyncio.sleep(params.warmup_s)
-            result["window"] = await measure_window(params.window_s, proc, workers, params.agents)
+            result["window"] = await measure_window(params.window_s, proc, workers, params)
             result["silent_agent"] = await silent_agent(params, workers[0], client)
             progress("stopping the clients")
             totals = await stop_workers(workers)
@@ -774,11 +794,12 @@ async def against_master(params: Params, tmp: Path) -> dict[str, Any]:
         progress("stopping det-master")
         master.stop()
     acked_per_agent: dict[str, int] = totals.pop("acked_per_agent")
+    per_heartbeat = samples_per(params.heartbeat_interval_s)
     rows = stored_rows(master.database)
     differ = {
         name: {"acked": acked, "rows": rows.get(name, 0)}
         for name, acked in acked_per_agent.items()
-        if rows.get(name, 0) != acked
+        if rows.get(name, 0) != acked * per_heartbeat
     }
     result["persistence"] = {
         "sample_agent": sample_agent,
@@ -787,7 +808,8 @@ async def against_master(params: Params, tmp: Path) -> dict[str, Any]:
         "sample_agent_newest_row_gpus": len(samples[-1]["gpus"]) if samples else 0,
         "rows_in_sqlite_after_stop": sum(rows.values()),
         "heartbeats_acked_in_all": totals["acked"],
-        "agents_whose_rows_equal_their_acked_heartbeats": len(acked_per_agent) - len(differ),
+        "metric_samples_per_heartbeat": per_heartbeat,
+        "agents_whose_rows_equal_their_acked_samples": len(acked_per_agent) - len(differ),
         "agents_that_differ": dict(list(differ.items())[:10]),
     }
     result["totals"] = totals
@@ -847,6 +869,9 @@ class EchoService(agent_pb2_grpc.AgentServiceServicer):
     """The least a grpc.aio server can do per heartbeat: parse it and answer the ack, in the
     stream's own coroutine (no hub, no queue, no database)."""
 
+    def __init__(self, heartbeat_interval_s: float) -> None:
+        self.heartbeat_interval_s = heartbeat_interval_s
+
     async def Connect(
         self, request_iterator: AsyncIterator[pb.AgentMessage], context: Any
     ) -> AsyncIterator[pb.MasterMessage]:
@@ -854,7 +879,9 @@ class EchoService(agent_pb2_grpc.AgentServiceServicer):
             kind = message.WhichOneof("body")
             if kind == "hello":
                 welcome = pb.Welcome(
-                    stream_id=str(uuid.uuid4()), heartbeat_interval_s=1.0, metrics_period_s=1.0
+                    stream_id=str(uuid.uuid4()),
+                    heartbeat_interval_s=self.heartbeat_interval_s,
+                    metrics_period_s=METRICS_PERIOD_S,
                 )
                 yield pb.MasterMessage(welcome=welcome)
             elif kind == "heartbeat":
@@ -863,9 +890,10 @@ class EchoService(agent_pb2_grpc.AgentServiceServicer):
                 yield pb.MasterMessage(heartbeat_ack=ack)
 
 
-async def echo_main() -> None:
+async def echo_main(heartbeat_interval_s: float) -> None:
     server = grpc.aio.server(options=server_channel_options(AgentLinkSettings()))
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(EchoService(), server)  # type: ignore[no-untyped-call]
+    service = EchoService(heartbeat_interval_s)
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     sys.stdout.write(json.dumps({"port": port}) + "\n")
@@ -880,6 +908,8 @@ async def grpc_floor(params: Params) -> dict[str, Any]:
         "-m",
         "benchmarks.bench_heartbeats",
         "--echo-server",
+        "--heartbeat-interval-s",
+        str(params.heartbeat_interval_s),
         cwd=ROOT,
         stdout=asyncio.subprocess.PIPE,
     )
@@ -894,7 +924,7 @@ async def grpc_floor(params: Params) -> dict[str, Any]:
         registration = await connect_agents(params, address, "", workers)
         await asyncio.sleep(params.warmup_s)
         window = await measure_window(
-            params.floor_window_s, psutil.Process(process.pid), workers, params.agents
+            params.floor_window_s, psutil.Process(process.pid), workers, params
         )
         totals = await stop_workers(workers)
         totals.pop("acked_per_agent")
@@ -910,17 +940,23 @@ async def grpc_floor(params: Params) -> dict[str, Any]:
 # --- the naive way -------------------------------------------------------------------------
 
 
-def parsed_heartbeats(count: int, agents: int, seed: int) -> list[tuple[str, pb.Heartbeat]]:
-    """What the master's servicer hands on: parsed Heartbeat messages, one sample each."""
+def parsed_heartbeats(
+    count: int, agents: int, seed: int, samples_per_heartbeat: int
+) -> list[tuple[str, pb.Heartbeat]]:
+    """What the master's servicer hands on: parsed Heartbeat messages, each carrying the
+    samples of one heartbeat interval, a metrics period apart."""
     rng = random.Random(seed)
+    period_ms = round(METRICS_PERIOD_S * 1000)
     templates = [
-        pb.Heartbeat(samples=[metric_sample(i, rng)]).SerializeToString() for i in range(agents)
+        pb.Heartbeat(samples=[metric_sample(i, rng)] * samples_per_heartbeat).SerializeToString()
+        for i in range(agents)
     ]
     out: list[tuple[str, pb.Heartbeat]] = []
     for n in range(count):
         heartbeat = pb.Heartbeat.FromString(templates[n % agents])
         heartbeat.seq = n // agents + 1
-        heartbeat.samples[0].unix_millis += n // agents * 1000
+        for k, sample in enumerate(heartbeat.samples):
+            sample.unix_millis += ((n // agents) * samples_per_heartbeat + k) * period_ms
         out.append((agent_name(n % agents), heartbeat))
     return out
 
@@ -953,8 +989,16 @@ def naive_row(agent_id: str, sample: pb.MetricSample) -> AgentMetricModel:
 
 
 async def naive_comparison(params: Params, tmp: Path) -> dict[str, Any]:
-    heartbeats = parsed_heartbeats(params.naive_heartbeats, params.agents, params.seed)
-    figures: dict[str, Any] = {"heartbeats": len(heartbeats), "agents": params.agents}
+    per_heartbeat = samples_per(params.heartbeat_interval_s)
+    heartbeats = parsed_heartbeats(
+        params.naive_heartbeats, params.agents, params.seed, per_heartbeat
+    )
+    offered_per_s = params.agents / params.heartbeat_interval_s
+    figures: dict[str, Any] = {
+        "heartbeats": len(heartbeats),
+        "agents": params.agents,
+        "metric_samples_per_heartbeat": per_heartbeat,
+    }
     for variant in ("naive_one_transaction_per_heartbeat", "ours_buffer_and_bulk_insert"):
         engine = create_engine(f"sqlite+aiosqlite:///{tmp / (variant + '.db')}")
         try:
@@ -984,7 +1028,7 @@ async def naive_comparison(params: Params, tmp: Path) -> dict[str, Any]:
             "cpu_us_per_heartbeat": round(cpu / len(heartbeats) * 1e6, 1),
             "wall_us_per_heartbeat": round(wall / len(heartbeats) * 1e6, 1),
             "rows_stored": stored,
-            "core_fraction_at_1000_per_s": round(cpu / len(heartbeats) * 1000, 4),
+            "core_fraction_at_the_offered_rate": round(cpu / len(heartbeats) * offered_per_s, 4),
             "max_heartbeats_per_s_one_writer": round(len(heartbeats) / wall),
         }
     naive = figures["naive_one_transaction_per_heartbeat"]
@@ -1004,6 +1048,7 @@ async def naive_comparison(params: Params, tmp: Path) -> dict[str, Any]:
 def params_of(args: argparse.Namespace) -> Params:
     quick = args.quick
     window = args.window or (5.0 if quick else 30.0)
+    interval = args.heartbeat_interval_s or AgentLinkSettings().heartbeat_interval_s
     return Params(
         agents=args.agents or (50 if quick else 1000),
         workers=args.workers or (1 if quick else 2),
@@ -1013,8 +1058,9 @@ def params_of(args: argparse.Namespace) -> Params:
         idle_s=2.0 if quick else 5.0,
         lost_after_s=args.lost_after_s
         if args.lost_after_s is not None
-        # 5 s: heartbeats (1 s) must fit five times in it, the agents' fence needs three.
-        else (5.0 if quick else None),
+        # Heartbeats must fit five times in it: the agents' fence (60%) needs three.
+        else (5.0 * interval if quick else None),
+        heartbeat_interval_s=interval,
         naive_heartbeats=200 if quick else 3000,
         seed=args.seed,
     )
@@ -1058,6 +1104,7 @@ def compare(
     projected = max(ours - ours_persist, 0.0) + naive_persist
     rate = window["acks_received_per_s"]
     idle = result["idle_master_cpu_fraction_of_one_core"]
+    offered = window["heartbeats_intended_per_s"]
     figures: dict[str, Any] = {
         "ours_master_cpu_us_per_heartbeat_measured": ours,
         "ours_master_cpu_us_per_heartbeat_above_idle": round(
@@ -1066,13 +1113,15 @@ def compare(
         if rate
         else None,
         "naive_master_cpu_us_per_heartbeat_projected": round(projected, 1),
-        "ours_master_core_fraction_at_1000_per_s": round(ours * 1000 / 1e6, 4),
-        "naive_master_core_fraction_at_1000_per_s_projected": round(projected * 1000 / 1e6, 4),
+        "ours_master_core_fraction_at_the_offered_rate": round(ours * offered / 1e6, 4),
+        "naive_master_core_fraction_at_the_offered_rate_projected": round(
+            projected * offered / 1e6, 4
+        ),
         "ratio_naive_over_ours_master_cpu": ratio(projected, ours),
-        "naive_can_keep_up_at_1000_per_s": naive["naive_one_transaction_per_heartbeat"][
+        "naive_can_keep_up_at_the_offered_rate": naive["naive_one_transaction_per_heartbeat"][
             "max_heartbeats_per_s_one_writer"
         ]
-        >= 1000,
+        >= offered,
     }
     if floor is not None and floor["window"]["server_cpu_us_per_heartbeat"]:
         bare = floor["window"]["server_cpu_us_per_heartbeat"]
@@ -1117,6 +1166,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--window", type=float, help="measured seconds (default 30)")
     parser.add_argument("--warmup", type=float, help="seconds streaming before the window")
     parser.add_argument(
+        "--heartbeat-interval-s",
+        type=float,
+        help=(
+            "the master's agent_link.heartbeat_interval_s (default: the master's, 1); metrics "
+            "are still sampled at 1 Hz, so each heartbeat carries the interval's samples"
+        ),
+    )
+    parser.add_argument(
         "--lost-after-s",
         type=float,
         help="the master's agent_link.lost_after_s (default: the master's, 10; --quick: 5)",
@@ -1137,7 +1194,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         asyncio.run(worker_main(json.loads(args.worker)))
         return
     if args.echo_server:
-        asyncio.run(echo_main())
+        asyncio.run(
+            echo_main(args.heartbeat_interval_s or AgentLinkSettings().heartbeat_interval_s)
+        )
         return
     result = asyncio.run(run(args))
     common.emit_report(result, args.out)

@@ -48,7 +48,7 @@ def test_quick_benchmark_runs_and_places_every_gang_whole(postgres: PostgresServ
 
 @pytest.mark.e2e
 def test_quick_heartbeat_benchmark_loses_nothing_and_detects_the_silent_agent() -> None:
-    report = run_quick("bench_heartbeats")
+    report = run_quick("bench_heartbeats", "--heartbeat-interval-s", "2")
     agents = report["parameters"]["agents"]
     registration = report["registration"]
     assert registration["registered"] == registration["connected_in_api"] == agents
@@ -63,14 +63,16 @@ def test_quick_heartbeat_benchmark_loses_nothing_and_detects_the_silent_agent() 
     assert silent["from_last_heartbeat_to_api_disconnected_s"] <= silent["lost_after_s"] + 3
     assert totals["closed_by_master"] == [silent["agent"]], "only the silent agent was dropped"
     stored = report["persistence"]
-    assert stored["rows_in_sqlite_after_stop"] == stored["heartbeats_acked_in_all"] > 0
-    assert stored["agents_whose_rows_equal_their_acked_heartbeats"] == agents
-    assert stored["sample_agent_rows_through_api"] == stored["sample_agent_heartbeats_acked"] > 0
+    per_heartbeat = stored["metric_samples_per_heartbeat"]
+    assert per_heartbeat == 2, "--heartbeat-interval-s 2 at 1 Hz sampling: two per heartbeat"
+    assert stored["rows_in_sqlite_after_stop"] == stored["heartbeats_acked_in_all"] * 2 > 0
+    assert stored["agents_whose_rows_equal_their_acked_samples"] == agents
+    assert stored["sample_agent_rows_through_api"] == stored["sample_agent_heartbeats_acked"] * 2
     floor = report["grpc_floor_bare_echo_server"]["totals"]
     assert floor["acked"] == floor["sent"] > 0
     naive = report["persistence_naive_vs_ours"]
     for variant in ("naive_one_transaction_per_heartbeat", "ours_buffer_and_bulk_insert"):
-        assert naive[variant]["rows_stored"] == naive["heartbeats"]
+        assert naive[variant]["rows_stored"] == naive["heartbeats"] * 2
 
 
 @pytest.mark.e2e
