@@ -7,7 +7,6 @@ bounded queue; `MetricsLoop` turns what piled up into one bulk INSERT a second.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import math
@@ -140,15 +139,21 @@ _JSON = json.JSONEncoder(separators=(",", ":"))
 _METRICS_TABLE = cast(Table, AgentMetricModel.__table__)
 
 
-@functools.cache
+_INSERT_SQL: dict[tuple[str, str, str], str] = {}
+
+
 def _insert_sql(dialect: Dialect) -> str:
     """The bulk insert in the driver's own parameter style, for `exec_driver_sql`: rows go
     to the driver's executemany as built, without SQLAlchemy's per-row parameter
     processing, which cost more than building them (1,000 rows a second)."""
-    compiled = insert(_METRICS_TABLE).inline().compile(dialect=dialect, column_keys=_COLUMNS)
-    if compiled.positiontup != list(_COLUMNS):  # a named or reordered parameter style
-        raise RuntimeError(f"unsupported parameter style {dialect.paramstyle!r}")
-    return compiled.string
+    key = (dialect.name, dialect.driver, dialect.paramstyle)
+    if key not in _INSERT_SQL:
+        statement = insert(_METRICS_TABLE).inline()
+        compiled = statement.compile(dialect=dialect, column_keys=_COLUMNS)
+        if compiled.positiontup != list(_COLUMNS):  # a named or reordered parameter style
+            raise RuntimeError(f"unsupported parameter style {dialect.paramstyle!r}")
+        _INSERT_SQL[key] = compiled.string
+    return _INSERT_SQL[key]
 
 
 _INSERT_CHUNK = 100  # agents' readings per statement
