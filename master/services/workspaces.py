@@ -51,12 +51,14 @@ async def resolve_workspace(session: AsyncSession, workspace_id: int | None) -> 
 
 async def resolve_project(session: AsyncSession, project_id: int | None) -> ProjectModel:
     if not project_id:
-        ws = await default_workspace(session)
+        # One statement: every submit without a project comes here.
         project = await session.scalar(
-            select(ProjectModel).where(
-                ProjectModel.workspace_id == ws.id, ProjectModel.name == DEFAULT_PROJECT
-            )
+            select(ProjectModel)
+            .join(WorkspaceModel, WorkspaceModel.id == ProjectModel.workspace_id)
+            .where(WorkspaceModel.name == DEFAULT_WORKSPACE, ProjectModel.name == DEFAULT_PROJECT)
         )
+        if project is None:
+            raise NotFound("the default project is missing; restart the master to recreate it")
     else:
         project = await session.get(ProjectModel, project_id)
     if project is None:
