@@ -31,6 +31,7 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from master.core import launch
+from master.core.credentials import new_token
 from master.core.interfaces import InterfaceChoice, choose_interface
 from master.db.models import (
     AgentModel,
@@ -373,7 +374,7 @@ class AgentHub:
             )
         else:
             log.info("agent %s enrolled with the join token", hello.agent_id)
-        return secrets.token_urlsafe(32)
+        return new_token()
 
     async def _confirm_credential(self, connection: Connection) -> None:
         try:
@@ -1231,7 +1232,7 @@ def read_or_create_join_token(settings: MasterSettings) -> str:
     except FileNotFoundError:
         pass
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(32)
+    token = new_token()
     path.touch(mode=0o600)
     path.write_text(token + "\n")
     log.info("generated the agent join token in %s", path)

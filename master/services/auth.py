@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from master.core.credentials import client_side_hash
+from master.core.credentials import client_side_hash, new_token
 from master.db.models import UserModel, UserSessionModel
 from master.errors import (
     AlreadyExists,
@@ -107,7 +107,7 @@ async def _mint(
     description: str = "",
 ) -> tuple[str, UserSessionModel]:
     """A new bearer token and its row; only the token's SHA-256 is stored."""
-    token = secrets.token_urlsafe(32)
+    token = new_token()
     now = datetime.now(UTC)
     row = UserSessionModel(
         user_id=user_id,
