@@ -242,7 +242,6 @@ class Worker:
         self.join_token = join_token
         self.rng = random.Random(seed)
         self.interval = 1.0
-        self.samples_per_heartbeat = 1
         self.metrics_period_ms = 1000
         self.stopping = False
         # (scheduled, actual) send times, and (send time, round trip), all monotonic.
@@ -282,10 +281,10 @@ class Worker:
         self.interval = first.welcome.heartbeat_interval_s or 1.0
         # As det-agent: a sample every metrics period, all sent with the next heartbeat.
         period = first.welcome.metrics_period_s or 1.0
-        self.samples_per_heartbeat = max(1, round(self.interval / period))
         self.metrics_period_ms = round(period * 1000)
         agent.call = call
-        samples = [metric_sample(agent.index, self.rng)] * self.samples_per_heartbeat
+        per_heartbeat = max(1, round(self.interval / period))
+        samples = [metric_sample(agent.index, self.rng)] * per_heartbeat
         agent.message = pb.AgentMessage(heartbeat=pb.Heartbeat(samples=samples))
         first_due = time.monotonic() + self.rng.uniform(0, self.interval)
         agent.tasks = [
@@ -306,8 +305,8 @@ class Worker:
             agent.seq += 1
             heartbeat.seq = agent.seq
             heartbeat.sent_unix_nanos = time.time_ns()
+            now_ms = heartbeat.sent_unix_nanos // 1_000_000
             for n, sample in enumerate(heartbeat.samples):
-                now_ms = heartbeat.sent_unix_nanos // 1_000_000
                 sample.unix_millis = now_ms - (last - n) * self.metrics_period_ms
             sent_at = time.monotonic()
             agent.pending[agent.seq] = sent_at
@@ -385,7 +384,6 @@ class Worker:
             "unexpected_acks": self.unexpected_acks,
             "closed_by_master": [a.name for a in self.agents if a.closed_at is not None],
             "acked_per_agent": {a.name: a.acked for a in self.agents},
-            "samples_per_heartbeat": self.samples_per_heartbeat,
         }
         for agent in self.agents:
             for task in agent.tasks:
@@ -1194,9 +1192,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         asyncio.run(worker_main(json.loads(args.worker)))
         return
     if args.echo_server:
-        asyncio.run(
-            echo_main(args.heartbeat_interval_s or AgentLinkSettings().heartbeat_interval_s)
-        )
+        asyncio.run(echo_main(params_of(args).heartbeat_interval_s))
         return
     result = asyncio.run(run(args))
     common.emit_report(result, args.out)

@@ -140,12 +140,12 @@ class EventFileWriter(contextlib.AbstractContextManager["EventFileWriter"]):
     """Appends scalars to a new event file in `logdir` (created if missing). TensorBoard
     picks up every `events.out.tfevents.*` file under a run's directory."""
 
-    def __init__(self, logdir: Path | str, *, filename_suffix: str = "") -> None:
+    def __init__(self, logdir: Path | str) -> None:
         self.logdir = Path(logdir)
         self.logdir.mkdir(parents=True, exist_ok=True)
         now = time.time()
         name = f"events.out.tfevents.{int(now)}.{socket.gethostname()}.{os.getpid()}"
-        self.path = self.logdir / (name + filename_suffix)
+        self.path = self.logdir / name
         self._file = self.path.open("xb")
         self._file.write(tfrecord(file_version_event(now)))
 
