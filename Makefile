@@ -12,7 +12,7 @@ DATA_DIR ?= data
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[master]' --group dev
+	$(BIN)/pip install -q -e '.[master,tasks]' --group dev
 	# The multi-host tests run torch.distributed (Gloo); 2.13.0 is the CPU build on disk here.
 	$(BIN)/pip install -q torch==2.13.0
 	touch $@

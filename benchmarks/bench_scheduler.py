@@ -336,7 +336,7 @@ async def load_snapshot(app: FastAPI) -> Snapshot:
         agents=agents.get(POOL, []),
         requests=requests,
         running=running.get(POOL, []),
-        trial_of={row.id: row.trial_id for row in pending},
+        trial_of={row.id: row.trial_id or 0 for row in pending},
     )
 
 

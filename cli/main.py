@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from cli import checkpoints, cluster, experiments, logs, templates, tokens, trials, users
+from cli import checkpoints, cluster, experiments, logs, tasks, templates, tokens, trials, users
 from cli.state import Globals
 from master.version import DETERMINED_COMPAT_VERSION, __version__
 
@@ -42,6 +42,11 @@ app.add_typer(cluster.pool_app, name="resource-pool")
 app.add_typer(cluster.pool_app, name="rp", hidden=True)
 app.add_typer(users.user_app, name="user")
 app.add_typer(users.user_app, name="u", hidden=True)
+app.add_typer(tasks.command_app, name="command")
+app.add_typer(tasks.command_app, name="cmd", hidden=True)
+app.add_typer(tasks.notebook_app, name="notebook")
+app.add_typer(tasks.shell_app, name="shell")
+app.add_typer(tasks.tensorboard_app, name="tensorboard")
 app.add_typer(tokens.token_app, name="token")
 app.add_typer(tokens.token_app, name="tkn", hidden=True)
 

@@ -20,13 +20,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from master import web
 from master.api.errors import error_response, install_error_handlers
+from master.api.proxy import ProxyPool
 from master.api.routes import (
     auth,
     cluster,
+    commands,
     experiments,
     health,
     info,
     logs,
+    proxy,
     templates,
     trials,
     users,
@@ -42,6 +45,7 @@ from master.db.session import (
 from master.grpc_server import start_server
 from master.services import allocations as allocation_service
 from master.services import auth as auth_service
+from master.services import interactive
 from master.services import workspaces as workspace_service
 from master.services.agent_link import AgentHub, HubLoop, read_or_create_join_token
 from master.services.checkpoint_gc import CheckpointDeleter
@@ -52,6 +56,7 @@ from master.services.preemption import PreemptionSignals
 from master.services.scheduler import SchedulerLoop
 from master.settings import MasterSettings
 from master.version import __version__
+from master.web.common import COOKIE, PROXY_COOKIE
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +205,9 @@ def create_app(settings: MasterSettings) -> FastAPI:
             hub_loop,
             MetricsLoop(app.state.session_factory, metrics, settings),
             CheckpointDeleter(app.state.session_factory),
+            interactive.IdleLoop(
+                app.state.session_factory, app.state.task_activity, settings.idle_check_interval_s
+            ),
         ]
         for loop in loops:
             loop.health = db_health
@@ -247,6 +255,7 @@ def create_app(settings: MasterSettings) -> FastAPI:
                 await loop.stop()
             for server in servers:
                 await server.stop(grace=2.0)
+            await app.state.proxy_pool.aclose()
             await engine.dispose()
 
     app = FastAPI(
@@ -283,6 +292,9 @@ def create_app(settings: MasterSettings) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=request_body_limit(settings))
     app.add_middleware(JsonBodyMiddleware)
     app.state.preemption = PreemptionSignals()
+    # The proxy to notebooks, TensorBoards and shells; the sign-in cookies stay here.
+    app.state.proxy_pool = ProxyPool(strip_cookies=frozenset({COOKIE, PROXY_COOKIE}))
+    app.state.task_activity = interactive.ActivityLog()
     app.state.login_limiter = auth_service.LoginLimiter(
         settings.security.login_max_failures, settings.security.login_window_s
     )
@@ -297,6 +309,8 @@ def create_app(settings: MasterSettings) -> FastAPI:
         trials,
         cluster,
         logs,
+        commands,
+        proxy,
     ):
         app.include_router(module.router)
     app.include_router(trials.download_router)

@@ -52,7 +52,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             return
         hello = first.hello
         try:
-            connection, welcome = await self.hub.open(hello)
+            connection, welcome = await self.hub.open(hello, context.peer())
         except Refusal as exc:
             log.warning("agent %r refused: %s (peer %s)", hello.agent_id, exc, context.peer())
             yield pb.MasterMessage(refused=pb.Refused(reason=str(exc)))

@@ -199,6 +199,14 @@ class ResourcePoolSettings(BaseModel):
         default=None,
         description="Replaces the master's task_container_defaults for this pool's trials.",
     )
+    idle_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Notebooks, shells and TensorBoards that set no idle_timeout end after this many "
+            "seconds without activity (none: they run until killed)."
+        ),
+    )
 
 
 class AgentLinkSettings(BaseModel):
@@ -320,6 +328,15 @@ class MasterSettings(BaseSettings):
     )
     scheduler_interval_s: float = Field(
         default=0.5, gt=0, le=0.5, description="Longest time between scheduling passes."
+    )
+    idle_check_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=60,
+        description=(
+            "How often idle notebooks, shells and TensorBoards are looked for, and the proxy's "
+            "activity written: an idle task ends within this long after its idle_timeout."
+        ),
     )
     run_loops: bool = Field(
         default=True, description="Run the background loops (off for API-only tests)."

@@ -291,6 +291,21 @@ def batch_sizes(config: Mapping[str, Any], hparams: Mapping[str, Any]) -> dict[s
     }
 
 
+def master_variables(master_url: str, cluster_id: str, master_id: str) -> dict[str, str]:
+    """Where every task's processes find the master (Determined's DET_MASTER* variables)."""
+    url = urllib.parse.urlsplit(master_url)
+    host = url.hostname or ""
+    port = url.port or (443 if url.scheme == "https" else 80)
+    return {
+        "DET_MASTER": master_url,
+        "DET_MASTER_HOST": host,
+        "DET_MASTER_ADDR": host,
+        "DET_MASTER_PORT": str(port),
+        "DET_CLUSTER_ID": cluster_id,
+        "DET_MASTER_ID": master_id,
+    }
+
+
 def build_launches(
     members: Sequence[GangMember],
     trial: TrialInfo,
@@ -310,9 +325,6 @@ def build_launches(
     ordered = order_gang(members)
     planned = plan_ranks(ordered) if layout == PER_SLOT else plan_agents(ordered)
     world_size = sum(len(p.ranks) for p in planned)
-    url = urllib.parse.urlsplit(master_url)
-    host = url.hostname or ""
-    port = url.port or (443 if url.scheme == "https" else 80)
     common = {
         **deterministic_variables(trial.config),
         **(default_variables or {}),
@@ -320,14 +332,9 @@ def build_launches(
     }
     for reserved in RESERVED_VARIABLES & common.keys():
         del common[reserved]
+    common.update(master_variables(master_url, cluster_id, master_id))
     common.update(
         {
-            "DET_MASTER": master_url,
-            "DET_MASTER_HOST": host,
-            "DET_MASTER_ADDR": host,
-            "DET_MASTER_PORT": str(port),
-            "DET_CLUSTER_ID": cluster_id,
-            "DET_MASTER_ID": master_id,
             "DET_EXPERIMENT_ID": str(trial.experiment_id),
             "DET_TRIAL_ID": str(trial.trial_id),
             "DET_TRIAL_RUN_ID": str(trial.run_id),
@@ -455,3 +462,52 @@ def shared_fs_host_path(config: Mapping[str, Any]) -> str:
     if storage.get("type") == "shared_fs" and storage.get("host_path"):
         return str(storage["host_path"])
     return ""
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """A command, notebook, shell or TensorBoard about to start."""
+
+    task_id: str  # the public uuid
+    task_type: str  # COMMAND | NOTEBOOK | SHELL | TENSORBOARD
+    allocation_id: str
+    config: Mapping[str, Any]
+    argv: tuple[str, ...]
+    port: int  # reserved on the agent for the task's server
+    secret: str  # the task's server lets in only requests carrying it (the proxy's)
+    user: str = ""
+    session_token: str = ""
+
+
+def build_task_launch(
+    member: GangMember,
+    task: TaskInfo,
+    *,
+    master_url: str,
+    cluster_id: str,
+    master_id: str,
+    device_type: str,
+    default_variables: Mapping[str, str] | None = None,
+) -> AgentLaunch:
+    """One process on one agent, given every slot the task holds (as Determined gives a
+    command's container all of them), with Determined's task variables."""
+    env = {**(default_variables or {}), **config_variables(task.config, device_type)}
+    for reserved in RESERVED_VARIABLES & env.keys():
+        del env[reserved]
+    env.update(master_variables(master_url, cluster_id, master_id))
+    env.update(
+        {
+            "DET_TASK_ID": task.task_id,
+            "DET_TASK_TYPE": task.task_type,
+            "DET_ALLOCATION_ID": task.allocation_id,
+            "DET_SESSION_TOKEN": task.session_token,
+            "DET_USER_TOKEN": task.session_token,
+            "DET_USER": task.user,
+            "DET_TASK_PORT": str(task.port),
+            "RESOLUTE_TASK_SECRET": task.secret,
+        }
+    )
+    if task.task_type == "NOTEBOOK":
+        env["JUPYTER_TOKEN"] = task.secret
+    rank = RankPlan(rank=0, local_rank=0, slot_ids=tuple(sorted(member.slot_ids)))
+    return AgentLaunch(member.agent_id, (rank,), env=env)

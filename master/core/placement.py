@@ -77,6 +77,12 @@ class Request:
     priority: int  # 1..99, lower is more important
     order: tuple[float, int]
     single_node: bool = False
+    # How pending reasons name its job ("job 12" by default; a task's is its own name).
+    label: str = ""
+
+    @property
+    def job_name(self) -> str:
+        return self.label or f"job {self.job_id}"
 
 
 @dataclass(frozen=True)
@@ -743,12 +749,12 @@ def _reason(
         if behind:
             return (
                 PendingCode.RESERVED_FOR_HEAD,
-                f"behind higher-priority job {head.job_id}",
+                f"behind higher-priority {head.job_name}",
                 head.job_id,
             )
         return (
             PendingCode.RESERVED_FOR_HEAD,
-            f"behind job {head.job_id} at the head of the queue",
+            f"behind {head.job_name} at the head of the queue",
             head.job_id,
         )
     if s <= summary.max_total:

@@ -457,16 +457,65 @@ class SlotModel(Base):
     enabled: Mapped[bool] = mapped_column(default=True)
 
 
+class TaskType(enum.StrEnum):
+    """Determined's task types that are not trials (DET_TASK_TYPE)."""
+
+    COMMAND = "COMMAND"
+    NOTEBOOK = "NOTEBOOK"
+    SHELL = "SHELL"
+    TENSORBOARD = "TENSORBOARD"
+
+
+class TaskModel(Base):
+    """A command, notebook, shell or TensorBoard: one allocation, never run twice.
+
+    Its state is its allocation's; what it ended with is kept here."""
+
+    __tablename__ = "tasks"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # The public id (Determined's command ids are UUIDs): `det cmd logs`, /proxy/<uuid>/.
+    uuid: Mapped[str] = mapped_column(String(64), unique=True)
+    type: Mapped[str] = mapped_column(String(16), index=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id"))
+    # The effective config: template merged, defaults filled.
+    config: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    template_name: Mapped[str | None] = mapped_column(String(256))
+    resource_pool: Mapped[str] = mapped_column(String(256), default="")
+    priority: Mapped[int] = mapped_column(Integer, default=42)
+    # TensorBoard: the experiments it shows.
+    experiment_ids: Mapped[list[int]] = mapped_column(JsonType, default=list)
+    # Handed to the task's server (Jupyter's token, the shell server's); the proxy adds it
+    # to every request it forwards, so nothing else on the agents' network gets in.
+    secret: Mapped[str] = mapped_column(String(128))
+    idle_timeout_s: Mapped[float | None] = mapped_column(Float)
+    # Traffic through the proxy (or the task's own report of activity) moves this on.
+    last_activity_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    end_reason: Mapped[str] = mapped_column(Text, default="")
+
+
 class AllocationModel(Base):
-    """One attempt to run a trial: waits PENDING with a reason, then holds its slots."""
+    """One attempt to run a trial, or a task's one run: waits PENDING with a reason, then
+    holds its slots. Exactly one of trial_id and task_id is set."""
 
     __tablename__ = "allocations"
     __table_args__ = (Index("ix_allocations_state_pool", "state", "resource_pool"),)
 
-    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # "<trial id>.<run>"
-    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), index=True)
-    experiment_id: Mapped[int] = mapped_column(
+    # "<trial id>.<run>", or "<task uuid>.1"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    trial_id: Mapped[int | None] = mapped_column(
+        ForeignKey("trials.id", ondelete="CASCADE"), index=True
+    )
+    experiment_id: Mapped[int | None] = mapped_column(
         ForeignKey("experiments.id", ondelete="CASCADE"), index=True
+    )
+    task_id: Mapped[int | None] = mapped_column(
+        ForeignKey("tasks.id", ondelete="CASCADE"), index=True
     )
     # Changed only by master.services.allocations.
     state: Mapped[str] = mapped_column(String(16))

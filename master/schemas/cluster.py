@@ -214,6 +214,7 @@ def task(view: TaskView, slots_by_agent: dict[str, dict[int, SlotModel]]) -> dic
         else None,
         "experimentId": a.experiment_id,
         "trialId": a.trial_id,
+        "taskType": f"TASK_TYPE_{view.task_type}",
         "preemptRequested": a.preempt_requested,
         # How it ended ("unrunnable: /usr/bin/python3 has no determined..."); "" while held.
         "exitReason": a.exit_reason if a.state == AllocationState.TERMINATED else "",

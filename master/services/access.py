@@ -18,6 +18,7 @@ from master.db.models import (
     AllocationModel,
     CheckpointModel,
     ExperimentModel,
+    TaskModel,
     TemplateModel,
     TrialModel,
     UserModel,
@@ -83,6 +84,24 @@ async def require_experiment_owner(
     owner = await _owner_name(session, owner_id)
     raise PermissionDenied(
         f"experiment {experiment_id} belongs to {owner}; only its owner or an admin may {what}"
+    )
+
+
+async def require_allocation_owner(
+    session: AsyncSession, actor: Actor, allocation: AllocationModel, what: str
+) -> None:
+    """A trial's allocation is its experiment's owner's; a task's, the task owner's."""
+    if allocation.experiment_id is not None:
+        await require_experiment_owner(session, actor, allocation.experiment_id, what)
+        return
+    owner_id = await session.scalar(
+        select(TaskModel.owner_id).where(TaskModel.id == allocation.task_id)
+    )
+    if actor.admin or owner_id == actor.user_id:
+        return
+    raise PermissionDenied(
+        f"allocation {allocation.id} belongs to {await _owner_name(session, owner_id)}; only "
+        f"its owner or an admin may {what}"
     )
 
 

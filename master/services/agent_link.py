@@ -30,7 +30,7 @@ from typing import Any
 from sqlalchemy import or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from master.core import launch
+from master.core import launch, task_config
 from master.core.credentials import new_token
 from master.core.interfaces import InterfaceChoice, choose_interface
 from master.db.models import (
@@ -41,6 +41,7 @@ from master.db.models import (
     ExperimentModel,
     ModelDefinitionModel,
     SlotModel,
+    TaskModel,
     TrialModel,
     TrialState,
     UserModel,
@@ -86,6 +87,9 @@ class Connection:
     agent_id: str
     stream_id: str
     instance_id: str = ""
+    # The address the master sees the agent's stream come from: the way back to it for the
+    # proxy (notebooks, TensorBoards, shells).
+    peer_host: str = ""
     outbox: asyncio.Queue[pb.MasterMessage | None] = field(default_factory=asyncio.Queue)
     last_heartbeat: float = field(default_factory=time.monotonic)
     closed: bool = False
@@ -257,8 +261,9 @@ class AgentHub:
 
     # -- connections -----------------------------------------------------------------------
 
-    async def open(self, hello: pb.Hello) -> tuple[Connection, pb.Welcome]:
-        """Authenticate and register the agent, reconcile what it runs; raise Refusal."""
+    async def open(self, hello: pb.Hello, peer: str = "") -> tuple[Connection, pb.Welcome]:
+        """Authenticate and register the agent, reconcile what it runs; raise Refusal.
+        `peer`: gRPC's name of the stream's other end ("ipv4:198.18.0.2:40112")."""
         registration = agent_service.AgentRegistration(
             id=hello.agent_id,
             resource_pool=hello.resource_pool or self.settings.default_compute_pool,
@@ -287,7 +292,9 @@ class AgentHub:
                 f"(stream {old.stream_id}); give each agent its own --id"
             )
         async with self._lock:
-            return await self._open(hello, registration)
+            connection, welcome = await self._open(hello, registration)
+        connection.peer_host = peer_host(peer)
+        return connection, welcome
 
     async def _open(
         self, hello: pb.Hello, registration: agent_service.AgentRegistration
@@ -611,6 +618,9 @@ class AgentHub:
             return
         allocation.state = AllocationState.RUNNING
         gang.phase = "running"
+        if allocation.trial_id is None:
+            log.info("task allocation %s running on %s", gang.allocation_id, gang.chief)
+            return
         trial = await session.get(TrialModel, allocation.trial_id)
         if trial is not None and TrialState(trial.state) in (
             TrialState.PULLING,
@@ -680,7 +690,7 @@ class AgentHub:
             return ReleaseOutcome.FAILED, gang.failure
         if allocation.state == AllocationState.TERMINATING:
             return ReleaseOutcome.KILLED, "stopped on request"
-        if kinds == {pb.EXIT_KIND_COMPLETED}:
+        if kinds == {pb.EXIT_KIND_COMPLETED} and allocation.trial_id is not None:
             trial = await session.get(TrialModel, allocation.trial_id)
             early = await trial_reports.early_exit_reason(session, trial) if trial else None
             if early is not None:  # det.InvalidHP: done, never rerun, even if preempted
@@ -802,6 +812,9 @@ class AgentHub:
     ) -> None:
         if any(a not in self.connections for a in gang.agent_ids):
             return  # an agent is away; it reconnects or is declared lost
+        if allocation.task_id is not None:
+            await self._prepare_task(session, gang, allocation)
+            return
         experiment = await session.get(ExperimentModel, allocation.experiment_id)
         choice = await self._choose_interface(session, gang, allocation, experiment)
         if choice.name is None:
@@ -833,6 +846,24 @@ class AgentHub:
                     extra_ports=2 if per_agent else 0,
                 )
             ),
+        )
+
+    async def _prepare_task(
+        self, session: AsyncSession, gang: Gang, allocation: AllocationModel
+    ) -> None:
+        """A task's one process needs no rendezvous, but its server needs a port, and the
+        proxy the address the master reaches its agent at."""
+        if await _still(session, allocation.id, *_LAUNCHING) is None:
+            return
+        allocation.pending_code = allocation.pending_reason = ""
+        allocation.chief_address = self.connections[gang.chief].peer_host
+        allocation.state = AllocationState.PULLING
+        gang.phase = "preparing"
+        gang.prepare_sent_at = time.monotonic()
+        self._send(
+            session,
+            gang.chief,
+            pb.MasterMessage(prepare=pb.PrepareAllocation(allocation_id=gang.allocation_id)),
         )
 
     async def _choose_interface(
@@ -870,6 +901,9 @@ class AgentHub:
         allocation = await _still(session, gang.allocation_id, AllocationState.PULLING)
         if allocation is None:
             return  # stopped meanwhile: the next tick releases it
+        if allocation.task_id is not None:
+            await self._start_task(session, gang, allocation, master_port)
+            return
         # What the launch needs, in one statement rather than four.
         found = (
             await session.execute(
@@ -972,6 +1006,81 @@ class AgentHub:
             allocation.network_interface,
         )
 
+    async def _start_task(
+        self, session: AsyncSession, gang: Gang, allocation: AllocationModel, port: int
+    ) -> None:
+        found = (
+            await session.execute(
+                select(TaskModel, UserModel)
+                .join(UserModel, UserModel.id == TaskModel.owner_id)
+                .where(TaskModel.id == allocation.task_id)
+            )
+        ).one()  # foreign keys: the task and its owner exist
+        task, owner = found
+        # The owner's own API access, as Determined gives a notebook (`det` inside it acts
+        # as the user); revoked when the task ends.
+        token, allocation.task_session_id = await auth_service.issue_interactive_token(
+            session, owner.id, TASK_TOKEN_TTL, f"{task.type.lower()} {task.uuid}"
+        )
+        config = task_config.validate_task_config(task.config, task.type)
+        device_type = await _device_type(session, gang)
+        info = launch.TaskInfo(
+            task_id=task.uuid,
+            task_type=task.type,
+            allocation_id=allocation.id,
+            config=task.config,
+            argv=tuple(
+                task_config.task_argv(
+                    task.type,
+                    config,
+                    task_uuid=task.uuid,
+                    port=port,
+                    experiment_ids=task.experiment_ids,
+                )
+            ),
+            port=port,
+            secret=task.secret,
+            user=owner.username,
+            session_token=token,
+        )
+        agent_launch = launch.build_task_launch(
+            gang.members[0],
+            info,
+            master_url=self.settings.master_url,
+            cluster_id=self.cluster_id,
+            master_id=self.master_id,
+            device_type=device_type,
+            default_variables=self._default_variables(allocation.resource_pool, device_type),
+        )
+        allocation.master_port = port
+        allocation.state = AllocationState.STARTING
+        gang.phase = "starting"
+        self._send(
+            session,
+            agent_launch.agent_id,
+            pb.MasterMessage(
+                start=pb.StartAllocation(
+                    allocation_id=allocation.id,
+                    ranks=[
+                        pb.RankSpec(rank=r.rank, local_rank=r.local_rank, slot_ids=r.slot_ids)
+                        for r in agent_launch.ranks
+                    ],
+                    argv=list(info.argv),
+                    env=agent_launch.env,
+                    stop_grace_s=self.link.stop_grace_s,
+                    layout=pb.LAUNCH_LAYOUT_PER_SLOT,
+                )
+            ),
+        )
+        log.info(
+            "%s %s starting on %s (port %d): %s",
+            task.type.lower(),
+            task.uuid,
+            agent_launch.agent_id,
+            port,
+            " ".join(info.argv)[:200],
+        )
+
     def _container_defaults(self, pool_name: str) -> TaskContainerDefaults:
         """task_container_defaults: the pool's own, else the master's."""
         pool = self.settings.pool(pool_name)
@@ -1052,7 +1161,9 @@ class AgentHub:
     ) -> None:
         self.gangs.pop(gang.allocation_id, None)
         self.preemption.forget(gang.allocation_id)
-        await allocations.release_allocation(session, gang.allocation_id, outcome, message)
+        await allocations.release_allocation(
+            session, gang.allocation_id, outcome, message, exit_code=_exit_code(gang)
+        )
         # Exits are acked only now, with the outcome committed: until then an agent that
         # reconnects (or a restarted master) hears them again, so a recorded failure is
         # never mistaken for lost ranks.
@@ -1117,6 +1228,26 @@ class AgentHub:
         gang = Gang(allocation_id, members, phase=_PHASE_OF_STATE.get(state, "running"))
         self.gangs[allocation_id] = gang
         return gang
+
+
+def peer_host(peer: str) -> str:
+    """The host of gRPC's peer name: "ipv4:10.0.0.5:4242" -> "10.0.0.5",
+    "ipv6:[::1]:4242" -> "::1"; anything else (a unix socket) -> ""."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0]
+    if kind == "ipv6":
+        return rest.rpartition(":")[0].strip("[]").replace("%25", "%")
+    return ""
+
+
+def _exit_code(gang: Gang) -> int | None:
+    """The first nonzero exit code of the gang's processes, else 0; None if none exited
+    (a lost agent, a start that never happened)."""
+    codes = [e.exit_code for exited in gang.exits.values() for e in exited.exits]
+    if not codes:
+        return None
+    return next((c for c in codes if c != 0), 0)
 
 
 def _reading(sample: pb.MetricSample) -> metric_service.MetricReading:

@@ -224,9 +224,15 @@ async def acknowledge_preemption(session: AsyncSession, allocation_id: str) -> N
 
 
 async def release_allocation(
-    session: AsyncSession, allocation_id: str, outcome: ReleaseOutcome, message: str = ""
+    session: AsyncSession,
+    allocation_id: str,
+    outcome: ReleaseOutcome,
+    message: str = "",
+    *,
+    exit_code: int | None = None,
 ) -> None:
-    """The allocation's processes have all exited: free its slots and move the trial on.
+    """The allocation's processes have all exited: free its slots and move the trial (or
+    end the task) on. `exit_code`: the first nonzero exit of its processes, or 0.
 
     Idempotent, because an agent may report the same exit again after a reconnect.
     """
@@ -248,6 +254,14 @@ async def release_allocation(
         await auth.revoke_session(session, allocation.task_session_id)
         allocation.task_session_id = None
     allocation.exit_reason = f"{outcome}: {message}" if message else str(outcome)
+    if allocation.task_id is not None:
+        # Imported here: interactive queues its allocations through this module.
+        from master.services import interactive
+
+        await interactive.finish_task(session, allocation, outcome, message, exit_code)
+        request_scheduling(session)
+        log.info("allocation %s released: %s %s", allocation_id, outcome, message)
+        return
     trial = await session.get(TrialModel, allocation.trial_id)
     experiment = await session.get(ExperimentModel, allocation.experiment_id)
     assert trial is not None and experiment is not None  # foreign keys guarantee both

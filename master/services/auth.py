@@ -50,6 +50,8 @@ STALE_RUN = (
 )
 DEFAULT_USERS = (("admin", True), ("determined", False))
 LOGIN, ACCESS = "login", "access"
+# A notebook's, shell's or command's token: the owner's access until the task ends.
+INTERACTIVE = "interactive"
 USERNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$")
 # `det token create` without --expiration-days; Determined's default is 30 days.
 DEFAULT_ACCESS_TOKEN_LIFESPAN = timedelta(days=30)
@@ -168,6 +170,16 @@ async def issue_task_token(
     one trial's routes only (access.check_task_scope), and the id of its session row
     (revoke it with `revoke_session` when the task ends)."""
     token, row = await _mint(session, user_id, ttl, TASK, trial_id=trial_id)
+    return token, row.id
+
+
+async def issue_interactive_token(
+    session: AsyncSession, user_id: int, ttl: timedelta, description: str
+) -> tuple[str, int]:
+    """A token for a notebook's, shell's or command's processes: the owner's own access
+    (`det` inside a notebook acts as its user, as in Determined), revoked when the task
+    ends. Returns the token and its session row's id."""
+    token, row = await _mint(session, user_id, ttl, INTERACTIVE, description=description)
     return token, row.id
 
 

@@ -422,6 +422,7 @@ async def pending_reasons(
     return {
         trial_id: PendingReason(code, message, blocking)
         for trial_id, code, message, blocking in rows.all()
+        if trial_id is not None
     }
 
 

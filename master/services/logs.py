@@ -12,6 +12,7 @@ import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 from sqlalchemy import Select, false, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -19,7 +20,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from master.db.models import (
     AllocationModel,
     AllocationSlotModel,
+    AllocationState,
     TaskLogModel,
+    TaskModel,
     TrialModel,
     TrialState,
 )
@@ -86,7 +89,7 @@ class LogLine:
 class LogTarget:
     """Whose logs: a trial's, read by trial id, or its task's, read by task id."""
 
-    trial_id: int
+    trial_id: int | None  # None: a command's, notebook's, shell's or TensorBoard's
     task_id: str
     by_task: bool = False
 
@@ -129,9 +132,35 @@ def clip_message(message: str) -> str:
     return f"{clipped}... [clipped: {len(data)} bytes]{end}"
 
 
-async def _placed_on(
-    session: AsyncSession, agent_id: str, owners: dict[str, tuple[int, str]]
-) -> set[str]:
+class _Owner(NamedTuple):
+    """Whose lines an allocation's are: a trial's (by trial id), or a task's."""
+
+    trial_id: int | None
+    task_id: str
+    # Postgres serialises each owner's inserts under this advisory lock key.
+    lock_key: int
+
+
+async def _owners(session: AsyncSession, allocation_ids: list[str]) -> dict[str, _Owner]:
+    rows = (
+        await session.execute(
+            select(AllocationModel.id, TrialModel, TaskModel.id, TaskModel.uuid)
+            .outerjoin(TrialModel, TrialModel.id == AllocationModel.trial_id)
+            .outerjoin(TaskModel, TaskModel.id == AllocationModel.task_id)
+            .where(AllocationModel.id.in_(allocation_ids))
+        )
+    ).all()
+    owners = {}
+    for allocation_id, trial, task_row_id, task_uuid in rows:
+        if trial is not None:
+            owners[allocation_id] = _Owner(trial.id, trial_task_id(trial), trial.id)
+        elif task_uuid is not None:
+            # Negative keys: never a trial's.
+            owners[allocation_id] = _Owner(None, task_uuid, -task_row_id)
+    return owners
+
+
+async def _placed_on(session: AsyncSession, agent_id: str, owners: dict[str, _Owner]) -> set[str]:
     """Of these allocations, those placed on the agent: held on its slots (or its zero-slot
     task) now, or ended with lines of this agent already stored (slot rows go at release,
     and an agent's last lines may follow its exit report after a reconnect)."""
@@ -157,13 +186,14 @@ async def _placed_on(
     )
     rest = [i for i in ids if i not in held]
     if rest:
-        trial_ids = sorted({owners[i][0] for i in rest})
+        trial_ids = sorted({t for i in rest if (t := owners[i].trial_id) is not None})
+        task_ids = sorted({owners[i].task_id for i in rest if owners[i].trial_id is None})
         held |= set(
             (
                 await session.scalars(
                     select(TaskLogModel.allocation_id)
                     .where(
-                        TaskLogModel.trial_id.in_(trial_ids),
+                        TaskLogModel.trial_id.in_(trial_ids) | TaskLogModel.task_id.in_(task_ids),
                         TaskLogModel.allocation_id.in_(rest),
                         TaskLogModel.agent_id == agent_id,
                     )
@@ -192,16 +222,7 @@ async def append_logs(
     if not lines:
         return 0
     allocation_ids = sorted({line.allocation_id for line in lines})
-    owners: dict[str, tuple[int, str]] = {
-        allocation_id: (trial.id, trial_task_id(trial))
-        for allocation_id, trial in (
-            await session.execute(
-                select(AllocationModel.id, TrialModel)
-                .join(TrialModel, TrialModel.id == AllocationModel.trial_id)
-                .where(AllocationModel.id.in_(allocation_ids))
-            )
-        ).all()
-    }
+    owners = await _owners(session, allocation_ids)
     if placed_only and owners:
         placed = await _placed_on(session, agent_id, owners)
         foreign = sorted(owners.keys() - placed)
@@ -225,8 +246,8 @@ async def append_logs(
             continue
         rows.append(
             {
-                "task_id": owner[1],
-                "trial_id": owner[0],
+                "task_id": owner.task_id,
+                "trial_id": owner.trial_id,
                 "allocation_id": line.allocation_id,
                 "agent_id": agent_id,
                 "rank": line.rank,
@@ -251,10 +272,10 @@ async def append_logs(
         # of one trial could commit out of id order and a follower reading "id > last
         # seen" would skip the earlier one. Serialising each trial's inserts keeps its id
         # order and commit order the same. SQLite serialises all writers already.
-        for trial_id in sorted({owner[0] for owner in owners.values()}):
+        for key in sorted({owner.lock_key for owner in owners.values()}):
             await session.execute(
-                text("SELECT pg_advisory_xact_lock(:namespace, :trial_id)"),
-                {"namespace": _LOG_LOCK_NAMESPACE, "trial_id": trial_id},
+                text("SELECT pg_advisory_xact_lock(:namespace, :key)"),
+                {"namespace": _LOG_LOCK_NAMESPACE, "key": key},
             )
     await session.execute(insert(TaskLogModel), rows)
     return len(rows)
@@ -277,9 +298,11 @@ async def get_task_target(session: AsyncSession, task_id: str) -> LogTarget:
                 TrialModel.request_id == request_id,
             )
         )
-    if trial is None:
+    if trial is not None:
+        return LogTarget(trial_id=trial.id, task_id=task_id, by_task=True)
+    if await session.scalar(select(TaskModel.id).where(TaskModel.uuid == task_id)) is None:
         raise NotFound(f"task {task_id} not found")
-    return LogTarget(trial_id=trial.id, task_id=task_id, by_task=True)
+    return LogTarget(trial_id=None, task_id=task_id, by_task=True)
 
 
 def _logs_query(target: LogTarget, where: LogFilter) -> Select[TaskLogModel]:
@@ -335,7 +358,15 @@ async def read_logs(
 
 
 async def is_finished(session: AsyncSession, target: LogTarget) -> bool:
-    """True once the trial is terminal (or gone): no new lines can come."""
+    """True once the trial is terminal (or the task ended, or either is gone): no new
+    lines can come."""
+    if target.trial_id is None:
+        allocation_state = await session.scalar(
+            select(AllocationModel.state)
+            .join(TaskModel, TaskModel.id == AllocationModel.task_id)
+            .where(TaskModel.uuid == target.task_id)
+        )
+        return allocation_state in (None, AllocationState.TERMINATED)
     state = await session.scalar(select(TrialModel.state).where(TrialModel.id == target.trial_id))
     return state is None or TrialState(state).is_terminal
 

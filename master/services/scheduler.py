@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import cast
 
-from sqlalchemy import Table, insert, select, text, update
+from sqlalchemy import Table, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from master.core import placement
@@ -29,6 +29,7 @@ from master.db.models import (
     AllocationState,
     ExperimentModel,
     SlotModel,
+    TaskModel,
     TrialState,
     utcnow,
 )
@@ -48,6 +49,7 @@ _SLOTS = cast(Table, SlotModel.__table__)
 _ALLOCATIONS = cast(Table, AllocationModel.__table__)
 _HELD = cast(Table, AllocationSlotModel.__table__)
 _EXPERIMENTS = cast(Table, ExperimentModel.__table__)
+_TASKS = cast(Table, TaskModel.__table__)
 
 SCHEDULER_LOCK_ID = 0x7265736F6C7363  # one scheduler at a time across masters on Postgres
 _CHUNK = 5000  # ids per statement, as in master.services.states
@@ -83,7 +85,7 @@ def policy_of(pool: ResourcePoolSettings) -> placement.PoolPolicy:
 @dataclass
 class _PendingRow:
     id: str
-    trial_id: int
+    trial_id: int | None
     job_id: int
     slots: int
     single_node: bool
@@ -91,6 +93,7 @@ class _PendingRow:
     priority: int
     order: tuple[float, int]
     reason: tuple[str, str, int | None]
+    label: str = ""
 
     def request(self) -> placement.Request:
         return placement.Request(
@@ -100,7 +103,18 @@ class _PendingRow:
             priority=self.priority,
             order=self.order,
             single_node=self.single_node,
+            label=self.label,
         )
+
+
+def _job_of(experiment_id: int | None, task_id: int | None) -> int:
+    """The placement core's job key: an experiment's id; a task is a job of its own, kept
+    apart from every experiment by a negative key."""
+    return experiment_id if experiment_id is not None else -(task_id or 0)
+
+
+def _task_label(task_type: str | None, task_uuid: str | None) -> str:
+    return f"{task_type.lower()} {task_uuid}" if task_type and task_uuid else ""
 
 
 async def load_agent_states(
@@ -167,6 +181,7 @@ async def _load_pending(session: AsyncSession) -> list[_PendingRow]:
             a.id,
             a.trial_id,
             a.experiment_id,
+            a.task_id,
             a.slots_needed,
             a.single_node,
             a.resource_pool,
@@ -174,22 +189,27 @@ async def _load_pending(session: AsyncSession) -> list[_PendingRow]:
             a.pending_code,
             a.pending_reason,
             a.blocking_job,
-            _EXPERIMENTS.c.priority,
+            func.coalesce(_EXPERIMENTS.c.priority, _TASKS.c.priority),
+            _TASKS.c.type,
+            _TASKS.c.uuid,
         )
-        .join_from(_ALLOCATIONS, _EXPERIMENTS, _EXPERIMENTS.c.id == a.experiment_id)
+        .select_from(_ALLOCATIONS)
+        .outerjoin(_EXPERIMENTS, _EXPERIMENTS.c.id == a.experiment_id)
+        .outerjoin(_TASKS, _TASKS.c.id == a.task_id)
         .where(a.state == AllocationState.PENDING)
     )
     return [
         _PendingRow(
             id=r[0],
             trial_id=r[1],
-            job_id=r[2],
-            slots=r[3],
-            single_node=r[4],
-            pool=r[5],
-            priority=r[10],
-            order=(r[6].timestamp(), r[1]),
-            reason=(r[7], r[8], r[9]),
+            job_id=_job_of(r[2], r[3]),
+            slots=r[4],
+            single_node=r[5],
+            pool=r[6],
+            priority=r[11],
+            order=(r[7].timestamp(), r[1] or 0),
+            reason=(r[8], r[9], r[10]),
+            label=_task_label(r[12], r[13]),
         )
         for r in (await conn.execute(query)).all()
     ]
@@ -202,14 +222,17 @@ async def _load_running(session: AsyncSession) -> dict[str, list[placement.Runni
         select(
             a.id,
             a.experiment_id,
+            a.task_id,
             a.resource_pool,
             a.registered_at,
             a.trial_id,
             a.zero_slot_agent_id,
             a.preempt_requested,
-            _EXPERIMENTS.c.priority,
+            func.coalesce(_EXPERIMENTS.c.priority, _TASKS.c.priority),
         )
-        .join_from(_ALLOCATIONS, _EXPERIMENTS, _EXPERIMENTS.c.id == a.experiment_id)
+        .select_from(_ALLOCATIONS)
+        .outerjoin(_EXPERIMENTS, _EXPERIMENTS.c.id == a.experiment_id)
+        .outerjoin(_TASKS, _TASKS.c.id == a.task_id)
         .where(a.state.in_(HELD_STATES))
     )
     rows = (await conn.execute(query)).all()
@@ -219,17 +242,29 @@ async def _load_running(session: AsyncSession) -> dict[str, list[placement.Runni
     ).all():
         held.setdefault(allocation_id, {}).setdefault(agent_id, []).append(slot_id)
     by_pool: dict[str, list[placement.Running]] = defaultdict(list)
-    for allocation_id, job, pool, registered, trial_id, zero_agent, stopping, priority in rows:
+    for (
+        allocation_id,
+        experiment_id,
+        task_id,
+        pool,
+        registered,
+        trial_id,
+        zero_agent,
+        stopping,
+        priority,
+    ) in rows:
         slots = held.get(allocation_id, {})
         by_pool[pool].append(
             placement.Running(
                 id=allocation_id,
-                job_id=job,
+                job_id=_job_of(experiment_id, task_id),
                 priority=priority,
-                order=(registered.timestamp(), trial_id),
+                order=(registered.timestamp(), trial_id or 0),
                 slots=tuple((agent, tuple(sorted(ids))) for agent, ids in sorted(slots.items())),
                 zero_slot_agent=zero_agent,
-                # Already asked to stop: its slots count as coming free.
+                # Already asked to stop: its slots count as coming free. A task is never
+                # preempted: it cannot resume, so stopping it would lose the user's work.
+                preemptible=task_id is None,
                 stopping=stopping,
             )
         )
@@ -388,7 +423,7 @@ async def _write_assignments(
         await session.execute(insert(_HELD), slot_rows)
     await states.set_trial_states(
         session,
-        [by_id[i].trial_id for i in ids],
+        [trial_id for i in ids if (trial_id := by_id[i].trial_id) is not None],
         TrialState.QUEUED,
         TrialState.STARTING,
         "resources assigned by the scheduler",

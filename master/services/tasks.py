@@ -16,6 +16,7 @@ from master.db.models import (
     AllocationState,
     ExperimentModel,
     SlotModel,
+    TaskModel,
     TrialModel,
     TrialState,
     UserModel,
@@ -35,6 +36,7 @@ class TaskView:
     priority: int
     # agent id -> slot ids held there
     slots: dict[str, list[int]] = field(default_factory=dict)
+    task_type: str = "TRIAL"  # or COMMAND, NOTEBOOK, SHELL, TENSORBOARD
 
 
 async def list_tasks(
@@ -48,12 +50,19 @@ async def list_tasks(
         wanted = wanted | (
             (AllocationModel.state == AllocationState.TERMINATED)
             & (AllocationModel.ended_at >= utcnow() - failed_within)
-            & (TrialModel.state == TrialState.ERROR)
+            & ((TrialModel.state == TrialState.ERROR) | (TaskModel.exit_code != 0))
         )
     query = (
-        select(AllocationModel, TrialModel, ExperimentModel.name, ExperimentModel.priority)
-        .join(TrialModel, TrialModel.id == AllocationModel.trial_id)
-        .join(ExperimentModel, ExperimentModel.id == AllocationModel.experiment_id)
+        select(
+            AllocationModel,
+            TrialModel,
+            ExperimentModel.name,
+            TaskModel,
+            func.coalesce(ExperimentModel.priority, TaskModel.priority),
+        )
+        .outerjoin(TrialModel, TrialModel.id == AllocationModel.trial_id)
+        .outerjoin(ExperimentModel, ExperimentModel.id == AllocationModel.experiment_id)
+        .outerjoin(TaskModel, TaskModel.id == AllocationModel.task_id)
         .where(wanted)
         .order_by(AllocationModel.registered_at, AllocationModel.id)
     )
@@ -72,17 +81,23 @@ async def list_tasks(
     ).all():
         held[allocation_id][agent_id].append(slot_id)
     views = []
-    for allocation, trial, experiment_name, priority in rows:
+    for allocation, trial, experiment_name, task, priority in rows:
         slots = dict(held.get(allocation.id, {}))
         if allocation.zero_slot_agent_id and not slots:
             slots = {allocation.zero_slot_agent_id: []}
+        if trial is not None:
+            shown_id = task_id(trial)
+            name = f"Trial {trial.id} (Experiment {allocation.experiment_id}: {experiment_name})"
+        else:
+            shown_id, name = task.uuid, task.description
         views.append(
             TaskView(
                 allocation=allocation,
-                task_id=task_id(trial),
-                name=f"Trial {trial.id} (Experiment {allocation.experiment_id}: {experiment_name})",
+                task_id=shown_id,
+                name=name,
                 priority=priority,
                 slots=slots,
+                task_type="TRIAL" if trial is not None else task.type,
             )
         )
     return views

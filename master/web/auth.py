@@ -11,6 +11,7 @@ from master.errors import InvalidArgument, TooManyRequests, Unauthenticated
 from master.services import auth
 from master.web.common import (
     COOKIE,
+    PROXY_COOKIE,
     WebRoute,
     WebSessionDep,
     check_origin,
@@ -24,9 +25,10 @@ router = APIRouter(route_class=WebRoute)
 
 
 def safe_next(target: str) -> str:
-    """Only our own pages: never another host (`//evil`), a scheme, or a backslash trick."""
+    """Only our own pages (the dashboard's and the tasks' behind the proxy): never another
+    host (`//evil`), a scheme, or a backslash trick."""
     if (
-        target.startswith("/ui/")
+        target.startswith(("/ui/", "/proxy/"))
         and not target.startswith("/ui/login")
         and "//" not in target
         and "\\" not in target
@@ -67,15 +69,16 @@ async def login(request: Request, session: SessionDep, settings: SettingsDep) ->
         return page_response(request, "login.html", context, status=status)
     limiter.succeeded(username)
     response = redirect(target)
-    response.set_cookie(
-        COOKIE,
-        token,
-        max_age=int(ttl.total_seconds()),
-        path="/ui",
-        httponly=True,
-        samesite="strict",
-        secure=request.url.scheme == "https",
-    )
+    for name, path in ((COOKIE, "/ui"), (PROXY_COOKIE, "/proxy")):
+        response.set_cookie(
+            name,
+            token,
+            max_age=int(ttl.total_seconds()),
+            path=path,
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
     return response
 
 
@@ -85,4 +88,5 @@ async def logout(request: Request, session: SessionDep, web: WebSessionDep) -> R
     await auth.logout(session, web.token)
     response = redirect("/ui/login")
     response.delete_cookie(COOKIE, path="/ui")
+    response.delete_cookie(PROXY_COOKIE, path="/proxy")
     return response

@@ -44,6 +44,9 @@ STATIC_DIR = WEB_DIR / "static"
 STATIC_PREFIX = "/ui/static"
 
 COOKIE = "resolute_session"
+# The same sign-in, for the proxy (/proxy/<task>/): a second cookie, so the dashboard's
+# never travels with requests to the tasks' pages, and the proxy strips this one.
+PROXY_COOKIE = "resolute_proxy_session"
 CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "x-csrf-token"
 # Templates are the largest thing a form carries; the API takes JSON for anything bigger.

@@ -482,8 +482,8 @@ async def preemption_signal(
     after up to `timeout_seconds` (60 at most). Polling counts as the trial listening, so
     only the experiment's owner (its ranks' token) or an admin may poll."""
     allocation = await allocations.get_allocation(session, allocation_id)
-    await access.require_experiment_owner(
-        session, Actor.of(_user), allocation.experiment_id, "poll its preemption signal"
+    await access.require_allocation_owner(
+        session, Actor.of(_user), allocation, "poll its preemption signal"
     )
     stop_wanted = allocation.preempt_requested or allocation.state in (
         AllocationState.TERMINATING,
@@ -508,8 +508,8 @@ async def ack_preemption(
 ) -> Empty:
     # An acknowledgement turns the trial's exit 0 into "preempted, run again": its owner's.
     allocation = await allocations.get_allocation(session, allocation_id)
-    await access.require_experiment_owner(
-        session, Actor.of(_user), allocation.experiment_id, "acknowledge its preemption"
+    await access.require_allocation_owner(
+        session, Actor.of(_user), allocation, "acknowledge its preemption"
     )
     await allocations.acknowledge_preemption(session, allocation_id)
     signals.acknowledge(allocation_id)

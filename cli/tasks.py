@@ -1,0 +1,405 @@
+"""`det command`, `det notebook`, `det shell` and `det tensorboard`, as in Determined's CLI.
+
+Notebooks and TensorBoards are opened through the master's proxy (`<master>/proxy/<id>/`);
+`det shell start` opens a terminal on the task's agent over a WebSocket through the same
+proxy, so nothing on the agents needs to be reachable from the laptop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import time
+import webbrowser
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import typer
+import yaml
+
+from cli.client import CliError, MasterClient
+from cli.config_overrides import ConfigOverrideError, apply_config_overrides
+from cli.logs import _print as print_logs
+from cli.output import cli_errors, print_json, print_table, short_time, stdout
+from cli.state import client
+
+# Determined's CLI waits this long for a notebook before giving up on it.
+READY_TIMEOUT_S = 600.0
+POLL_S = 0.1
+
+ConfigOpt = typer.Option(
+    None,
+    "--config",
+    metavar="KEY=VALUE",
+    help="Change the config (resources.slots=0, idle_timeout=30m); repeatable.",
+)
+ConfigFileOpt = typer.Option(None, "--config-file", help="Task config (YAML).")
+TemplateOpt = typer.Option(None, "--template", help="Config template to merge in.")
+DetachOpt = typer.Option(False, "-d", "--detach", help="Print the id and return at once.")
+AllOpt = typer.Option(False, "-a", "--all", help="Every user's, not only yours.")
+JsonOpt = typer.Option(False, "--json", help="Print JSON.")
+
+_KINDS = {
+    "command": ("commands", "Command"),
+    "notebook": ("notebooks", "Notebook"),
+    "shell": ("shells", "Shell"),
+    "tensorboard": ("tensorboards", "TensorBoard"),
+}
+
+
+def _config(config_file: Path | None, overrides: list[str] | None) -> dict[str, Any]:
+    config: Any = {}
+    if config_file is not None:
+        try:
+            config = yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}
+        except OSError as exc:
+            raise CliError(f"cannot read {config_file}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise CliError(f"{config_file}: not YAML: {exc}") from None
+        if not isinstance(config, dict):
+            raise CliError(f"{config_file}: the config must be a mapping of keys to values")
+    try:
+        return apply_config_overrides(config, overrides or [])
+    except ConfigOverrideError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _create(
+    api: MasterClient, kind: str, config: dict[str, Any], template: str | None, **extra: Any
+) -> dict[str, Any]:
+    plural, _ = _KINDS[kind]
+    body = {"config": config, "templateName": template, **extra}
+    reply: dict[str, Any] = api.post(f"/api/v1/{plural}", json=body)[kind]
+    return reply
+
+
+def _get(api: MasterClient, kind: str, task_id: str) -> dict[str, Any]:
+    plural, _ = _KINDS[kind]
+    reply: dict[str, Any] = api.get(f"/api/v1/{plural}/{quote(task_id, safe='')}")[kind]
+    return reply
+
+
+def _token(api: MasterClient) -> str:
+    if api._token is None:
+        api._token = api._login()
+    return api._token
+
+
+def _ended(task: dict[str, Any]) -> CliError:
+    code = task.get("exitCode")
+    said = f" (exit code {code})" if code not in (None, 0) else ""
+    return CliError(f"{task['description']} {task['id']} ended{said}: {task.get('endReason')}")
+
+
+def wait_until_serving(
+    api: MasterClient, kind: str, task_id: str, timeout_s: float = READY_TIMEOUT_S
+) -> dict[str, Any]:
+    """Until the task's page answers through the proxy: scheduled, started, and its server
+    listening. Says once why it waits; raises with the reason if the task ends."""
+    deadline = time.monotonic() + timeout_s
+    said = ""
+    headers = {"Authorization": f"Bearer {_token(api)}"}
+    while True:
+        task = _get(api, kind, task_id)
+        state = task["state"]
+        if state == "STATE_TERMINATED":
+            raise _ended(task)
+        if state == "STATE_RUNNING":
+            try:
+                reply = api._http.get(task["serviceAddress"], headers=headers)
+            except httpx.HTTPError:
+                reply = None
+            # 502/503: running, but its server is not listening yet.
+            if reply is not None and reply.status_code < 500:
+                return task
+        elif task.get("pendingReason") and task["pendingReason"] != said:
+            said = task["pendingReason"]
+            print(f"waiting: {said}", file=sys.stderr, flush=True)
+        if time.monotonic() > deadline:
+            raise CliError(f"{task_id} is not serving after {timeout_s:g} s ({state})")
+        time.sleep(POLL_S if state == "STATE_RUNNING" else 0.25)
+
+
+def _list(ctx: typer.Context, kind: str, every: bool, as_json: bool) -> None:
+    plural = _KINDS[kind][0]
+    with cli_errors():
+        api = client(ctx)
+        params: dict[str, Any] = {}
+        if not every:
+            _token(api)  # the login decides who "you" are
+            params = {"users": [api.user]}
+        items = api.get(f"/api/v1/{plural}", params=params)[plural]
+        if as_json:
+            print_json(items)
+            return
+        rows = [
+            [
+                t["id"],
+                t["username"],
+                t["description"],
+                t["state"].removeprefix("STATE_"),
+                short_time(t.get("startTime")),
+                t.get("exitStatus") or t.get("pendingReason") or "",
+                *([t.get("serviceAddress", "")] if kind != "command" else []),
+            ]
+            for t in items
+        ]
+        headers = ["Id", "Owner", "Description", "State", "Started", "Exit Status"]
+        print_table(headers + (["Address"] if kind != "command" else []), rows)
+
+
+def _kill(ctx: typer.Context, kind: str, task_ids: list[str]) -> None:
+    plural, title = _KINDS[kind]
+    with cli_errors():
+        api = client(ctx)
+        for task_id in task_ids:
+            api.post(f"/api/v1/{plural}/{quote(task_id, safe='')}/kill")
+            stdout.print(f"Killed {title.lower()} {task_id}", markup=False)
+
+
+def _logs(ctx: typer.Context, task_id: str, follow: bool) -> None:
+    params: dict[str, Any] = {"follow": "true" if follow else "false"}
+    print_logs(ctx, f"/api/v1/tasks/{quote(task_id, safe='')}/logs", params, False)
+
+
+def _url(api: MasterClient, task: dict[str, Any]) -> str:
+    return f"{api.base_url}{task['serviceAddress']}"
+
+
+def _open_browser(url: str) -> None:
+    # Only where a browser can show it: a console browser would take over the terminal.
+    if (
+        os.environ.get("DISPLAY")
+        or os.environ.get("WAYLAND_DISPLAY")
+        or sys.platform
+        in (
+            "darwin",
+            "win32",
+        )
+    ):
+        webbrowser.open(url)
+
+
+# -- det command ---------------------------------------------------------------------------
+
+command_app = typer.Typer(help="Run commands on the cluster.", no_args_is_help=True)
+
+
+@command_app.command("run", context_settings={"allow_interspersed_args": False})
+def command_run(
+    ctx: typer.Context,
+    entrypoint: list[str] = typer.Argument(..., help="The command and its arguments."),
+    config_file: Path | None = ConfigFileOpt,
+    overrides: list[str] | None = ConfigOpt,
+    template: str | None = TemplateOpt,
+    detach: bool = DetachOpt,
+) -> None:
+    """Run a command on an agent and print its output; exits with its exit code."""
+    with cli_errors():
+        api = client(ctx)
+        config = _config(config_file, overrides)
+        config["entrypoint"] = entrypoint
+        task = _create(api, "command", config, template)
+        if detach:
+            stdout.print(task["id"], markup=False)
+            return
+        print(f"Launched command (id: {task['id']})", file=sys.stderr, flush=True)
+    _logs(ctx, task["id"], follow=True)
+    with cli_errors():
+        task = _get(api, "command", task["id"])
+        code = task.get("exitCode")
+        if code is None:
+            raise _ended(task)
+    raise typer.Exit(code)
+
+
+@command_app.command("list")
+def command_list(ctx: typer.Context, every: bool = AllOpt, as_json: bool = JsonOpt) -> None:
+    """Your commands (all users' with -a)."""
+    _list(ctx, "command", every, as_json)
+
+
+@command_app.command("logs")
+def command_logs(
+    ctx: typer.Context,
+    task_id: str = typer.Argument(..., help="Command ID."),
+    follow: bool = typer.Option(False, "-f", "--follow", help="Until it ends."),
+) -> None:
+    """Print a command's output."""
+    _logs(ctx, task_id, follow)
+
+
+@command_app.command("kill")
+def command_kill(
+    ctx: typer.Context, task_ids: list[str] = typer.Argument(..., help="Command IDs.")
+) -> None:
+    """Stop commands."""
+    _kill(ctx, "command", task_ids)
+
+
+# -- det notebook, det tensorboard ----------------------------------------------------------
+
+notebook_app = typer.Typer(help="Jupyter notebooks on the cluster.", no_args_is_help=True)
+tensorboard_app = typer.Typer(help="TensorBoards of experiments.", no_args_is_help=True)
+
+
+def _start_served(
+    ctx: typer.Context,
+    kind: str,
+    config: dict[str, Any],
+    template: str | None,
+    detach: bool,
+    no_browser: bool,
+    **extra: Any,
+) -> None:
+    with cli_errors():
+        api = client(ctx)
+        task = _create(api, kind, config, template, **extra)
+        title = _KINDS[kind][1]
+        print(f"Scheduling {task['description']} (id: {task['id']})", file=sys.stderr, flush=True)
+        if detach:
+            stdout.print(task["id"], markup=False)
+            return
+        task = wait_until_serving(api, kind, task["id"])
+        url = _url(api, task)
+        stdout.print(f"{title} {task['id']} is ready at {url}", markup=False)
+        if not no_browser:
+            _open_browser(url)
+
+
+@notebook_app.command("start")
+def notebook_start(
+    ctx: typer.Context,
+    config_file: Path | None = ConfigFileOpt,
+    overrides: list[str] | None = ConfigOpt,
+    template: str | None = TemplateOpt,
+    detach: bool = DetachOpt,
+    no_browser: bool = typer.Option(False, "--no-browser", help="Only print its address."),
+) -> None:
+    """Start a JupyterLab; prints its address once it answers."""
+    _start_served(ctx, "notebook", _config(config_file, overrides), template, detach, no_browser)
+
+
+@tensorboard_app.command("start")
+def tensorboard_start(
+    ctx: typer.Context,
+    experiment_ids: list[int] = typer.Argument(..., help="Experiments to show."),
+    config_file: Path | None = ConfigFileOpt,
+    overrides: list[str] | None = ConfigOpt,
+    template: str | None = TemplateOpt,
+    detach: bool = DetachOpt,
+    no_browser: bool = typer.Option(False, "--no-browser", help="Only print its address."),
+) -> None:
+    """Start a TensorBoard over experiments' metrics; prints its address once it answers."""
+    _start_served(
+        ctx,
+        "tensorboard",
+        _config(config_file, overrides),
+        template,
+        detach,
+        no_browser,
+        experimentIds=experiment_ids,
+    )
+
+
+# -- det shell ------------------------------------------------------------------------------
+
+shell_app = typer.Typer(help="Interactive shells on cluster nodes.", no_args_is_help=True)
+
+
+def _attach(api: MasterClient, task: dict[str, Any]) -> int:
+    from cli.terminal import attach  # imported here: only shells need websockets
+
+    url = _url(api, task).replace("http://", "ws://", 1).replace("https://", "wss://", 1)
+    tls = api.tls.verify if api.tls is not None else None
+    context = tls if not isinstance(tls, bool) else None
+    if tls is False:
+        import ssl
+
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    elif url.startswith("wss://") and context is None:
+        import ssl
+
+        context = ssl.create_default_context()
+    headers = {"Authorization": f"Bearer {_token(api)}"}
+    return asyncio.run(attach(url, headers, context))
+
+
+@shell_app.command("start")
+def shell_start(
+    ctx: typer.Context,
+    config_file: Path | None = ConfigFileOpt,
+    overrides: list[str] | None = ConfigOpt,
+    template: str | None = TemplateOpt,
+    detach: bool = DetachOpt,
+    keep: bool = typer.Option(
+        False, "--keep", help="Keep the shell running after this terminal closes."
+    ),
+) -> None:
+    """Start a shell on an agent and open a terminal in it; exits with the shell's code.
+    The shell task ends with the terminal (its slots are freed) unless --keep or -d."""
+    with cli_errors():
+        api = client(ctx)
+        task = _create(api, "shell", _config(config_file, overrides), template)
+        print(f"Launched shell (id: {task['id']})", file=sys.stderr, flush=True)
+        if detach:
+            stdout.print(task["id"], markup=False)
+            return
+        try:
+            task = wait_until_serving(api, "shell", task["id"])
+            code = _attach(api, task)
+        finally:
+            if not keep:
+                with contextlib.suppress(CliError):
+                    api.post(f"/api/v1/shells/{quote(task['id'], safe='')}/kill")
+    raise typer.Exit(code)
+
+
+@shell_app.command("open")
+def shell_open(ctx: typer.Context, task_id: str = typer.Argument(..., help="Shell ID.")) -> None:
+    """Open another terminal in a running shell."""
+    with cli_errors():
+        api = client(ctx)
+        task = wait_until_serving(api, "shell", task_id, timeout_s=60.0)
+    raise typer.Exit(_attach(api, task))
+
+
+def _add_common(app: typer.Typer, kind: str) -> None:
+    title = _KINDS[kind][1]
+
+    def list_(ctx: typer.Context, every: bool = AllOpt, as_json: bool = JsonOpt) -> None:
+        _list(ctx, kind, every, as_json)
+
+    def logs(
+        ctx: typer.Context,
+        task_id: str = typer.Argument(..., help=f"{title} ID."),
+        follow: bool = typer.Option(False, "-f", "--follow", help="Until it ends."),
+    ) -> None:
+        _logs(ctx, task_id, follow)
+
+    def kill(
+        ctx: typer.Context, task_ids: list[str] = typer.Argument(..., help=f"{title} IDs.")
+    ) -> None:
+        _kill(ctx, kind, task_ids)
+
+    list_.__doc__ = f"Your {title}s (all users' with -a)."
+    logs.__doc__ = f"Print a {title}'s logs."
+    kill.__doc__ = f"Stop {title}s."
+    app.command("list")(list_)
+    app.command("ls", hidden=True)(list_)
+    app.command("logs")(logs)
+    app.command("kill")(kill)
+
+
+for _app, _kind in (
+    (notebook_app, "notebook"),
+    (tensorboard_app, "tensorboard"),
+    (shell_app, "shell"),
+):
+    _add_common(_app, _kind)
+command_app.command("ls", hidden=True)(command_list)

@@ -1,0 +1,95 @@
+"""/proxy/<task id>/...: notebooks, TensorBoards and shells, reached through the master.
+
+The owner's login is required: the API's bearer token (det shell start) or the dashboard's
+sign-in (a cookie scoped to /proxy). Only the owner gets in, admins included: the page is
+the task's own code served from the master's origin, so opening another user's notebook
+would run that user's scripts with the viewer's dashboard session. The task's server
+trusts only requests carrying its secret, which the proxy adds.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from fastapi import APIRouter, Request, Response, WebSocket
+from fastapi.responses import RedirectResponse
+
+from master.api.proxy import ProxyPool, Upstream
+from master.db.session import is_outage, session_scope
+from master.errors import MasterError, PermissionDenied, Unauthenticated
+from master.services import access, auth, interactive
+from master.web.common import PROXY_COOKIE
+
+router = APIRouter()
+
+_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+def _token(request: Request | WebSocket) -> str:
+    """The API's bearer token, else the dashboard's sign-in. Another Authorization scheme
+    is the page's own business (JupyterLab sends `token ...`), never ours."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return request.cookies.get(PROXY_COOKIE, "")
+
+
+async def _target(request: Request | WebSocket, task_id: str) -> tuple[Upstream, str]:
+    """Who asks, and where the task listens; a short session of its own, so a notebook's
+    hours-long WebSocket holds no database connection."""
+    token = _token(request)
+    if not token:
+        raise Unauthenticated("sign in first: open /ui/login, or send an API token")
+    async with session_scope(request.app.state.session_factory) as session:
+        user = await auth.user_for_token(session, token)
+        if session.info.get(access.TOKEN_KIND) == access.TASK:
+            raise PermissionDenied("a run's token opens its trial's API routes, not tasks")
+        target = await interactive.proxy_target(session, access.Actor.of(user), task_id)
+    host = f"[{target.address}]" if ":" in target.address else target.address
+    upstream = Upstream(
+        base_url=f"http://{host}:{target.port}",
+        headers={"Authorization": f"token {target.secret}"},
+    )
+    return upstream, target.task_uuid
+
+
+def _signed_out(request: Request) -> bool:
+    return not _token(request)
+
+
+@router.api_route("/proxy/{task_id}", methods=_METHODS, include_in_schema=False)
+async def proxy_root(task_id: str, request: Request) -> Response:
+    # The servers live under /proxy/<id>/: their relative links need the slash.
+    query = f"?{request.url.query}" if request.url.query else ""
+    return RedirectResponse(f"/proxy/{quote(task_id)}/{query}", status_code=307)
+
+
+@router.api_route("/proxy/{task_id}/{path:path}", methods=_METHODS, include_in_schema=False)
+async def proxy_http(task_id: str, path: str, request: Request) -> Response:
+    if _signed_out(request) and request.method == "GET":
+        # A browser: sign in on the dashboard, then come back here.
+        target = quote(request.url.path + (f"?{request.url.query}" if request.url.query else ""))
+        return RedirectResponse(f"/ui/login?next={target}", status_code=303)
+    upstream, task_uuid = await _target(request, task_id)
+    pool: ProxyPool = request.app.state.proxy_pool
+    activity: interactive.ActivityLog = request.app.state.task_activity
+    return await pool.forward_http(request, upstream, lambda: activity.touch(task_uuid))
+
+
+@router.websocket("/proxy/{task_id}/{path:path}")
+async def proxy_websocket(task_id: str, path: str, websocket: WebSocket) -> None:
+    try:
+        upstream, task_uuid = await _target(websocket, task_id)
+    except MasterError as exc:
+        # 4000 + the HTTP status: a client can tell "sign in" (4401) from "not yours"
+        # (4403) and "not running" (4409).
+        await websocket.close(code=4000 + exc.http_status, reason=exc.message[:120])
+        return
+    except Exception as exc:
+        if not is_outage(exc):
+            raise
+        await websocket.close(code=1013, reason="the master's database is unreachable; retry")
+        return
+    pool: ProxyPool = websocket.app.state.proxy_pool
+    activity: interactive.ActivityLog = websocket.app.state.task_activity
+    await pool.forward_websocket(websocket, upstream, lambda: activity.touch(task_uuid))

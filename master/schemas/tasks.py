@@ -1,0 +1,121 @@
+"""Commands, notebooks, shells and TensorBoards on the wire, as Determined's API sends them
+(v1Command, v1Notebook, v1Shell, v1Tensorboard), with resolute's additions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from master.core.task_config import proxy_prefix
+from master.db.models import AllocationState, TaskType
+from master.schemas.cluster import iso
+from master.services.interactive import TaskRow
+
+# Determined's taskv1State: its commands are QUEUED, never PENDING.
+_STATE = {
+    AllocationState.PENDING: "STATE_QUEUED",
+    AllocationState.ASSIGNED: "STATE_PULLING",
+    AllocationState.PULLING: "STATE_PULLING",
+    AllocationState.STARTING: "STATE_STARTING",
+    AllocationState.RUNNING: "STATE_RUNNING",
+    AllocationState.TERMINATING: "STATE_TERMINATING",
+    AllocationState.TERMINATED: "STATE_TERMINATED",
+}
+WIRE_KEY = {
+    TaskType.COMMAND: "command",
+    TaskType.NOTEBOOK: "notebook",
+    TaskType.SHELL: "shell",
+    TaskType.TENSORBOARD: "tensorboard",
+}
+
+
+class TaskCreate(BaseModel):
+    """POST /api/v1/commands (notebooks, shells, tensorboards): Determined's body."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+    config: dict[str, Any] | str | None = None
+    template_name: str | None = Field(default=None, alias="templateName")
+    workspace_id: int | None = Field(default=None, alias="workspaceId", ge=0, le=2**31 - 1)
+    # TensorBoards only.
+    experiment_ids: list[int] = Field(default_factory=list, alias="experimentIds")
+    # Determined's CLI sends the context directory; resolute's tasks run in an empty one.
+    files: list[dict[str, Any]] = Field(default_factory=list)
+    data: Any = None
+
+
+def task_view(row: TaskRow) -> dict[str, Any]:
+    task, allocation = row.task, row.allocation
+    state = AllocationState(allocation.state)
+    container = None
+    if state not in (AllocationState.PENDING, AllocationState.TERMINATED):
+        container = {
+            "id": allocation.id,
+            "state": _STATE[state],
+            "devices": [],
+        }
+    view: dict[str, Any] = {
+        "id": task.uuid,
+        "description": task.description,
+        "state": _STATE[state],
+        "container": container,
+        "username": row.username,
+        "displayName": row.username,
+        "userId": task.owner_id,
+        "resourcePool": task.resource_pool,
+        "exitStatus": _exit_status(row),
+        "jobId": task.uuid,
+        "workspaceId": task.workspace_id,
+        "startTime": iso(task.created_at),
+        # resolute additions: the type, why it waits or how it ended, its idle clock.
+        "taskType": task.type,
+        "allocationId": allocation.id,
+        "slots": allocation.slots_needed,
+        "priority": task.priority,
+        "pendingReason": allocation.pending_reason if state == AllocationState.PENDING else "",
+        "exitCode": task.exit_code,
+        "endReason": task.end_reason if state == AllocationState.TERMINATED else "",
+        "endTime": iso(task.ended_at),
+        "idleTimeoutSeconds": task.idle_timeout_s,
+        "lastActivityTime": iso(task.last_activity_at),
+    }
+    if task.type != TaskType.COMMAND:
+        view["serviceAddress"] = proxy_prefix(task.uuid)
+    if task.type == TaskType.TENSORBOARD:
+        view["experimentIds"] = list(task.experiment_ids)
+        view["trialIds"] = []
+    return view
+
+
+def _exit_status(row: TaskRow) -> str:
+    if row.allocation.state != AllocationState.TERMINATED:
+        return ""
+    code = row.task.exit_code
+    reason = row.task.end_reason
+    return f"exit code {code}: {reason}" if code is not None else reason
+
+
+def task_summary(row: TaskRow, ready: bool) -> dict[str, Any]:
+    """GET /api/v1/tasks/<id>: Determined's v1Task, whose allocation's isReady its CLI
+    waits on before it says a notebook is ready."""
+    task, allocation = row.task, row.allocation
+    state = AllocationState(allocation.state)
+    return {
+        "taskId": task.uuid,
+        "taskType": f"TASK_TYPE_{task.type}",
+        "startTime": iso(task.created_at),
+        "endTime": iso(task.ended_at),
+        "allocations": [
+            {
+                "allocationId": allocation.id,
+                "taskId": task.uuid,
+                "state": _STATE[state],
+                "slots": allocation.slots_needed,
+                "isReady": ready,
+                "startTime": iso(allocation.assigned_at),
+                "endTime": iso(allocation.ended_at),
+                "exitReason": allocation.exit_reason,
+            }
+        ],
+    }

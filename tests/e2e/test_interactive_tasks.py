@@ -1,0 +1,273 @@
+"""Commands, shells and notebooks on a real cluster: a det-master process, a det-agent
+process, our `det`, Jupyter from PyPI, the master's proxy over real sockets, and a shell's
+terminal through a real pseudo-terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import require
+from tests.e2e.agents import AgentProcess
+from tests.e2e.conftest import OUR_DET, MasterProcess, _client_env, describe_run
+
+IDLE_CHECK_S = 1.0
+
+
+def jupyter_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("jupyterlab") is not None
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[MasterProcess, AgentProcess]]:
+    work = tmp_path_factory.mktemp("tasks-e2e")
+    master = MasterProcess(
+        work / "data",
+        label="tasks",
+        env={"DET_MASTER_IDLE_CHECK_INTERVAL_S": str(IDLE_CHECK_S)},
+    )
+    master.start()
+    # One slot: a task holding it makes the next one wait.
+    agent = AgentProcess(master, "tasks-agent", work / "agent", slots=1).start()
+    try:
+        agent.wait_connected()
+        yield master, agent
+    finally:
+        agent.stop()
+        master.stop()
+
+
+def task(master: MasterProcess, kind: str, task_id: str) -> dict[str, Any]:
+    reply: dict[str, Any] = master.api("GET", f"/api/v1/{kind}s/{task_id}")[kind]
+    return reply
+
+
+def wait_state(
+    master: MasterProcess, kind: str, task_id: str, state: str, timeout: float = 60
+) -> dict[str, Any]:
+    def reached() -> dict[str, Any] | None:
+        found = task(master, kind, task_id)
+        return found if found["state"] == state else None
+
+    result: dict[str, Any] = master.wait_for(f"{kind} {task_id} {state}", reached, timeout)
+    return result
+
+
+def test_a_command_prints_its_output_and_exits_with_its_code(
+    cluster: tuple[MasterProcess, AgentProcess],
+) -> None:
+    master, _ = cluster
+    result = master.det("cmd", "run", "echo hello-$DET_TASK_TYPE-$DET_USER; exit 4", timeout=120)
+    assert result.returncode == 4, describe_run(result)
+    assert "hello-COMMAND-determined" in result.stdout, describe_run(result)
+    listed = master.det("command", "list", "--json")
+    (item,) = [c for c in json.loads(listed.stdout) if c["description"].startswith("Command (echo")]
+    assert item["state"] == "STATE_TERMINATED" and item["exitCode"] == 4
+    table = master.det("cmd", "list").stdout
+    assert item["id"] in table and "TERMINATED" in table
+
+
+def test_a_command_that_cannot_start_says_why_and_frees_its_slot(
+    cluster: tuple[MasterProcess, AgentProcess],
+) -> None:
+    master, _ = cluster
+    result = master.det("cmd", "run", "no-such-program-here", "--flag", timeout=120)
+    assert result.returncode == 1, describe_run(result)
+    assert "no-such-program-here" in result.stderr and "not found" in result.stderr, describe_run(
+        result
+    )
+    # The slot is free again: the next command runs at once.
+    result = master.det("cmd", "run", "echo", "after", timeout=120)
+    assert result.returncode == 0 and "after" in result.stdout, describe_run(result)
+
+
+def test_task_list_shows_a_running_command_and_kill_ends_it(
+    cluster: tuple[MasterProcess, AgentProcess],
+) -> None:
+    master, _ = cluster
+    result = master.det("cmd", "run", "-d", "sleep", "600")
+    assert result.returncode == 0, describe_run(result)
+    command_id = result.stdout.strip()
+    wait_state(master, "command", command_id, "STATE_RUNNING")
+    listing = master.det("task", "list")
+    assert command_id in listing.stdout and "Command (sleep 600)" in listing.stdout, describe_run(
+        listing
+    )
+    killed = master.det("cmd", "kill", command_id)
+    assert killed.returncode == 0, describe_run(killed)
+    ended = wait_state(master, "command", command_id, "STATE_TERMINATED")
+    assert ended["endReason"] == "killed by determined"
+    assert master.det("cmd", "logs", "no-such-task").returncode == 1
+
+
+def test_a_shell_runs_what_a_pipe_gives_it_on_the_agent(
+    cluster: tuple[MasterProcess, AgentProcess],
+) -> None:
+    master, _ = cluster
+    script = "echo in-$DET_TASK_TYPE $((6*7)) $DET_AGENT_ID\nexit 5\n"
+    result = master.det("shell", "start", input=script, timeout=120)
+    assert result.returncode == 5, describe_run(result)
+    assert "in-SHELL 42 tasks-agent" in result.stdout, describe_run(result)
+
+
+def test_a_shell_gives_an_interactive_terminal(cluster: tuple[MasterProcess, AgentProcess]) -> None:
+    """`det shell start` in a real terminal (a pty): type a command, read its output."""
+    master, _ = cluster
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: our det, as a user would run it
+        env = _client_env(master.url, XDG_CONFIG_HOME=str(master.scratch / ".config"))
+        os.chdir(master.scratch)
+        os.execve(str(OUR_DET), [str(OUR_DET), "shell", "start"], env)
+    seen = b""
+
+    def read_until(marker: bytes, timeout: float = 90.0) -> None:
+        nonlocal seen
+        deadline = time.monotonic() + timeout
+        while marker not in seen:
+            assert time.monotonic() < deadline, f"no {marker!r} in {seen[-2000:]!r}"
+            ready, _, _ = select.select([fd], [], [], 0.5)
+            if ready:
+                try:
+                    seen += os.read(fd, 65536)
+                except OSError:
+                    break
+
+    try:
+        # Typed before the shell is up: the terminal keeps it until the shell reads it.
+        time.sleep(0.5)
+        os.write(fd, b"echo $((7*6))-from-$DET_TASK_TYPE\r")
+        read_until(b"42-from-SHELL")
+        os.write(fd, b"stty size; exit 3\r")
+        read_until(b"exit 3")
+    except BaseException:
+        os.kill(pid, 9)
+        raise
+    finally:
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 3, seen[-2000:]
+
+
+def test_a_notebook_answers_through_the_proxy_then_ends_when_idle_and_frees_its_slot(
+    cluster: tuple[MasterProcess, AgentProcess],
+) -> None:
+    require(jupyter_installed(), "jupyterlab is not installed (make install puts it in .venv)")
+    master, _ = cluster
+    started = time.monotonic()
+    result = master.det(
+        "notebook",
+        "start",
+        "--no-browser",
+        "--config",
+        "idle_timeout=6s",
+        "--config",
+        "resources.slots=1",
+        timeout=180,
+    )
+    ready_s = time.monotonic() - started
+    assert result.returncode == 0, describe_run(result)
+    url = result.stdout.strip().rsplit(" ", 1)[-1]
+    notebook_id = url.rstrip("/").rsplit("/", 1)[-1]
+    assert url == f"{master.url}/proxy/{notebook_id}/", result.stdout
+    status = master.http("GET", f"/proxy/{notebook_id}/api/status")
+    assert status.status_code == 200, status.text
+    assert "kernels" in status.json()
+    # The slot is held: a command waits, saying why.
+    queued = master.det("cmd", "run", "-d", "echo", "reused-slot")
+    command_id = queued.stdout.strip()
+    waiting = task(master, "command", command_id)
+    assert waiting["state"] == "STATE_QUEUED", waiting
+    # Nothing touches the notebook now: it ends after its idle_timeout, and the command runs.
+    ended = wait_state(master, "notebook", notebook_id, "STATE_TERMINATED", timeout=60)
+    assert ended["endReason"].startswith("idle for 6 s (idle_timeout)"), ended
+    done = wait_state(master, "command", command_id, "STATE_TERMINATED", timeout=60)
+    assert done["exitCode"] == 0
+    logs = master.det("cmd", "logs", command_id)
+    assert "reused-slot" in logs.stdout, describe_run(logs)
+    print(f"det notebook start -> page answered in {ready_s:.1f} s")
+
+
+def test_a_notebook_whose_jupyter_cannot_start_says_why(
+    cluster: tuple[MasterProcess, AgentProcess], tmp_path: Path
+) -> None:
+    require(jupyter_installed(), "jupyterlab is not installed (make install puts it in .venv)")
+    master, _ = cluster
+    # A broken Jupyter on the agent's path: it exits at once, saying why.
+    broken = tmp_path / "broken-jupyter"
+    broken.mkdir()
+    (broken / "jupyterlab.py").write_text(
+        "raise SystemExit('jupyterlab: this install is broken')\n"
+    )
+    for path in (broken, tmp_path):
+        path.chmod(0o755)
+    variable = f"environment.environment_variables=[PYTHONPATH={broken}]"
+    result = master.det("notebook", "start", "--no-browser", "--config", variable, timeout=180)
+    assert result.returncode == 1, describe_run(result)
+    assert "exit code 1" in result.stderr, describe_run(result)
+    assert "jupyterlab: this install is broken" in result.stderr, describe_run(result)
+    # Its slot is free: a command runs at once.
+    after = master.det("cmd", "run", "echo", "slot-free", timeout=120)
+    assert after.returncode == 0 and "slot-free" in after.stdout, describe_run(after)
+
+
+def test_the_proxy_refuses_a_notebook_of_another_user(
+    cluster: tuple[MasterProcess, AgentProcess],
+) -> None:
+    master, _ = cluster
+    admin = httpx.post(
+        f"{master.url}/api/v1/auth/login", json={"username": "admin", "password": ""}, timeout=30
+    ).json()["token"]
+    headers = {"Authorization": f"Bearer {admin}"}
+    body = {"config": {"resources": {"slots": 0}}}
+    reply = httpx.post(f"{master.url}/api/v1/shells", json=body, headers=headers, timeout=30)
+    assert reply.status_code == 200, reply.text
+    shell_id = reply.json()["shell"]["id"]
+    try:
+        wait_state(master, "shell", shell_id, "STATE_RUNNING")
+        refused = master.http("GET", f"/proxy/{shell_id}/")
+        assert refused.status_code == 403, refused.text
+        assert "only its owner" in refused.json()["message"]
+    finally:
+        httpx.post(f"{master.url}/api/v1/shells/{shell_id}/kill", headers=headers, timeout=30)
+
+
+def test_determineds_own_client_runs_commands_and_notebooks(
+    cluster: tuple[MasterProcess, AgentProcess],
+) -> None:
+    """Determined's `det` 0.38.1, unchanged: cmd run streams the output; notebook start
+    waits for the page (v1Task.isReady); task list and notebook kill."""
+    master, _ = cluster
+    ran = master.official("cmd", "run", "echo official-$DET_TASK_TYPE", timeout=120)
+    assert ran.returncode == 0, describe_run(ran)
+    assert "official-COMMAND" in ran.stdout, describe_run(ran)
+    listed = master.official("cmd", "list")
+    assert "Command (echo official-$DET_TASK_TYPE)" in listed.stdout, describe_run(listed)
+    if not jupyter_installed():
+        require(False, "jupyterlab is not installed (make install puts it in .venv)")
+    started = master.official("notebook", "start", "--no-browser", timeout=180)
+    assert started.returncode == 0, describe_run(started)
+    assert "is ready" in started.stdout, describe_run(started)
+    (notebook_id,) = [
+        t["id"]
+        for t in master.api("GET", "/api/v1/notebooks")["notebooks"]
+        if t["state"] == "STATE_RUNNING"
+    ]
+    assert f"{master.url}/proxy/{notebook_id}/" in started.stdout
+    tasks = master.official("task", "list")
+    assert notebook_id in tasks.stdout, describe_run(tasks)
+    killed = master.official("notebook", "kill", notebook_id)
+    assert killed.returncode == 0, describe_run(killed)
+    wait_state(master, "notebook", notebook_id, "STATE_TERMINATED")

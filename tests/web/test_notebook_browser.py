@@ -1,0 +1,79 @@
+"""A notebook in a real browser (Debian's Chromium, driven by Playwright): signed in on the
+dashboard, opened through the master's proxy, a cell run on the agent and its output read."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import require
+from tests.e2e.agents import AgentProcess
+from tests.e2e.conftest import MasterProcess, describe_run
+
+DESKTOP = {"width": 1280, "height": 800}
+
+
+@pytest.fixture(scope="module")
+def notebook_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MasterProcess]:
+    require(
+        importlib.util.find_spec("jupyterlab") is not None,
+        "jupyterlab is not installed (make install puts it in .venv)",
+    )
+    work = tmp_path_factory.mktemp("notebook-web")
+    master = MasterProcess(work / "data", label="notebook-web")
+    master.start()
+    agent = AgentProcess(master, "notebook-agent", work / "agent", slots=1).start()
+    try:
+        agent.wait_connected()
+        yield master
+    finally:
+        agent.stop()
+        master.stop()
+
+
+def test_a_notebook_opened_through_the_proxy_runs_a_cell_on_the_agent(
+    browser: Any, notebook_cluster: MasterProcess, screenshot_dir: Path
+) -> None:
+    master = notebook_cluster
+    started = master.det("notebook", "start", "--no-browser", timeout=180)
+    assert started.returncode == 0, describe_run(started)
+    url = started.stdout.strip().rsplit(" ", 1)[-1]
+    path = url.removeprefix(master.url)
+    context = browser.new_context(viewport=DESKTOP, base_url=master.url)
+    context.set_default_timeout(60_000)
+    page = context.new_page()
+    console: list[str] = []
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    try:
+        # Signed out, the proxy sends the browser to sign in, and back.
+        page.goto(path + "lab")
+        page.wait_for_url("**/ui/login**")
+        page.get_by_label("Username").fill("determined")
+        page.get_by_label("Password").fill("")
+        page.get_by_role("button", name="Sign in").click()
+        page.wait_for_url(f"**{path}lab**")
+        # JupyterLab's launcher: a new Python notebook.
+        page.locator(".jp-LauncherCard[title*='Python 3']").first.click()
+        cell = page.locator(".jp-Notebook .jp-Cell .cm-content").first
+        cell.click()
+        page.keyboard.type(
+            "import os, socket; print('ran', os.environ['DET_TASK_TYPE'], 6 * 7, "
+            "os.environ['DET_AGENT_ID'])"
+        )
+        page.keyboard.press("Shift+Enter")
+        output = page.locator(".jp-OutputArea-output").first
+        output.wait_for()
+        text = output.inner_text()
+        assert "ran NOTEBOOK 42 notebook-agent" in text, text
+    except Exception:
+        page.screenshot(path=str(screenshot_dir / "notebook-failure.png"))
+        print("\n".join(console[-30:]))
+        raise
+    finally:
+        context.close()
+        notebook_id = path.rstrip("/").rsplit("/", 1)[-1]
+        master.det("notebook", "kill", notebook_id)
