@@ -4,6 +4,7 @@ terminal through a real pseudo-terminal."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pty
@@ -17,15 +18,14 @@ import httpx
 import pytest
 
 from tests.conftest import require
-from tests.e2e.agents import AgentProcess
+from tests.e2e.agents import AgentProcess, create_experiment, wait_trial_state, write_experiment
 from tests.e2e.conftest import OUR_DET, MasterProcess, _client_env, describe_run
+from tests.web.test_browser import REPORTING_SCRIPT
 
 IDLE_CHECK_S = 1.0
 
 
 def jupyter_installed() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("jupyterlab") is not None
 
 
@@ -271,3 +271,37 @@ def test_determineds_own_client_runs_commands_and_notebooks(
     killed = master.official("notebook", "kill", notebook_id)
     assert killed.returncode == 0, describe_run(killed)
     wait_state(master, "notebook", notebook_id, "STATE_TERMINATED")
+
+
+def test_a_tensorboard_shows_the_metrics_stored_for_an_experiment(
+    cluster: tuple[MasterProcess, AgentProcess], tmp_path: Path
+) -> None:
+    require(
+        importlib.util.find_spec("tensorboard") is not None,
+        "tensorboard is not installed (make install puts it in .venv)",
+    )
+    master, _ = cluster
+    config, model = write_experiment(tmp_path, REPORTING_SCRIPT, slots=0, name="tb-e2e")
+    experiment_id = create_experiment(master, config, model)
+    trial = wait_trial_state(master, experiment_id, {"COMPLETED"}, timeout=120)
+    started = master.det("tensorboard", "start", str(experiment_id), "--no-browser", timeout=240)
+    assert started.returncode == 0, describe_run(started)
+    board_id = started.stdout.strip().rstrip("/").rsplit("/", 1)[-1]
+    try:
+        run = f"experiment_{experiment_id}/trial_{trial['id']}"
+
+        def scalars() -> list[Any] | None:
+            reply = master.http(
+                "GET",
+                f"/proxy/{board_id}/data/plugin/scalars/scalars",
+                params={"run": run, "tag": "training/loss"},
+            )
+            return reply.json() if reply.status_code == 200 else None
+
+        points = master.wait_for("TensorBoard to load the trial's scalars", scalars, 60)
+        assert [step for _, step, _ in points] == [10, 20, 30, 40, 50, 60, 70, 80]
+        assert points[0][2] == pytest.approx(1.0)
+        runs = master.http("GET", f"/proxy/{board_id}/data/runs").json()
+        assert run in runs
+    finally:
+        master.det("tensorboard", "kill", board_id)
