@@ -340,3 +340,19 @@ def test_grpc_peer_names_give_the_agents_address() -> None:
     assert peer_host("ipv4:198.18.0.5:40112") == "198.18.0.5"
     assert peer_host("ipv6:[::1]:40112") == "::1"
     assert peer_host("unix:/run/x.sock") == ""
+
+
+async def test_the_dashboards_tasks_page_lists_commands_and_links_running_notebooks(
+    app: FastAPI, api: httpx.AsyncClient
+) -> None:
+    command = await create(api, config={"entrypoint": "sleep 1d", "resources": {"slots": 3}})
+    _, _, notebook, _ = await started(app, api, "notebooks", config={"resources": {"slots": 0}})
+    reply = await api.post(
+        "/ui/login",
+        data={"username": "determined", "password": "", "next": "/ui/tasks"},
+        headers={"Origin": "http://master"},
+    )
+    assert reply.status_code == 303, reply.text
+    page = (await api.get("/ui/tasks")).text
+    assert "Command (sleep 1d)" in page and f"command {command['id']}" in page
+    assert f'href="/proxy/{notebook["id"]}/"' in page
