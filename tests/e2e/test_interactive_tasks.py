@@ -11,6 +11,7 @@ import pty
 import select
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +194,12 @@ def test_a_notebook_answers_through_the_proxy_then_ends_when_idle_and_frees_its_
     # Nothing touches the notebook now: it ends after its idle_timeout, and the command runs.
     ended = wait_state(master, "notebook", notebook_id, "STATE_TERMINATED", timeout=60)
     assert ended["endReason"].startswith("idle for 6 s (idle_timeout)"), ended
+    # On time: 6 s after the last request through the proxy, plus at most one check
+    # interval and the stop (slack for a loaded two-core machine).
+    idle_for = (
+        datetime.fromisoformat(ended["endTime"]) - datetime.fromisoformat(ended["lastActivityTime"])
+    ).total_seconds()
+    assert 6 <= idle_for <= 6 + IDLE_CHECK_S + 8, ended
     done = wait_state(master, "command", command_id, "STATE_TERMINATED", timeout=60)
     assert done["exitCode"] == 0
     logs = master.det("cmd", "logs", command_id)
