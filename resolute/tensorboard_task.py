@@ -263,15 +263,19 @@ def tensorboard_command(logdir: Path, port: int, path_prefix: str) -> list[str]:
 
 def serve(command: Sequence[str], refresh: Callable[[], None], refresh_s: float) -> int:
     """Runs TensorBoard, calling `refresh` every `refresh_s` until it exits; SIGTERM and
-    SIGINT go to it. Returns its exit code (128 + N if signal N killed it)."""
+    SIGINT go to it. Returns its exit code (128 + N if signal N killed it), 0 when it died
+    of the signal it was asked to stop with: TensorBoard exits 0 on SIGTERM, but the agent
+    signals the whole process group, so it may get a second one, forwarded, mid-exit."""
     board = subprocess.Popen(list(command))
     exited = threading.Event()
+    asked: set[int] = set()
 
     def reap() -> None:
         board.wait()
         exited.set()
 
     def forward(signum: int, _frame: FrameType | None) -> None:
+        asked.add(signum)
         if board.poll() is None:
             board.send_signal(signum)
 
@@ -287,7 +291,9 @@ def serve(command: Sequence[str], refresh: Callable[[], None], refresh_s: float)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return code if code >= 0 else 128 - code
+    if code < 0:
+        return 0 if -code in asked else 128 - code
+    return code
 
 
 # --- entry point --------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import httpx
 import yaml
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -350,9 +351,8 @@ async def record_activity(session: AsyncSession, moments: dict[str, datetime]) -
         )
 
 
-async def end_idle_tasks(session: AsyncSession, now: datetime | None = None) -> list[str]:
-    """Ask every task idle past its idle_timeout to stop; returns their ids."""
-    now = now or utcnow()
+async def _idle_rows(session: AsyncSession, now: datetime) -> list[tuple[TaskRow, datetime]]:
+    """Running tasks whose idle clock has passed their idle_timeout, and since when."""
     rows = (
         await session.execute(
             select(TaskModel, AllocationModel, UserModel.username)
@@ -365,22 +365,76 @@ async def end_idle_tasks(session: AsyncSession, now: datetime | None = None) -> 
             )
         )
     ).all()
-    ended: list[str] = []
+    idle = []
     for task, allocation, username in rows:
         assert task.idle_timeout_s is not None
         # The clock starts when the task runs, not when it was queued.
         since = max(task.last_activity_at, allocation.assigned_at or task.created_at)
-        if now - since < timedelta(seconds=task.idle_timeout_s):
-            continue
+        if now - since >= timedelta(seconds=task.idle_timeout_s):
+            idle.append((TaskRow(task, allocation, username), since))
+    return idle
+
+
+@dataclass(frozen=True)
+class NotebookProbe:
+    task_uuid: str
+    address: str
+    port: int
+    secret: str
+    idle_type: str
+
+
+async def idle_notebooks(session: AsyncSession, now: datetime | None = None) -> list[NotebookProbe]:
+    """Notebooks idle by the proxy's clock, to ask Jupyter about before they are ended."""
+    return [
+        NotebookProbe(
+            row.task.uuid,
+            row.allocation.chief_address,
+            row.allocation.master_port or 0,
+            row.task.secret,
+            str(row.task.config.get("notebook_idle_type", "kernels_or_terminals")),
+        )
+        for row, _ in await _idle_rows(session, now or utcnow())
+        if row.task.type == TaskType.NOTEBOOK
+    ]
+
+
+async def notebook_in_use(probe: NotebookProbe) -> bool:
+    """Determined's notebook_idle_type, asked of Jupyter itself: kernels_or_terminals (a
+    kernel or terminal is open), kernel_connections (a kernel has a connection), activity
+    (a kernel is running a cell). A Jupyter that does not answer is not in use."""
+    host = f"[{probe.address}]" if ":" in probe.address else probe.address
+    base = f"http://{host}:{probe.port}{task_config.proxy_prefix(probe.task_uuid)}api"
+    headers = {"Authorization": f"token {probe.secret}"}
+    try:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(5.0, connect=2.0)) as client:
+            kernels = (await client.get(f"{base}/kernels", headers=headers)).json()
+            if probe.idle_type == "kernel_connections":
+                return any(k.get("connections", 0) > 0 for k in kernels)
+            if probe.idle_type == "activity":
+                return any(k.get("execution_state") == "busy" for k in kernels)
+            terminals = await client.get(f"{base}/terminals", headers=headers)
+            open_terminals = terminals.json() if terminals.status_code == 200 else []
+            return bool(kernels) or bool(open_terminals)
+    except (httpx.HTTPError, ValueError, AttributeError, TypeError):
+        return False
+
+
+async def end_idle_tasks(session: AsyncSession, now: datetime | None = None) -> list[str]:
+    """Ask every task idle past its idle_timeout to stop; returns their ids."""
+    now = now or utcnow()
+    ended: list[str] = []
+    for row, since in await _idle_rows(session, now):
         if not ended:
             await allocations.hold_scheduler(session)
+        assert row.task.idle_timeout_s is not None
         reason = (
-            f"idle for {_seconds(task.idle_timeout_s)} (idle_timeout): no activity since "
+            f"idle for {_seconds(row.task.idle_timeout_s)} (idle_timeout): no activity since "
             f"{since.isoformat(timespec='seconds')}"
         )
-        await _stop(session, TaskRow(task, allocation, username), reason)
-        ended.append(task.uuid)
-        log.info("%s %s ends: %s", task.type.lower(), task.uuid, reason)
+        await _stop(session, row, reason)
+        ended.append(row.task.uuid)
+        log.info("%s %s ends: %s", row.task.type.lower(), row.task.uuid, reason)
     return ended
 
 
@@ -425,9 +479,15 @@ class IdleLoop(Loop):
         try:
             async with session_scope(self.factory) as session:
                 await record_activity(session, moments)
-                await end_idle_tasks(session)
+                probes = await idle_notebooks(session)
         except Exception:
             # Kept for the next round (newer moments win), so an outage loses no activity.
             for task_uuid, moment in moments.items():
                 self.activity._latest.setdefault(task_uuid, moment)
             raise
+        # Asked outside any transaction: Jupyter may take a moment to answer.
+        in_use = [p.task_uuid for p in probes if await notebook_in_use(p)]
+        async with session_scope(self.factory) as session:
+            now = utcnow()
+            await record_activity(session, dict.fromkeys(in_use, now))
+            await end_idle_tasks(session, now)

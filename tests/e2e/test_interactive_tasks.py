@@ -207,6 +207,28 @@ def test_a_notebook_answers_through_the_proxy_then_ends_when_idle_and_frees_its_
     print(f"det notebook start -> page answered in {ready_s:.1f} s")
 
 
+def test_a_notebook_with_an_open_kernel_is_not_idle(
+    cluster: tuple[MasterProcess, AgentProcess],
+) -> None:
+    """Determined's default notebook_idle_type, kernels_or_terminals: a kernel left open
+    (a long cell, the tab closed) keeps the notebook, however quiet the proxy."""
+    require(jupyter_installed(), "jupyterlab is not installed (make install puts it in .venv)")
+    master, _ = cluster
+    result = master.det(
+        "notebook", "start", "--no-browser", "--config", "idle_timeout=3s", timeout=180
+    )
+    assert result.returncode == 0, describe_run(result)
+    notebook_id = result.stdout.strip().rstrip("/").rsplit("/", 1)[-1]
+    try:
+        kernel = master.http("POST", f"/proxy/{notebook_id}/api/kernels", json={})
+        assert kernel.status_code == 201, kernel.text
+        time.sleep(3 + 3 * IDLE_CHECK_S + 2)
+        notebook = task(master, "notebook", notebook_id)
+        assert notebook["state"] == "STATE_RUNNING", notebook
+    finally:
+        master.det("notebook", "kill", notebook_id)
+
+
 def test_a_notebook_whose_jupyter_cannot_start_says_why(
     cluster: tuple[MasterProcess, AgentProcess], tmp_path: Path
 ) -> None:

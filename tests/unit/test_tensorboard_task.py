@@ -373,27 +373,43 @@ def test_serve_outlives_failing_refreshes_and_returns_the_exit_code(
     assert signal.getsignal(signal.SIGTERM) == before  # handlers put back
 
 
+def test_serve_forwards_sigterm_and_counts_that_stop_as_clean() -> None:
+    def refresh() -> None:  # runs inside serve, after its handlers are in place
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    command = [sys.executable, "-c", "import time; time.sleep(30)"]  # dies of SIGTERM
+    started = time.monotonic()
+    assert serve(command, refresh, refresh_s=0.2) == 0
+    assert time.monotonic() - started < 10
+    killed = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
+    assert serve(killed, lambda: None, refresh_s=0.2) == 128 + signal.SIGKILL
+
+
 # --- the task as a process -------------------------------------------------------------------
 
 
 def run_task(
     fake: FakeMaster, tmp_path: Path, *args: str, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "resolute.tensorboard_task",
-            "--logdir",
-            str(tmp_path / "tb"),
-            *args,
-        ],
+    """The task to its exit; its own process group, so a TensorBoard it should not have
+    started dies with it."""
+    argv = [sys.executable, "-m", "resolute.tensorboard_task", "--logdir", str(tmp_path / "tb")]
+    task = subprocess.Popen(
+        [*argv, *args],
         cwd=REPO,
         env=task_env(fake, **env),
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=60,
+        start_new_session=True,
     )
+    try:
+        out, err = task.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(task.pid, signal.SIGKILL)
+        task.wait()
+    return subprocess.CompletedProcess(task.args, task.returncode, out, err)
 
 
 def test_an_unknown_experiment_exits_1_before_tensorboard(fake: FakeMaster, tmp_path: Path) -> None:
@@ -431,8 +447,11 @@ def test_an_unreadable_ca_bundle_exits_2_for_an_https_master(
     )
     assert done.returncode == 2
     assert f"DET_MASTER_CERT_FILE={missing}" in done.stderr
-    fake.add(1, 10)  # plain http does not read it
-    assert run_task(fake, tmp_path, *args, DET_MASTER_CERT_FILE=str(missing)).returncode != 2
+    # Plain http does not read it: the task gets as far as the master (99 is unknown).
+    plain = run_task(
+        fake, tmp_path, "--port", str(free_port()), "99", DET_MASTER_CERT_FILE=str(missing)
+    )
+    assert plain.returncode == 1 and "experiment 99 not found" in plain.stderr
 
 
 def test_tensorboard_serves_the_runs_and_stops_on_sigterm(fake: FakeMaster, tmp_path: Path) -> None:
@@ -470,6 +489,7 @@ def test_tensorboard_serves_the_runs_and_stops_on_sigterm(fake: FakeMaster, tmp_
         env=task_env(fake),
         stdout=output,
         stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     runs_url = f"http://127.0.0.1:{port}/proxy/tb-1/data/runs"
 
@@ -500,9 +520,9 @@ def test_tensorboard_serves_the_runs_and_stops_on_sigterm(fake: FakeMaster, tmp_
         task.send_signal(signal.SIGTERM)
         assert task.wait(timeout=30) == 0
     finally:
-        if task.poll() is None:
-            task.kill()
-            task.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(task.pid, signal.SIGKILL)  # TensorBoard too, whatever happened
+        task.wait()
         output.close()
     log = (tmp_path / "out.log").read_text()
     assert "experiment 1: 1 trials, 1 metric points" in log
