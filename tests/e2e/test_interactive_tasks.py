@@ -4,6 +4,7 @@ terminal through a real pseudo-terminal."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import os
@@ -17,6 +18,8 @@ from typing import Any
 
 import httpx
 import pytest
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed
 
 from tests.conftest import require
 from tests.e2e.agents import AgentProcess, create_experiment, wait_trial_state, write_experiment
@@ -269,6 +272,18 @@ def test_the_proxy_refuses_a_notebook_of_another_user(
         refused = master.http("GET", f"/proxy/{shell_id}/")
         assert refused.status_code == 403, refused.text
         assert "only its owner" in refused.json()["message"]
+        # The shell's WebSocket: closed with 4403 and the reason, not a bare 403.
+        mine = {"Authorization": refused.request.headers["Authorization"]}
+        url = master.url.replace("http://", "ws://") + f"/proxy/{shell_id}/"
+
+        async def open_shell() -> tuple[int | None, str | None]:
+            async with ws_connect(url, additional_headers=mine) as socket:
+                with pytest.raises(ConnectionClosed):
+                    await socket.recv()
+                return socket.close_code, socket.close_reason
+
+        code, reason = asyncio.run(open_shell())
+        assert code == 4403 and reason is not None and "only its owner" in reason
     finally:
         httpx.post(f"{master.url}/api/v1/shells/{shell_id}/kill", headers=headers, timeout=30)
 

@@ -76,6 +76,15 @@ async def proxy_http(task_id: str, path: str, request: Request) -> Response:
     return await pool.forward_http(request, upstream, lambda: activity.touch(task_uuid))
 
 
+async def _refuse(websocket: WebSocket, code: int, reason: str) -> None:
+    """Accept, then close with the code and reason: a close before the accept reaches the
+    client as a bare HTTP 403 (uvicorn), the reason lost. Chrome fails a handshake that
+    picks none of the subprotocols it offered, so one of them is taken."""
+    offered = websocket.scope.get("subprotocols") or []
+    await websocket.accept(subprotocol=offered[0] if offered else None)
+    await websocket.close(code=code, reason=reason.encode()[:123].decode(errors="ignore"))
+
+
 @router.websocket("/proxy/{task_id}/{path:path}")
 async def proxy_websocket(task_id: str, path: str, websocket: WebSocket) -> None:
     try:
@@ -83,12 +92,12 @@ async def proxy_websocket(task_id: str, path: str, websocket: WebSocket) -> None
     except MasterError as exc:
         # 4000 + the HTTP status: a client can tell "sign in" (4401) from "not yours"
         # (4403) and "not running" (4409).
-        await websocket.close(code=4000 + exc.http_status, reason=exc.message[:120])
+        await _refuse(websocket, 4000 + exc.http_status, exc.message)
         return
     except Exception as exc:
         if not is_outage(exc):
             raise
-        await websocket.close(code=1013, reason="the master's database is unreachable; retry")
+        await _refuse(websocket, 1013, "the master's database is unreachable; retry")
         return
     pool: ProxyPool = websocket.app.state.proxy_pool
     activity: interactive.ActivityLog = websocket.app.state.task_activity
