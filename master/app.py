@@ -96,12 +96,13 @@ class BodyLimitMiddleware:
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         limit_mib = self.max_bytes / 2**20
-        response = error_response(
-            413,
-            8,
-            f"request body is over {limit_mib:.0f} MiB; the model definition is too large",
-            [],
+        # Through the proxy it is an upload to a notebook, not an experiment's files.
+        what = (
+            "uploads through the proxy are limited to this"
+            if scope["path"].startswith("/proxy/")
+            else "the model definition is too large"
         )
+        response = error_response(413, 8, f"request body is over {limit_mib:.0f} MiB; {what}", [])
         await response(scope, receive, send)
 
 

@@ -19,7 +19,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
-import yaml
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -60,8 +59,6 @@ class TaskRequest:
     template_name: str | None = None
     workspace_id: int | None = None
     experiment_ids: tuple[int, ...] = ()
-    # `det cmd run CMD...`: the command line, put into the config's entrypoint.
-    entrypoint: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -87,8 +84,6 @@ def _user_config(request: TaskRequest) -> dict[str, Any]:
         raw = dict(request.config or {})
     if not isinstance(raw, dict):
         raise InvalidArgument("config: must be a mapping of keys to values")
-    if request.entrypoint:
-        raw["entrypoint"] = list(request.entrypoint)
     refuse_hidden_secrets(raw, "config")
     return raw
 
@@ -440,10 +435,6 @@ async def end_idle_tasks(session: AsyncSession, now: datetime | None = None) -> 
 
 def _seconds(value: float) -> str:
     return f"{value:g} s" if value < 120 else f"{value / 60:g} min"
-
-
-def shown_config(task: TaskModel) -> str:
-    return yaml.safe_dump(task.config, sort_keys=False)
 
 
 class ActivityLog:
