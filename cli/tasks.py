@@ -217,30 +217,6 @@ def command_run(
     raise typer.Exit(code)
 
 
-@command_app.command("list")
-def command_list(ctx: typer.Context, every: bool = AllOpt, as_json: bool = JsonOpt) -> None:
-    """Your commands (all users' with -a)."""
-    _list(ctx, "command", every, as_json)
-
-
-@command_app.command("logs")
-def command_logs(
-    ctx: typer.Context,
-    task_id: str = typer.Argument(..., help="Command ID."),
-    follow: bool = typer.Option(False, "-f", "--follow", help="Until it ends."),
-) -> None:
-    """Print a command's output."""
-    _logs(ctx, task_id, follow)
-
-
-@command_app.command("kill")
-def command_kill(
-    ctx: typer.Context, task_ids: list[str] = typer.Argument(..., help="Command IDs.")
-) -> None:
-    """Stop commands."""
-    _kill(ctx, "command", task_ids)
-
-
 # -- det notebook, det tensorboard ----------------------------------------------------------
 
 notebook_app = typer.Typer(help="Jupyter notebooks on the cluster.", no_args_is_help=True)
@@ -387,9 +363,10 @@ def _add_common(app: typer.Typer, kind: str) -> None:
     ) -> None:
         _kill(ctx, kind, task_ids)
 
-    list_.__doc__ = f"Your {title}s (all users' with -a)."
-    logs.__doc__ = f"Print a {title}'s logs."
-    kill.__doc__ = f"Stop {title}s."
+    noun = title if kind == "tensorboard" else kind
+    list_.__doc__ = f"Your {noun}s (all users' with -a)."
+    logs.__doc__ = f"Print a {noun}'s logs."
+    kill.__doc__ = f"Stop {noun}s."
     app.command("list")(list_)
     app.command("ls", hidden=True)(list_)
     app.command("logs")(logs)
@@ -397,9 +374,9 @@ def _add_common(app: typer.Typer, kind: str) -> None:
 
 
 for _app, _kind in (
+    (command_app, "command"),
     (notebook_app, "notebook"),
     (tensorboard_app, "tensorboard"),
     (shell_app, "shell"),
 ):
     _add_common(_app, _kind)
-command_app.command("ls", hidden=True)(command_list)

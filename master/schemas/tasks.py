@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from master.core.task_config import proxy_prefix
-from master.db.models import AllocationState, TaskType
+from master.db.models import MAX_INT, AllocationState, TaskType
 from master.schemas.cluster import iso
 from master.services.interactive import TaskRow
 
@@ -37,9 +37,11 @@ class TaskCreate(BaseModel):
 
     config: dict[str, Any] | str | None = None
     template_name: str | None = Field(default=None, alias="templateName")
-    workspace_id: int | None = Field(default=None, alias="workspaceId", ge=0, le=2**31 - 1)
+    workspace_id: int | None = Field(default=None, alias="workspaceId", ge=0, le=MAX_INT)
     # TensorBoards only.
-    experiment_ids: list[int] = Field(default_factory=list, alias="experimentIds")
+    experiment_ids: list[Annotated[int, Field(ge=0, le=MAX_INT)]] = Field(
+        default_factory=list, alias="experimentIds"
+    )
     # Determined's CLI sends the context directory; resolute's tasks run in an empty one.
     files: list[dict[str, Any]] = Field(default_factory=list)
     data: Any = None

@@ -75,6 +75,16 @@ class ProxyTarget:
     port: int
     secret: str
 
+    @property
+    def base_url(self) -> str:
+        return server_url(self.address, self.port)
+
+
+def server_url(address: str, port: int) -> str:
+    """Where a task's server listens, as a URL (an IPv6 address in brackets)."""
+    host = f"[{address}]" if ":" in address else address
+    return f"http://{host}:{port}"
+
 
 def _user_config(request: TaskRequest) -> dict[str, Any]:
     if isinstance(request.config, str):
@@ -398,8 +408,7 @@ async def notebook_in_use(probe: NotebookProbe) -> bool:
     """Determined's notebook_idle_type, asked of Jupyter itself: kernels_or_terminals (a
     kernel or terminal is open), kernel_connections (a kernel has a connection), activity
     (a kernel is running a cell). A Jupyter that does not answer is not in use."""
-    host = f"[{probe.address}]" if ":" in probe.address else probe.address
-    base = f"http://{host}:{probe.port}{task_config.proxy_prefix(probe.task_uuid)}api"
+    base = f"{server_url(probe.address, probe.port)}{task_config.proxy_prefix(probe.task_uuid)}api"
     headers = {"Authorization": f"token {probe.secret}"}
     try:
         async with httpx.AsyncClient(timeout=httpx.Timeout(5.0, connect=2.0)) as client:

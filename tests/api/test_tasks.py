@@ -120,6 +120,7 @@ async def test_a_command_waits_in_the_queue_with_its_reason_and_is_listed_as_a_t
         ("notebooks", {"templateName": "missing"}, 404, "missing"),
         ("tensorboards", {"experimentIds": []}, 400, "experimentIds"),
         ("tensorboards", {"experimentIds": [4242]}, 404, "4242"),
+        ("tensorboards", {"experimentIds": [2**40]}, 400, "experimentIds"),
         ("shells", {"experimentIds": [1]}, 400, "experimentIds"),
     ],
 )

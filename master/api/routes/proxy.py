@@ -45,9 +45,8 @@ async def _target(request: Request | WebSocket, task_id: str) -> tuple[Upstream,
         if session.info.get(access.TOKEN_KIND) == access.TASK:
             raise PermissionDenied("a run's token opens its trial's API routes, not tasks")
         target = await interactive.proxy_target(session, access.Actor.of(user), task_id)
-    host = f"[{target.address}]" if ":" in target.address else target.address
     upstream = Upstream(
-        base_url=f"http://{host}:{target.port}",
+        base_url=target.base_url,
         headers={"Authorization": f"token {target.secret}"},
     )
     return upstream, target.task_uuid
