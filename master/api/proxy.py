@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -92,10 +93,18 @@ class ProxyPool:
     """One per master process: the HTTP connection pool to every task's server."""
 
     def __init__(
-        self, *, strip_cookies: frozenset[str] = frozenset(), connect_timeout_s: float = 5.0
+        self,
+        *,
+        strip_cookies: frozenset[str] = frozenset(),
+        connect_timeout_s: float = 5.0,
+        handshake_timeout_s: float = 120.0,
     ) -> None:
         self.strip_cookies = strip_cookies
         self.connect_timeout_s = connect_timeout_s
+        # Jupyter answers a kernel's WebSocket handshake only once the kernel has started
+        # and replied to kernel_info (its own limit: 60 s after the start), which takes
+        # longer than a TCP connect on a busy agent.
+        self.handshake_timeout_s = handshake_timeout_s
         # No read or write timeout: long polls and event streams stay open as they like.
         self._timeout = httpx.Timeout(None, connect=connect_timeout_s)
         self._http = httpx.AsyncClient(
@@ -147,18 +156,17 @@ class ProxyPool:
         offered = [Subprotocol(p) for p in websocket.scope.get("subprotocols", [])]
         origin = urlsplit(upstream.base_url)
         try:
+            sock = await self._open_socket(origin.hostname or "", origin.port or 80)
             remote = await connect(
                 url,
-                # With host and port given, websockets refuses to follow a handshake
-                # redirect to another origin: the task's code must not steer the master
-                # to other hosts.
-                host=origin.hostname,
-                port=origin.port,
+                # On a socket of ours, websockets follows no handshake redirect: the
+                # task's code must not steer the master to other hosts.
+                sock=sock,
                 additional_headers=self._request_headers(
                     websocket, upstream, _NOT_FORWARDED | _HANDSHAKE
                 ),
                 subprotocols=offered or None,
-                open_timeout=self.connect_timeout_s,
+                open_timeout=self.handshake_timeout_s,
                 max_size=None,  # a notebook's outputs can be many MB in one message
                 compression=None,  # the agents are on the LAN; deflate would only cost CPU
                 proxy=None,  # never the master's HTTP(S)_PROXY
@@ -178,6 +186,28 @@ class ProxyPool:
                 upward.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await upward
+
+    async def _open_socket(self, host: str, port: int) -> socket.socket:
+        """The TCP connection to a task's server within connect_timeout_s: an agent that
+        is gone fails fast, however long the handshake on top of it may take."""
+        loop = asyncio.get_running_loop()
+        last: OSError = OSError(f"no address for {host}")
+        async with asyncio.timeout(self.connect_timeout_s):
+            for family, kind, proto, _, address in await loop.getaddrinfo(
+                host, port, type=socket.SOCK_STREAM
+            ):
+                sock = socket.socket(family, kind, proto)
+                try:
+                    sock.setblocking(False)
+                    await loop.sock_connect(sock, address)
+                except BaseException as exc:
+                    sock.close()
+                    if not isinstance(exc, OSError):
+                        raise
+                    last = exc
+                    continue
+                return sock
+        raise last
 
     def _request_headers(
         self, conn: Request | WebSocket, upstream: Upstream, dropped: frozenset[str]
@@ -371,7 +401,7 @@ def _failure(upstream: Upstream, exc: Exception) -> str:
         return f"{where} did not answer: timed out"
     if isinstance(exc, ValueError) and isinstance(exc.__cause__, InvalidStatus):
         location = exc.__cause__.response.headers.get("Location", "")
-        return f"{where} redirected the WebSocket to another origin: {location}"
+        return f"{where} redirected the WebSocket, which the proxy never follows: {location}"
     if isinstance(exc, WebSocketException | ValueError):
         return f"{where} failed the WebSocket handshake: {exc}"
     errno = _errno(exc)

@@ -36,6 +36,8 @@ SECRET_HEADER = {"Authorization": "token s3cret", "X-Task-Secret": "also-added"}
 LOGIN_COOKIE = "resolute_proxy_session"
 JUPYTER_SUBPROTOCOL = Subprotocol("v1.kernel.websocket.jupyter.org")
 WAIT_S = 10.0  # generous: a loaded 2-core machine
+CONNECT_TIMEOUT_S = 1.0  # the front pool's TCP connect limit
+SLOW_HANDSHAKE_S = 1.5  # a WebSocket upstream that answers its handshake after that
 
 
 @dataclass
@@ -131,6 +133,14 @@ def task_server(state: UpstreamState) -> FastAPI:
         elsewhere = RedirectResponse("ws://127.0.0.2:9/proxy/t/ws", status_code=307)
         await websocket.send_denial_response(elsewhere)
 
+    @app.websocket("/proxy/t/ws-slow")
+    async def ws_slow(websocket: WebSocket) -> None:
+        # As Jupyter's kernel channels: no handshake answer until the kernel has started.
+        await asyncio.sleep(SLOW_HANDSHAKE_S)
+        await websocket.accept()
+        await websocket.send_text("kernel ready")
+        await websocket.close()
+
     @app.websocket("/proxy/t/ws")
     async def ws(websocket: WebSocket) -> None:
         offered = websocket.scope.get("subprotocols", [])
@@ -170,7 +180,9 @@ def front_app(upstreams: dict[str, Upstream], activity: Activity, middleware: bo
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.pool = ProxyPool(strip_cookies=frozenset({LOGIN_COOKIE}), connect_timeout_s=3)
+        app.state.pool = ProxyPool(
+            strip_cookies=frozenset({LOGIN_COOKIE}), connect_timeout_s=CONNECT_TIMEOUT_S
+        )
         yield
         await app.state.pool.aclose()
 
@@ -504,8 +516,16 @@ async def test_an_unreachable_or_refusing_upstream_closes_the_websocket_with_101
             await ws.recv()
     assert ws.close_code == 1011
     assert (ws.close_reason or "").endswith(
-        f"at {rig.upstream} redirected the WebSocket to another origin: ws://127.0.0.2:9/proxy/t/ws"
+        f"at {rig.upstream} redirected the WebSocket, which the proxy never follows: "
+        "ws://127.0.0.2:9/proxy/t/ws"
     )
+
+
+async def test_a_handshake_slower_than_the_connect_timeout_still_opens(rig: Rig) -> None:
+    # A notebook's kernel WebSocket on a busy agent: connected at once, answered later.
+    assert SLOW_HANDSHAKE_S > CONNECT_TIMEOUT_S
+    async with connect(ws_url(rig, "t", "ws-slow"), proxy=None, open_timeout=WAIT_S) as ws:
+        assert await ws.recv() == "kernel ready"
 
 
 async def test_activity_is_counted_at_most_about_once_a_second(rig: Rig) -> None:

@@ -43,6 +43,7 @@ def test_a_notebook_opened_through_the_proxy_runs_a_cell_on_the_agent(
     assert started.returncode == 0, describe_run(started)
     url = started.stdout.strip().rsplit(" ", 1)[-1]
     path = url.removeprefix(master.url)
+    notebook_id = path.rstrip("/").rsplit("/", 1)[-1]
     context = browser.new_context(viewport=DESKTOP, base_url=master.url)
     context.set_default_timeout(60_000)
     page = context.new_page()
@@ -72,6 +73,7 @@ def test_a_notebook_opened_through_the_proxy_runs_a_cell_on_the_agent(
             if "DET_AGENT_ID" in cell.inner_text():
                 break
             page.wait_for_timeout(1000)
+        assert "DET_AGENT_ID" in cell.inner_text(), f"the cell holds {cell.inner_text()!r}"
         page.keyboard.press("Shift+Enter")
         output = page.locator(".jp-OutputArea-output").first
         output.wait_for(timeout=120_000)
@@ -80,8 +82,9 @@ def test_a_notebook_opened_through_the_proxy_runs_a_cell_on_the_agent(
     except Exception:
         page.screenshot(path=str(screenshot_dir / "notebook-failure.png"))
         print("\n".join(console[-30:]))
+        print(master.det("notebook", "logs", notebook_id).stdout[-4000:])
+        print(master.output(tail=4000))
         raise
     finally:
         context.close()
-        notebook_id = path.rstrip("/").rsplit("/", 1)[-1]
         master.det("notebook", "kill", notebook_id)
