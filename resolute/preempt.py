@@ -83,8 +83,10 @@ class PreemptContext:
             timeout = POLL_TIMEOUT_S
             if isinstance(reply, dict) and reply.get("preempt") is True:
                 logger.info("the master asked this trial to stop (preemption)")
-                self._flag.set()
+                # Acknowledged before the flag is raised: a trial that sees the flag may
+                # checkpoint and close the session at once, which would cut off the ack.
                 self._acknowledge()
+                self._flag.set()
                 return
 
     def _acknowledge(self) -> None:
