@@ -77,9 +77,12 @@ lint: install
 	$(BIN)/mypy
 	PYTHON=$(BIN)/python bash scripts/gen-protos.sh --check
 
+# Two workers, a file at a time: each file's clusters start once, and the e2e files, which
+# mostly wait on processes, overlap. PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 2
 pytest: install official-client trial-venv postgres chromium azurite
 	DET_OFFICIAL_CLIENT=$(abspath $(DET_VENV))/bin/det DET_TRIAL_VENV=$(abspath $(TRIAL_VENV)) \
-		$(BIN)/pytest
+		$(BIN)/pytest --numprocesses=$(PYTEST_WORKERS) --dist=loadfile --durations=25
 
 test: lint pytest
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import httpx
@@ -28,6 +29,23 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 POSTGRES_ADMIN_DSN = os.environ.get(
     "RESOLUTE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
+
+
+# `make test` runs the suite on two pytest-xdist workers, a file at a time (--dist loadfile,
+# so a module's cluster starts once), handed out in collection order: the long files go
+# first (the benchmarks' smoke runs take 7 minutes together), and the many short ones after
+# them even out the workers' ends.
+_RUN_FIRST = ("tests/test_benchmark_smoke.py", "tests/e2e/", "tests/web/", "tests/deploy/")
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own grouping by parametrized fixtures
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        starts = [i for i, prefix in enumerate(_RUN_FIRST) if path.startswith(prefix)]
+        return starts[0] if starts else len(_RUN_FIRST)
+
+    items.sort(key=rank)  # stable: each file keeps its own order
 
 
 def require(condition: bool, reason: str) -> None:
@@ -112,21 +130,37 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest_asyncio.fixture(scope="session")
-async def app(
-    backend: str, database_url_factory: object, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[FastAPI]:
+async def _apps(
+    database_url_factory: object, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Callable[[str], Awaitable[FastAPI]]]:
+    """The migrated master apps of this run, one per backend, made when first asked for and
+    kept to the end: under pytest-xdist a worker's files alternate between the backends,
+    and a parametrized session fixture would be built again at each switch."""
+    made: dict[str, FastAPI] = {}
+    async with AsyncExitStack() as stack:
+
+        async def get(backend: str) -> FastAPI:
+            if backend not in made:
+                url = database_url_factory(backend)  # type: ignore[operator]
+                settings = MasterSettings(
+                    data_dir=tmp_path_factory.mktemp(f"data-{backend}"),
+                    db=DatabaseSettings(url=url),
+                    max_model_definition_mb=1.0,
+                    # Tests drive scheduling passes themselves, so rows never change under them.
+                    run_loops=False,
+                )
+                application = create_app(settings)
+                await stack.enter_async_context(application.router.lifespan_context(application))
+                made[backend] = application
+            return made[backend]
+
+        yield get
+
+
+@pytest_asyncio.fixture(scope="session")
+async def app(backend: str, _apps: Callable[[str], Awaitable[FastAPI]]) -> FastAPI:
     """One migrated master app per backend for the whole run; rows are cleared per test."""
-    url = database_url_factory(backend)  # type: ignore[operator]
-    settings = MasterSettings(
-        data_dir=tmp_path_factory.mktemp(f"data-{backend}"),
-        db=DatabaseSettings(url=url),
-        max_model_definition_mb=1.0,
-        # Tests drive scheduling passes themselves, so rows never change under them.
-        run_loops=False,
-    )
-    application = create_app(settings)
-    async with application.router.lifespan_context(application):
-        yield application
+    return await _apps(backend)
 
 
 async def reset_database(application: FastAPI) -> None:

@@ -311,13 +311,35 @@ def running_master(
         shutil.rmtree(proc.scratch, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def _shared_masters() -> Iterator[dict[str, MasterProcess]]:
+    """The shared masters started so far, by backend, stopped at the end of the run (not
+    when a pytest-xdist worker's next file wants the other backend)."""
+    started: dict[str, MasterProcess] = {}
+    yield started
+    for proc in started.values():
+        proc.stop()
+        shutil.rmtree(proc.scratch, ignore_errors=True)
+
+
 @pytest.fixture(scope="session", params=BACKENDS)
 def master(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[MasterProcess]:
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    _shared_masters: dict[str, MasterProcess],
+) -> MasterProcess:
     """One master per backend for the e2e run; tests share it, so names must be unique."""
-    with running_master(request, tmp_path_factory, "master") as proc:
-        yield proc
+    backend: str = request.param
+    if backend not in _shared_masters:
+        db_url = ""
+        if backend == "postgres":
+            server: PostgresServer = request.getfixturevalue("postgres")
+            db_url = server.new_database()
+        data_dir = tmp_path_factory.mktemp(f"master-{backend}") / "data"
+        proc = MasterProcess(data_dir, db_url, label=f"master-{backend}")
+        proc.start()
+        _shared_masters[backend] = proc
+    return _shared_masters[backend]
 
 
 @pytest.fixture

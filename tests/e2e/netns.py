@@ -1,9 +1,12 @@
 """A throw-away two-host network for the multi-agent e2e tests, built from Linux namespaces.
 
     root namespace                    namespace A ("host a")         namespace B ("host b")
-    bridge 198.18.0.1/24 ── veth ──── MGMT_A 198.18.0.2/24
-           (the master)   └─ veth ─────────────────────────────────── MGMT_B 198.18.0.3/24
-                                      FAST_A 198.19.0.2/24 ── veth ── FAST_B 198.19.0.3/24
+    bridge 198.18.N.1/24 ── veth ──── MGMT_A 198.18.N.2/24
+           (the master)   └─ veth ─────────────────────────────────── MGMT_B 198.18.N.3/24
+                                      FAST_A 198.19.N.2/24 ── veth ── FAST_B 198.19.N.3/24
+
+N is the pytest-xdist worker's number (0 without xdist), so parallel workers never share
+addresses.
 
 Each namespace also has `lo` up. The interface names inside the namespaces are parameters,
 so a test can choose names that the master's automatic rule (`master.core.interfaces`) would
@@ -121,6 +124,18 @@ class Host:
     fast_address: str
 
 
+def worker_subnet() -> int:
+    """The third octet of this test process's networks: the suite runs in parallel
+    (pytest-xdist workers gw0, gw1, ...), and two topologies on the same addresses would
+    route each other's traffic astray in the root namespace."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    return int(worker) % 256 if worker.isdigit() else 0
+
+
+def _addresses(network: str, *hosts: int) -> tuple[str, ...]:
+    return tuple(f"{network}.{worker_subnet()}.{host}" for host in hosts)
+
+
 @dataclass
 class Topology:
     """Bridge + two namespaces; `build()` creates it, `destroy()` removes it."""
@@ -128,9 +143,9 @@ class Topology:
     tag: str
     mgmt_names: tuple[str, str] = ("mgmt0", "mgmt0")
     fast_names: tuple[str, str] = ("fast0", "fast0")
-    bridge_address: str = "198.18.0.1"
-    mgmt_addresses: tuple[str, str] = ("198.18.0.2", "198.18.0.3")
-    fast_addresses: tuple[str, str] = ("198.19.0.2", "198.19.0.3")
+    bridge_address: str = field(default_factory=lambda: _addresses("198.18", 1)[0])
+    mgmt_addresses: tuple[str, ...] = field(default_factory=lambda: _addresses("198.18", 2, 3))
+    fast_addresses: tuple[str, ...] = field(default_factory=lambda: _addresses("198.19", 2, 3))
     prefix_len: int = 24
     hosts: tuple[Host, Host] = field(init=False)
     built: bool = field(init=False, default=False)

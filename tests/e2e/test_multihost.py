@@ -234,7 +234,7 @@ def test_gloo_allreduce_crosses_the_configured_fast_link(
         )
         master_url = f"http://{cluster.net.bridge_address}:{cluster.master.port}"
         assert_rendezvous(logs, cluster.net, "fast0", master_url)
-        assert cluster.net.hosts[0].fast_address == "198.19.0.2"
+        assert cluster.net.hosts[0].fast_address == f"198.19.{netns.worker_subnet()}.2"
         assert_traffic_crossed(cluster.net, moved, "fast0")
 
 
