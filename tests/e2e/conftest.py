@@ -12,7 +12,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -312,34 +312,25 @@ def running_master(
 
 
 @pytest.fixture(scope="session")
-def _shared_masters() -> Iterator[dict[str, MasterProcess]]:
+def _shared_masters() -> Iterator[tuple[ExitStack, dict[str, MasterProcess]]]:
     """The shared masters started so far, by backend, stopped at the end of the run (not
     when a pytest-xdist worker's next file wants the other backend)."""
-    started: dict[str, MasterProcess] = {}
-    yield started
-    for proc in started.values():
-        proc.stop()
-        shutil.rmtree(proc.scratch, ignore_errors=True)
+    with ExitStack() as stack:
+        yield stack, {}
 
 
 @pytest.fixture(scope="session", params=BACKENDS)
 def master(
     request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
-    _shared_masters: dict[str, MasterProcess],
+    _shared_masters: tuple[ExitStack, dict[str, MasterProcess]],
 ) -> MasterProcess:
     """One master per backend for the e2e run; tests share it, so names must be unique."""
+    stack, started = _shared_masters
     backend: str = request.param
-    if backend not in _shared_masters:
-        db_url = ""
-        if backend == "postgres":
-            server: PostgresServer = request.getfixturevalue("postgres")
-            db_url = server.new_database()
-        data_dir = tmp_path_factory.mktemp(f"master-{backend}") / "data"
-        proc = MasterProcess(data_dir, db_url, label=f"master-{backend}")
-        proc.start()
-        _shared_masters[backend] = proc
-    return _shared_masters[backend]
+    if backend not in started:
+        started[backend] = stack.enter_context(running_master(request, tmp_path_factory, "master"))
+    return started[backend]
 
 
 @pytest.fixture
