@@ -9,6 +9,7 @@ import asyncio
 import os
 import pwd
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -243,21 +244,33 @@ def test_a_switched_rank_still_dies_with_the_agent() -> None:
         ["sleep", "60"], setpriv=rank_user.SETPRIV, die_with_agent=True, rank=user
     )
     parent = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import subprocess, sys; print(subprocess.Popen(sys.argv[1:]).pid)",
-            *argv,
-        ],
+        [sys.executable, "-c", WAIT_FOR_EXEC_THEN_EXIT, *argv],
         capture_output=True,
         text=True,
         check=True,
+        timeout=30,
     )
     pid = int(parent.stdout)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and _alive(pid):
         time.sleep(0.05)
-    assert not _alive(pid), f"rank {pid} outlived its parent"
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"rank {pid} outlived its parent")
+
+
+# The parent starts the rank (its output not inherited, so nothing waits on the sleep) and
+# exits once setpriv has exec'd the command: by then PR_SET_PDEATHSIG is set. Exiting any
+# sooner would race setpriv, and the kernel only signals deaths after the prctl.
+WAIT_FOR_EXEC_THEN_EXIT = """
+import pathlib, subprocess, sys, time
+rank = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+comm = pathlib.Path(f"/proc/{rank.pid}/comm")
+deadline = time.monotonic() + 10
+while comm.read_text().strip() != "sleep" and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(rank.pid)
+"""
 
 
 def _alive(pid: int) -> bool:
