@@ -54,7 +54,8 @@ postgres:
 
 # The dashboard's browser tests drive Debian's chromium through Playwright; no browser is
 # ever downloaded. Installed only when missing, and only as root.
-chromium:
+# After postgres: a bare machine installs both with apt-get, which takes one at a time.
+chromium: postgres
 	@if ! which chromium >/dev/null 2>&1; then \
 		if [ "$$(id -u)" = 0 ]; then \
 			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
@@ -80,11 +81,20 @@ lint: install
 # Two workers, a file at a time: each file's clusters start once, and the e2e files, which
 # mostly wait on processes, overlap. PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 2
-pytest: install official-client trial-venv postgres chromium azurite
+pytest: $(SETUP)
 	DET_OFFICIAL_CLIENT=$(abspath $(DET_VENV))/bin/det DET_TRIAL_VENV=$(abspath $(TRIAL_VENV)) \
 		$(BIN)/pytest --numprocesses=$(PYTEST_WORKERS) --dist=loadfile --durations=25
 
-test: lint pytest
+# The set-up steps download and install independently, so they run side by side (each
+# one's output kept together); lint then runs before the suite, not beside it.
+SETUP := install official-client trial-venv postgres chromium azurite
+.PHONY: setup
+setup:
+	$(MAKE) --jobs=6 --output-sync=target $(SETUP)
+
+test: setup
+	$(MAKE) lint
+	$(MAKE) pytest
 
 clean:
 	rm -rf $(VENV) $(DET_VENV) $(TRIAL_VENV) .azurite .pytest_cache .mypy_cache .ruff_cache
