@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PORT ?= 8080
 DATA_DIR ?= data
 
-.PHONY: install run migrate test lint pytest official-client postgres chromium azurite clean
+.PHONY: install run migrate test lint pytest official-client postgres debian-packages azurite clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ $(DET_VENV)/bin/det:
 	$(DET_VENV)/bin/pip install -q -U pip
 	$(DET_VENV)/bin/pip install -q --no-deps determined==0.38.1
 	$(DET_VENV)/bin/pip install -q requests==2.31.0 termcolor tabulate argcomplete ruamel.yaml \
-		filelock pyOpenSSL packaging python-dateutil pathspec appdirs psutil numpy \
+		filelock pyOpenSSL packaging python-dateutil pathspec appdirs psutil numpy lomond \
 		boto3 google-cloud-storage azure-storage-blob
 
 official-client: $(DET_VENV)/bin/det
@@ -52,15 +52,19 @@ migrate: install
 postgres:
 	bash scripts/ensure-postgres.sh
 
-# The dashboard's browser tests drive Debian's chromium through Playwright; no browser is
-# ever downloaded. Installed only when missing, and only as root.
+# Debian packages the suite drives: chromium, which the dashboard's browser tests drive
+# through Playwright (no browser is ever downloaded), and OpenSSH's ssh, which Determined's
+# `det shell start` runs. Installed only when missing, and only as root.
 # After postgres: a bare machine installs both with apt-get, which takes one at a time.
-chromium: postgres
-	@if ! which chromium >/dev/null 2>&1; then \
+debian-packages: postgres
+	@missing=""; \
+	which chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	which ssh >/dev/null 2>&1 || missing="$$missing openssh-client"; \
+	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ]; then \
-			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
 		else \
-			echo "chromium: missing and not root; the browser tests skip (and fail under CI=true)"; \
+			echo "missing:$$missing and not root; their tests skip (and fail under CI=true)"; \
 		fi; \
 	fi
 
@@ -87,7 +91,7 @@ pytest: $(SETUP)
 
 # The set-up steps download and install independently, so they run side by side (each
 # one's output kept together); lint then runs before the suite, not beside it.
-SETUP := install official-client trial-venv postgres chromium azurite
+SETUP := install official-client trial-venv postgres debian-packages azurite
 .PHONY: setup
 setup:
 	$(MAKE) --jobs=6 --output-sync=target $(SETUP)

@@ -289,8 +289,11 @@ shell_app = typer.Typer(help="Interactive shells on cluster nodes.", no_args_is_
 
 def _attach(api: MasterClient, task: dict[str, Any]) -> int:
     from cli.terminal import attach  # imported here: only shells need websockets
+    from resolute.shell_access import TERMINAL
 
+    # .../terminal: the shell server's terminal protocol (its root is Determined's ssh tunnel).
     url = _url(api, task).replace("http://", "ws://", 1).replace("https://", "wss://", 1)
+    url += TERMINAL
     tls = api.tls.verify if api.tls is not None else None
     context = tls if not isinstance(tls, bool) else None
     if tls is False:

@@ -2,15 +2,20 @@
 
     RESOLUTE_TASK_SECRET=... python3 -m resolute.shell_server --port 8022
 
-Each connection gets its own interactive shell in a new pseudo-terminal. The master's proxy
-forwards the client's WebSocket here (any path), and every handshake must carry
-`Authorization: token <RESOLUTE_TASK_SECRET>`, or it is refused with 403.
+The master's proxy forwards the client's WebSocket here, and every handshake must carry
+`Authorization: token <RESOLUTE_TASK_SECRET>`, or it is refused with 403. Two kinds of
+connection, by the path's last part:
 
-Protocol: binary frames are terminal bytes, both ways. Text frames from the client are JSON
-control messages: `{"resize": [rows, cols]}`, and in the first message only
-`{"term": "xterm"}` (both keys may share that message). When the shell exits, its remaining
-output is sent, then the WebSocket is closed with 1000 and the reason `exit <code>` or
-`signal <n>`. When the client goes away, the shell's session is hung up.
+- `.../terminal` (our `det shell start`): its own interactive shell in a new
+  pseudo-terminal. Binary frames are terminal bytes, both ways. Text frames from the client
+  are JSON control messages: `{"resize": [rows, cols]}`, and in the first message only
+  `{"term": "xterm"}` (both keys may share that message). When the shell exits, its
+  remaining output is sent, then the WebSocket is closed with 1000 and the reason
+  `exit <code>` or `signal <n>`. When the client goes away, the shell's session is hung up.
+- any other path (Determined's `det shell start`, whose ssh tunnels through the proxy's
+  `/proxy/<id>/`): binary frames carry an SSH connection to a server in this process,
+  which accepts only the task's key (resolute.shell_access) and runs shells and commands as
+  sshd would, in a pseudo-terminal when the client asks for one.
 
 This runs on the agent: it must not import the master's web stack.
 """
@@ -28,15 +33,20 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import struct
 import sys
 import termios
 from collections.abc import Callable
 from http import HTTPStatus
+from typing import Any
 
+import asyncssh
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
+
+from resolute.shell_access import is_terminal_path, shell_keys
 
 SECRET_ENV = "RESOLUTE_TASK_SECRET"
 DEFAULT_TERM = "xterm-256color"
@@ -57,6 +67,18 @@ def choose_shell() -> str:
     if shell and os.path.isfile(shell) and os.access(shell, os.X_OK):
         return shell
     return shutil.which("bash") or shutil.which("sh") or "/bin/sh"
+
+
+def shell_argv(command: str | None) -> list[str]:
+    return [choose_shell(), "-c", command] if command is not None else [choose_shell(), "-i"]
+
+
+def shell_env(term: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop(SECRET_ENV, None)  # the shell's user has no use for the proxy's secret
+    if term:
+        env["TERM"] = term
+    return env
 
 
 def set_window_size(fd: int, rows: int, cols: int) -> None:
@@ -125,20 +147,20 @@ class Shell:
         self.master_fd = master_fd
 
     @classmethod
-    async def start(cls, term: str, size: tuple[int, int] | None) -> Shell:
+    async def start(
+        cls, term: str, size: tuple[int, int] | None, command: str | None = None
+    ) -> Shell:
+        """An interactive shell, or `command` run by the shell (as sshd runs `ssh host cmd`)."""
         master_fd, slave_fd = os.openpty()
         try:
             if size is not None:
                 set_window_size(slave_fd, *size)  # before the shell starts, so it reads it
-            env = dict(os.environ, TERM=term)
-            env.pop(SECRET_ENV, None)  # the shell's user has no use for the proxy's secret
             proc = await asyncio.create_subprocess_exec(
-                choose_shell(),
-                "-i",
+                *shell_argv(command),
                 stdin=slave_fd,
                 stdout=slave_fd,
                 stderr=slave_fd,
-                env=env,
+                env=shell_env(term),
                 start_new_session=True,
                 # After setsid: make the pty the new session's controlling terminal, so
                 # job control, ^C and hangups reach the shell and its jobs.
@@ -209,7 +231,15 @@ async def first_message(ws: ServerConnection) -> str | bytes | None:
     return None
 
 
-async def handle(ws: ServerConnection) -> None:
+async def handle(ws: ServerConnection, ssh: SshServer) -> None:
+    assert ws.request is not None
+    if is_terminal_path(ws.request.path):
+        await handle_terminal(ws)
+    else:
+        await ssh.serve(ws)
+
+
+async def handle_terminal(ws: ServerConnection) -> None:
     peer = ws.remote_address
     term, size, early_input = DEFAULT_TERM, None, b""
     try:
@@ -259,6 +289,172 @@ async def handle(ws: ServerConnection) -> None:
         log.info("connection from %s closed: %s", peer, outcome)
 
 
+# -- SSH (Determined's det shell start) --------------------------------------------------------
+
+
+class SshServer:
+    """An SSH server per WebSocket, in this process: a socket pair joins the two."""
+
+    def __init__(self, secret: str) -> None:
+        self.authorized = asyncssh.import_authorized_keys(shell_keys(secret).public_openssh)
+        # A host key of this run's own: Determined's client does not check it (it connects
+        # through the master, which checked the task), and nothing of it is stored.
+        self.host_key = asyncssh.generate_private_key("ssh-ed25519")
+
+    async def serve(self, ws: ServerConnection) -> None:
+        peer = ws.remote_address
+        ours, theirs = socket.socketpair()
+        try:
+            reader, writer = await asyncio.open_connection(sock=ours)
+        except BaseException:
+            ours.close()
+            theirs.close()
+            raise
+        server = asyncio.create_task(self._run(theirs, peer))
+        into_ssh = asyncio.create_task(_frames_to_stream(ws, writer))
+        out_of_ssh = asyncio.create_task(_stream_to_frames(reader, ws))
+        log.info("ssh connection from %s opened", peer)
+        try:
+            await asyncio.wait({into_ssh, out_of_ssh}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            writer.close()
+            for task in (into_ssh, out_of_ssh, server):
+                task.cancel()
+            await asyncio.gather(into_ssh, out_of_ssh, server, return_exceptions=True)
+            with contextlib.suppress(ConnectionClosed):
+                await ws.close()
+            log.info("ssh connection from %s closed", peer)
+
+    async def _run(self, sock: socket.socket, peer: Any) -> None:
+        try:
+            conn = await asyncssh.run_server(
+                sock,
+                server_host_keys=[self.host_key],
+                authorized_client_keys=self.authorized,
+                process_factory=ssh_session,
+                encoding=None,  # bytes, as the terminal gives them
+                line_editor=False,  # the remote shell edits its own lines, as under sshd
+                allow_scp=False,
+                x11_forwarding=False,
+                agent_forwarding=False,
+            )
+        except (OSError, asyncssh.Error) as exc:
+            log.info("ssh connection from %s refused: %s", peer, exc)
+            sock.close()
+            return
+        await conn.wait_closed()
+
+
+async def _frames_to_stream(ws: ServerConnection, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(ConnectionClosed):
+        async for message in ws:
+            writer.write(message if isinstance(message, bytes) else message.encode())
+            await writer.drain()
+
+
+async def _stream_to_frames(reader: asyncio.StreamReader, ws: ServerConnection) -> None:
+    with contextlib.suppress(ConnectionClosed):
+        while data := await reader.read(65536):
+            await ws.send(data)
+
+
+async def ssh_session(process: asyncssh.SSHServerProcess[bytes]) -> None:
+    """A session as sshd runs it: the shell or `command`, in a pty when one was asked for."""
+    term = process.get_terminal_type()
+    try:
+        if term:
+            code = await _in_pty(process, term)
+        else:
+            code = await _piped(process)
+    except OSError as exc:
+        process.stderr.write(f"cannot start a shell: {exc.strerror}\r\n".encode())
+        code = 127
+    if code < 0 and -code in {s.value for s in signal.Signals}:
+        process.exit_with_signal(signal.Signals(-code).name.removeprefix("SIG"))
+    else:
+        process.exit(code if code >= 0 else 128 - code)  # a shell's status for a signal
+
+
+async def _in_pty(process: asyncssh.SSHServerProcess[bytes], term: str) -> int:
+    cols, rows, _, _ = process.get_terminal_size()
+    shell = await Shell.start(term, (rows, cols) if rows and cols else None, process.command)
+
+    async def output() -> None:
+        while data := await shell.read():
+            process.stdout.write(data)
+            await process.stdout.drain()
+
+    async def client_input() -> None:
+        while True:
+            try:
+                data = await process.stdin.read(65536)
+            except asyncssh.TerminalSizeChanged as change:
+                set_window_size(shell.master_fd, change.height, change.width)
+                continue
+            if not data:  # EOF: a pty has no end of input to pass it on as (nor has sshd)
+                return
+            await write_all(shell.master_fd, data)
+
+    pumps = [asyncio.create_task(output()), asyncio.create_task(client_input())]
+    exited = asyncio.create_task(shell.proc.wait())
+    closed = asyncio.create_task(process.wait_closed())
+    try:
+        await asyncio.wait({closed, exited}, return_when=asyncio.FIRST_COMPLETED)
+        if not exited.done():  # the client is gone: hang up, as a closed terminal does
+            await shell.hang_up()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(pumps[0]), OUTPUT_DRAIN_S)
+        return await exited
+    finally:
+        for task in (*pumps, exited, closed):
+            task.cancel()
+        await asyncio.gather(*pumps, exited, closed, return_exceptions=True)
+        if shell.proc.returncode is None:
+            await shell.hang_up()
+        shell.close()
+
+
+async def _piped(process: asyncssh.SSHServerProcess[bytes]) -> int:
+    proc = await asyncio.create_subprocess_exec(
+        *shell_argv(process.command),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=shell_env(None),
+        start_new_session=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    # Pumped by hand, not redirect(): its stdout's end would end the channel's output
+    # while stderr still had some to send.
+
+    async def pump(source: asyncio.StreamReader, sink: asyncssh.SSHWriter[bytes]) -> None:
+        while data := await source.read(65536):
+            sink.write(data)
+            await sink.drain()
+
+    async def client_input(sink: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await process.stdin.read(65536):
+                sink.write(data)
+                await sink.drain()
+            sink.close()  # the client's EOF, passed on
+
+    feeding = asyncio.create_task(client_input(proc.stdin))
+    try:
+        await asyncio.gather(pump(proc.stdout, process.stdout), pump(proc.stderr, process.stderr))
+        return await proc.wait()
+    finally:
+        feeding.cancel()
+        await asyncio.gather(feeding, return_exceptions=True)
+        if proc.returncode is None:  # the client went away first
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGHUP)
+            await proc.wait()
+
+
+# -- the server ---------------------------------------------------------------------------------
+
+
 def check_token(secret: str) -> Callable[[ServerConnection, Request], Response | None]:
     """process_request: refuse a handshake without `Authorization: token <secret>`."""
     expected = f"token {secret}".encode()
@@ -287,7 +483,12 @@ async def run(host: str, port: int, secret: str) -> None:
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
-    async with serve(handle, host, port, process_request=check_token(secret)) as server:
+    ssh = SshServer(secret)
+
+    async def route(ws: ServerConnection) -> None:
+        await handle(ws, ssh)
+
+    async with serve(route, host, port, process_request=check_token(secret)) as server:
         bound = server.sockets[0].getsockname()[1]
         print(f"shell server listening on {host}:{bound}", flush=True)
         await stop.wait()
@@ -308,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     # Our own lines say when connections open and close; websockets' say it again.
     logging.getLogger("websockets").setLevel(logging.WARNING)
+    logging.getLogger("asyncssh").setLevel(logging.WARNING)
     logging.getLogger("websockets.server").addFilter(_OneLineHandshakeErrors())
     asyncio.run(run(args.host, args.port, secret))
     return 0

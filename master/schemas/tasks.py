@@ -11,6 +11,7 @@ from master.core.task_config import proxy_prefix
 from master.db.models import MAX_INT, AllocationState, TaskType
 from master.schemas.cluster import iso
 from master.services.interactive import TaskRow
+from resolute.shell_access import shell_keys
 
 # Determined's taskv1State: its commands are QUEUED, never PENDING.
 _STATE = {
@@ -47,7 +48,8 @@ class TaskCreate(BaseModel):
     data: Any = None
 
 
-def task_view(row: TaskRow) -> dict[str, Any]:
+def task_view(row: TaskRow, viewer_id: int | None = None) -> dict[str, Any]:
+    """`viewer_id`: who asks. A shell's private key goes to its owner alone."""
     task, allocation = row.task, row.allocation
     state = AllocationState(allocation.state)
     container = None
@@ -87,7 +89,23 @@ def task_view(row: TaskRow) -> dict[str, Any]:
     if task.type == TaskType.TENSORBOARD:
         view["experimentIds"] = list(task.experiment_ids)
         view["trialIds"] = []
+    if task.type == TaskType.SHELL:
+        view.update(_ssh_access(row, viewer_id))
     return view
+
+
+def _ssh_access(row: TaskRow, viewer_id: int | None) -> dict[str, Any]:
+    """What Determined's `det shell start` runs ssh with. The shell server accepts any login
+    name with the key; the owner's is shown because the shell runs as the agent's rank user,
+    which only the agent knows."""
+    keys = shell_keys(row.task.secret)
+    access: dict[str, Any] = {
+        "publicKey": keys.public_openssh,
+        "agentUserGroup": {"user": row.username},
+    }
+    if viewer_id == row.task.owner_id:
+        access["privateKey"] = keys.private_openssh
+    return access
 
 
 def _exit_status(row: TaskRow) -> str:

@@ -37,7 +37,7 @@ from master.db.models import (
     utcnow,
 )
 from master.db.session import session_scope
-from master.errors import Conflict, InvalidArgument, NotFound, PermissionDenied
+from master.errors import Conflict, InvalidArgument, NotFound, PermissionDenied, Unauthenticated
 from master.services import allocations, workspaces
 from master.services.access import Actor
 from master.services.configs import config_errors_as_invalid_argument
@@ -311,7 +311,27 @@ async def proxy_target(session: AsyncSession, actor: Actor, task_uuid: str) -> P
             f"{row.task.type.lower()} {task_uuid} belongs to {row.username}: only its owner "
             "may open it"
         )
+    return _running_target(row)
+
+
+async def ssh_tunnel_target(session: AsyncSession, task_uuid: str) -> ProxyTarget:
+    """Where a shell's SSH server listens, for a WebSocket without a login: Determined's
+    `det shell start` tunnels ssh without one, and the shell's key is the credential
+    (resolute.shell_access). Any other task wants the owner's login, and a client without
+    one is not told whether it exists."""
+    sign_in = Unauthenticated("sign in first: open /ui/login, or send an API token")
+    try:
+        row = await get_task(session, task_uuid)
+    except NotFound:
+        raise sign_in from None
+    if row.task.type != TaskType.SHELL:
+        raise sign_in
+    return _running_target(row)
+
+
+def _running_target(row: TaskRow) -> ProxyTarget:
     task, allocation = row.task, row.allocation
+    task_uuid = task.uuid
     if task.type == TaskType.COMMAND:
         raise InvalidArgument(f"command {task_uuid} serves nothing to proxy")
     state = AllocationState(allocation.state)

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from cryptography.hazmat.primitives import serialization
 from fastapi import FastAPI
 from sqlalchemy import func, select
 
@@ -268,6 +269,35 @@ async def test_another_users_task_cannot_be_killed_or_opened(
     assert reply.status_code == 403
     assert "only its owner" in reply.json()["message"]
     assert (await get(api, task["id"], "notebooks"))["state"] == "STATE_RUNNING"
+
+
+async def test_a_shell_carries_its_ssh_key_for_its_owner_only(
+    app: FastAPI, api: httpx.AsyncClient, admin: httpx.AsyncClient
+) -> None:
+    """What Determined's det shell start runs ssh with (v1Shell.privateKey, agentUserGroup)."""
+    shell = await create(api, "shells", config={"resources": {"slots": 0}})
+    private = serialization.load_ssh_private_key(shell["privateKey"].encode(), password=None)
+    public = private.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    assert shell["publicKey"].startswith(public.decode() + " ")
+    assert shell["agentUserGroup"] == {"user": "determined"}
+    # The same key when read again (det shell open); its text differs (OpenSSH's check bytes).
+    again = (await get(api, shell["id"], "shells"))["privateKey"]
+    reloaded = serialization.load_ssh_private_key(again.encode(), password=None)
+    assert (
+        reloaded.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+        )
+        == public
+    )
+    # Not to an admin, not in a list, and another shell has another key.
+    seen_by_admin = (await admin.get(f"/api/v1/shells/{shell['id']}")).json()["shell"]
+    assert "privateKey" not in seen_by_admin and seen_by_admin["publicKey"] == shell["publicKey"]
+    listed = (await api.get("/api/v1/shells")).json()["shells"]
+    assert [t for t in listed if "privateKey" in t] == []
+    other = await create(api, "shells", config={"resources": {"slots": 0}})
+    assert other["publicKey"] != shell["publicKey"]
 
 
 async def test_the_proxy_sends_a_signed_out_browser_to_sign_in_and_refuses_what_does_not_serve(

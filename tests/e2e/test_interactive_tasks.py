@@ -10,6 +10,7 @@ import json
 import os
 import pty
 import select
+import shutil
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -276,14 +277,25 @@ def test_the_proxy_refuses_a_notebook_of_another_user(
         mine = {"Authorization": refused.request.headers["Authorization"]}
         url = master.url.replace("http://", "ws://") + f"/proxy/{shell_id}/"
 
-        async def open_shell() -> tuple[int | None, str | None]:
-            async with ws_connect(url, additional_headers=mine) as socket:
+        async def open_shell(path: str, headers: dict[str, str]) -> tuple[int | None, str | None]:
+            async with ws_connect(url + path, additional_headers=headers) as socket:
                 with pytest.raises(ConnectionClosed):
                     await socket.recv()
                 return socket.close_code, socket.close_reason
 
-        code, reason = asyncio.run(open_shell())
-        assert code == 4403 and reason is not None and "only its owner" in reason
+        for path in ("", "terminal"):
+            code, reason = asyncio.run(open_shell(path, mine))
+            assert code == 4403 and reason is not None and "only its owner" in reason
+        # Without a login, the terminal is refused; only the SSH tunnel (Determined's
+        # det shell start, whose credential is the shell's key) may come without one.
+        code, reason = asyncio.run(open_shell("terminal", {}))
+        assert code == 4401 and reason is not None and "sign in first" in reason
+        command = {"config": {"entrypoint": "true", "resources": {"slots": 0}}}
+        reply = httpx.post(f"{master.url}/api/v1/commands", json=command, headers=headers)
+        for other in (reply.json()["command"]["id"], "no-such-task"):
+            url = master.url.replace("http://", "ws://") + f"/proxy/{other}/"
+            code, reason = asyncio.run(open_shell("", {}))
+            assert code == 4401 and reason is not None and "sign in first" in reason
     finally:
         httpx.post(f"{master.url}/api/v1/shells/{shell_id}/kill", headers=headers, timeout=30)
 
@@ -315,6 +327,42 @@ def test_determineds_own_client_runs_commands_and_notebooks(
     killed = master.official("notebook", "kill", notebook_id)
     assert killed.returncode == 0, describe_run(killed)
     wait_state(master, "notebook", notebook_id, "STATE_TERMINATED")
+
+
+def test_determineds_own_client_opens_a_shell_over_ssh_through_the_proxy(
+    cluster: tuple[MasterProcess, AgentProcess],
+) -> None:
+    """Determined's `det shell start` and `det shell open`, unchanged: OpenSSH's ssh, with the
+    shell's key, through determined.cli.tunnel and the master's /proxy/<id>/ to the agent."""
+    master, _ = cluster
+    require(
+        shutil.which("ssh") is not None, "OpenSSH's ssh is not installed (make debian-packages)"
+    )
+    remote = "echo on-$DET_TASK_TYPE-$((6*7)) secret=${RESOLUTE_TASK_SECRET:-none}"
+    started = master.official("shell", "start", "--", remote, timeout=120)
+    (shell_id,) = [
+        t["id"]
+        for t in master.api("GET", "/api/v1/shells")["shells"]
+        if t["state"] == "STATE_RUNNING"
+    ]
+    try:
+        logs = master.det("shell", "logs", shell_id)
+        assert started.returncode == 0, describe_run(started) + describe_run(logs)
+        assert "on-SHELL-42 secret=none" in started.stdout, (
+            describe_run(started) + logs.stdout + master.output()
+        )
+        # Determined keeps a shell running after its ssh ends: open it again.
+        assert f"det shell open {shell_id}" in started.stdout, describe_run(started)
+        opened = master.official("shell", "open", shell_id, "--", "exit 7", timeout=60)
+        assert opened.returncode == 0, describe_run(opened)
+        # The key goes to the shell's owner only; the public half to anyone who may list it.
+        listed = master.api("GET", "/api/v1/shells")["shells"]
+        assert all("privateKey" not in t and t["publicKey"] for t in listed)
+        assert "BEGIN OPENSSH PRIVATE KEY" in task(master, "shell", shell_id)["privateKey"]
+    finally:
+        killed = master.official("shell", "kill", shell_id)
+    assert killed.returncode == 0, describe_run(killed)
+    wait_state(master, "shell", shell_id, "STATE_TERMINATED")
 
 
 def test_a_tensorboard_shows_the_metrics_stored_for_an_experiment(

@@ -26,6 +26,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
 from cli.terminal import attach, parse_close_reason
+from resolute.shell_access import is_terminal_path, shell_keys
+from tests.conftest import require
 
 SECRET = "s3cret-for-tests"
 PROBE = "probe-value-81f2"
@@ -58,7 +60,7 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         line = proc.stdout.readline().decode() if ready else ""
         match = re.fullmatch(r"shell server listening on 127\.0\.0\.1:(\d+)\n", line)
         assert match, f"no readiness line ({line!r}); stderr: {log.read_text()}"
-        yield f"ws://127.0.0.1:{match[1]}/proxy/3f1c-task/"
+        yield f"ws://127.0.0.1:{match[1]}/proxy/3f1c-task/terminal"
     finally:
         proc.terminate()
         proc.wait(TIMEOUT_S)
@@ -330,3 +332,120 @@ def test_close_reasons_become_exit_statuses() -> None:
     assert parse_close_reason(1001, "exit 0") is None  # the server went away
     assert parse_close_reason(1006, "") is None
     assert parse_close_reason(None, None) is None
+
+
+# --- Determined's det shell start: OpenSSH's ssh over the WebSocket ----------------------------
+
+# ssh's ProxyCommand, as determined.cli.tunnel is: stdin to binary frames, frames to stdout.
+TUNNEL = """
+import os, sys, threading
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+ws = connect(sys.argv[1], additional_headers={"Authorization": sys.argv[2]})
+
+def upstream():
+    with __import__("contextlib").suppress(ConnectionClosed, OSError):
+        while data := os.read(0, 65536):
+            ws.send(data)
+
+threading.Thread(target=upstream, daemon=True).start()
+try:
+    for message in ws:
+        os.write(1, message)
+except ConnectionClosed:
+    pass
+"""
+
+
+def ssh(
+    url: str, key: str, tmp_path: Path, *remote: str, tty: bool = False
+) -> subprocess.CompletedProcess[str]:
+    require_ssh()
+    tunnel = tmp_path / "tunnel.py"
+    tunnel.write_text(TUNNEL)
+    key_file = tmp_path / "key"
+    key_file.write_text(key)
+    key_file.chmod(0o600)
+    ssh_url = url.removesuffix("terminal")  # Determined's client opens /proxy/<id>/
+    proxy = f"{sys.executable} {tunnel} {ssh_url} 'token {SECRET}'"
+    argv = [
+        "ssh",
+        "-F",
+        "/dev/null",
+        "-o",
+        f"ProxyCommand={proxy}",
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        "BatchMode=yes",
+        "-i",
+        str(key_file),
+        *(["-tt"] if tty else ["-T"]),
+        "someone@3f1c-task",
+        *remote,
+    ]
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL
+    )
+
+
+def require_ssh() -> None:
+    require(
+        shutil.which("ssh") is not None, "OpenSSH's ssh is not installed (make debian-packages)"
+    )
+
+
+def test_ssh_with_the_tasks_key_runs_a_command_with_its_environment_and_exit_code(
+    server_url: str, tmp_path: Path
+) -> None:
+    key = shell_keys(SECRET).private_openssh
+    done = ssh(
+        server_url,
+        key,
+        tmp_path,
+        "echo probe=$RESOLUTE_PROBE secret=${RESOLUTE_TASK_SECRET:-none}"
+        "; echo to-stderr >&2; exit 4",
+    )
+    assert done.returncode == 4, done.stderr
+    assert done.stdout == f"probe={PROBE} secret=none\n"
+    assert "to-stderr" in done.stderr
+
+
+def test_ssh_with_a_terminal_runs_the_command_in_a_pty(server_url: str, tmp_path: Path) -> None:
+    key = shell_keys(SECRET).private_openssh
+    done = ssh(server_url, key, tmp_path, "tty; echo term=$TERM; exit 5", tty=True)
+    assert done.returncode == 5, done.stderr
+    assert re.search(r"^/dev/pts/\d+$", done.stdout, re.M), done.stdout
+    assert "term=" in done.stdout and "not a tty" not in done.stdout
+
+
+def test_ssh_with_another_key_is_refused(server_url: str, tmp_path: Path) -> None:
+    other = shell_keys("another task's secret").private_openssh
+    done = ssh(server_url, other, tmp_path, "echo should-not-run")
+    assert done.returncode == 255
+    assert "Permission denied" in done.stderr and "should-not-run" not in done.stdout
+
+
+def test_only_a_path_ending_in_terminal_is_the_terminal() -> None:
+    assert is_terminal_path("/proxy/3f1c-task/terminal")
+    assert is_terminal_path("/proxy/3f1c-task/terminal/?x=1")
+    assert is_terminal_path("terminal")
+    # Determined's tunnel opens /proxy/<id>/: SSH, whose credential is the key, not a login.
+    assert not is_terminal_path("/proxy/3f1c-task/")
+    assert not is_terminal_path("/proxy/3f1c-task")
+    assert not is_terminal_path("/proxy/terminal-task/x")
+    assert not is_terminal_path("")
+
+
+def test_each_secret_gives_its_own_key_and_no_secret_gives_none() -> None:
+    first, again = shell_keys("secret-one"), shell_keys("secret-one")
+    assert first.public_openssh == again.public_openssh
+    assert first.public_openssh != shell_keys("secret-two").public_openssh
+    assert "secret-one" not in first.private_openssh + first.public_openssh
+    with pytest.raises(ValueError, match="empty"):
+        shell_keys("")

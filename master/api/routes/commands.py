@@ -47,7 +47,7 @@ def _routes(kind: TaskType) -> None:
             experiment_ids=tuple(body.experiment_ids),
         )
         row = await interactive.create_task(session, user, request, settings)
-        return {key: task_view(row), "config": row.task.config}
+        return {key: task_view(row, user.id), "config": row.task.config}
 
     async def list_all(
         session: SessionDep,
@@ -60,9 +60,9 @@ def _routes(kind: TaskType) -> None:
             rows = [r for r in rows if r.username in users or r.task.owner_id in user_ids]
         return {plural: [task_view(r) for r in rows]}
 
-    async def get_one(task_id: str, session: SessionDep, _user: CurrentUser) -> dict[str, Any]:
+    async def get_one(task_id: str, session: SessionDep, user: CurrentUser) -> dict[str, Any]:
         row = await _typed(session, kind, task_id)
-        return {key: task_view(row), "config": row.task.config}
+        return {key: task_view(row, user.id), "config": row.task.config}
 
     async def kill(task_id: str, session: SessionDep, actor: CurrentActor) -> dict[str, Any]:
         await _typed(session, kind, task_id)

@@ -3,8 +3,10 @@
 The owner's login is required: the API's bearer token (det shell start) or the dashboard's
 sign-in (a cookie scoped to /proxy). Only the owner gets in, admins included: the page is
 the task's own code served from the master's origin, so opening another user's notebook
-would run that user's scripts with the viewer's dashboard session. The task's server
-trusts only requests carrying its secret, which the proxy adds.
+would run that user's scripts with the viewer's dashboard session. One exception: a shell's
+SSH tunnel (Determined's `det shell start`) needs no login, its credential being the
+shell's key (resolute.shell_access). The task's server trusts only requests carrying its
+secret, which the proxy adds.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from master.db.session import is_outage, session_scope
 from master.errors import MasterError, PermissionDenied, Unauthenticated
 from master.services import access, auth, interactive
 from master.web.common import PROXY_COOKIE
+from resolute.shell_access import is_terminal_path
 
 router = APIRouter()
 
@@ -34,17 +37,23 @@ def _token(request: Request | WebSocket) -> str:
     return request.cookies.get(PROXY_COOKIE, "")
 
 
-async def _target(request: Request | WebSocket, task_id: str) -> tuple[Upstream, str]:
+async def _target(
+    request: Request | WebSocket, task_id: str, *, ssh_tunnel: bool = False
+) -> tuple[Upstream, str]:
     """Who asks, and where the task listens; a short session of its own, so a notebook's
-    hours-long WebSocket holds no database connection."""
+    hours-long WebSocket holds no database connection. `ssh_tunnel`: a shell's SSH may
+    come without a login (see resolute.shell_access)."""
     token = _token(request)
-    if not token:
+    if not token and not ssh_tunnel:
         raise Unauthenticated("sign in first: open /ui/login, or send an API token")
     async with session_scope(request.app.state.session_factory) as session:
-        user = await auth.user_for_token(session, token)
-        if session.info.get(access.TOKEN_KIND) == access.TASK:
-            raise PermissionDenied("a run's token opens its trial's API routes, not tasks")
-        target = await interactive.proxy_target(session, access.Actor.of(user), task_id)
+        if not token:
+            target = await interactive.ssh_tunnel_target(session, task_id)
+        else:
+            user = await auth.user_for_token(session, token)
+            if session.info.get(access.TOKEN_KIND) == access.TASK:
+                raise PermissionDenied("a run's token opens its trial's API routes, not tasks")
+            target = await interactive.proxy_target(session, access.Actor.of(user), task_id)
     upstream = Upstream(
         base_url=target.base_url,
         headers={"Authorization": f"token {target.secret}"},
@@ -87,7 +96,8 @@ async def _refuse(websocket: WebSocket, code: int, reason: str) -> None:
 @router.websocket("/proxy/{task_id}/{path:path}")
 async def proxy_websocket(task_id: str, path: str, websocket: WebSocket) -> None:
     try:
-        upstream, task_uuid = await _target(websocket, task_id)
+        ssh_tunnel = not is_terminal_path(path)
+        upstream, task_uuid = await _target(websocket, task_id, ssh_tunnel=ssh_tunnel)
     except MasterError as exc:
         # 4000 + the HTTP status: a client can tell "sign in" (4401) from "not yours"
         # (4403) and "not running" (4409).
