@@ -220,7 +220,7 @@ def command_run(
 # -- det notebook, det tensorboard ----------------------------------------------------------
 
 notebook_app = typer.Typer(help="Jupyter notebooks on the cluster.", no_args_is_help=True)
-tensorboard_app = typer.Typer(help="TensorBoards of experiments.", no_args_is_help=True)
+tensorboard_app = typer.Typer(help="TensorBoards of experiments and trials.", no_args_is_help=True)
 
 
 def _start_served(
@@ -263,14 +263,18 @@ def notebook_start(
 @tensorboard_app.command("start")
 def tensorboard_start(
     ctx: typer.Context,
-    experiment_ids: list[int] = typer.Argument(..., help="Experiments to show."),
+    experiment_ids: list[int] | None = typer.Argument(None, help="Experiments to show."),
+    trial_ids: list[int] | None = typer.Option(
+        None, "--trial-ids", "-t", help="A trial to show (repeatable): -t 12 -t 13."
+    ),
     config_file: Path | None = ConfigFileOpt,
     overrides: list[str] | None = ConfigOpt,
     template: str | None = TemplateOpt,
     detach: bool = DetachOpt,
     no_browser: bool = typer.Option(False, "--no-browser", help="Only print its address."),
 ) -> None:
-    """Start a TensorBoard over experiments' metrics; prints its address once it answers."""
+    """Start a TensorBoard over experiments' and trials' metrics; prints its address once it
+    answers."""
     _start_served(
         ctx,
         "tensorboard",
@@ -278,7 +282,8 @@ def tensorboard_start(
         template,
         detach,
         no_browser,
-        experimentIds=experiment_ids,
+        experimentIds=experiment_ids or [],
+        trialIds=trial_ids or [],
     )
 
 

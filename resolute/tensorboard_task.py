@@ -1,7 +1,10 @@
 """What a TensorBoard task runs on its agent: event files from the master's stored metrics,
 then TensorBoard over them, kept current while it runs.
 
-    python3 -m resolute.tensorboard_task --port PORT --path-prefix /proxy/<task> EXP [EXP ...]
+    python3 -m resolute.tensorboard_task --port PORT --path-prefix /proxy/<task> \
+        [EXP ...] [--trial TRIAL ...]
+
+Whole experiments, and single trials of others (Determined's `det tensorboard start -t`).
 
 It reads DET_MASTER and DET_SESSION_TOKEN (the task owner's access) and writes one run per
 trial, `experiment_<e>/trial_<t>`, with tags `<group>/<metric>` (`training/loss`,
@@ -219,17 +222,40 @@ class Master:
                 return ids
             offset = end
 
+    def trial_experiment(self, trial_id: int) -> int:
+        return int(self.get(f"/api/v1/trials/{trial_id}")["trial"]["experimentId"])
+
     def metric_rows(self, trial_id: int) -> list[Mapping[str, Any]]:
         rows: list[Mapping[str, Any]] = self.get(f"/api/v1/trials/{trial_id}/metrics")["metrics"]
         return rows
 
 
+def sources(
+    master: Master, experiment_ids: Sequence[int], trial_ids: Sequence[int]
+) -> dict[int, set[int] | None]:
+    """What to show, by experiment: None for all its trials, else the trials asked for."""
+    shown: dict[int, set[int] | None] = dict.fromkeys(experiment_ids)
+    for trial_id in dict.fromkeys(trial_ids):
+        experiment_id = master.trial_experiment(trial_id)
+        if experiment_id not in shown:
+            shown[experiment_id] = set()
+        picked = shown[experiment_id]
+        if picked is not None:
+            picked.add(trial_id)
+    return shown
+
+
 def sync_experiment(
-    master: Master, logdir: LogDir, experiment_id: int, cluster_id: str = ""
+    master: Master,
+    logdir: LogDir,
+    experiment_id: int,
+    cluster_id: str = "",
+    only: set[int] | None = None,
 ) -> tuple[int, int]:
-    """The experiment's trials and new reports into `logdir`: (trials, points written)."""
+    """The experiment's trials (or those in `only`) and new reports into `logdir`:
+    (trials, points written)."""
     config = master.experiment_config(experiment_id)
-    trial_ids = master.trial_ids(experiment_id)
+    trial_ids = master.trial_ids(experiment_id) if only is None else sorted(only)
     points = 0
     for trial_id in trial_ids:
         points += logdir.add(experiment_id, trial_id, master.metric_rows(trial_id))
@@ -320,10 +346,13 @@ def _master_from_env() -> Master:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python3 -m resolute.tensorboard_task",
-        description="TensorBoard over experiments' metrics, read from the master "
+        description="TensorBoard over experiments' and trials' metrics, read from the master "
         "(DET_MASTER, DET_SESSION_TOKEN, DET_MASTER_CERT_FILE).",
     )
-    parser.add_argument("experiment_ids", type=int, nargs="+", metavar="EXPERIMENT_ID")
+    parser.add_argument("experiment_ids", type=int, nargs="*", metavar="EXPERIMENT_ID")
+    parser.add_argument(
+        "--trial", type=int, action="append", default=[], dest="trial_ids", metavar="TRIAL_ID"
+    )
     parser.add_argument("--port", type=int, required=True, help="TensorBoard's port")
     parser.add_argument("--path-prefix", default="", help="URL prefix, e.g. /proxy/<task id>")
     parser.add_argument("--logdir", type=Path, default=Path("tensorboard"))
@@ -338,24 +367,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.refresh_s <= 0:
         sys.stderr.write("tensorboard task: --refresh-s must be positive\n")
         return 2
+    if not args.experiment_ids and not args.trial_ids:
+        sys.stderr.write("tensorboard task: name at least one experiment or --trial\n")
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     master = _master_from_env()
     cluster_id = os.environ.get("DET_CLUSTER_ID", "")
-    experiment_ids = list(dict.fromkeys(args.experiment_ids))
     logdir = LogDir(args.logdir)
     try:
-        for experiment_id in experiment_ids:
+        try:
+            shown = sources(master, args.experiment_ids, args.trial_ids)
+        except MasterError as exc:
+            sys.stderr.write(f"tensorboard task: {exc}\n")
+            return 1
+        for experiment_id, only in shown.items():
             try:
-                trials, points = sync_experiment(master, logdir, experiment_id, cluster_id)
+                trials, points = sync_experiment(master, logdir, experiment_id, cluster_id, only)
             except MasterError as exc:
                 sys.stderr.write(f"tensorboard task: experiment {experiment_id}: {exc}\n")
                 return 1
             log.info("experiment %d: %d trials, %d metric points", experiment_id, trials, points)
 
         def refresh() -> None:
-            for experiment_id in experiment_ids:
-                _, points = sync_experiment(master, logdir, experiment_id, cluster_id)
+            for experiment_id, only in shown.items():
+                _, points = sync_experiment(master, logdir, experiment_id, cluster_id, only)
                 if points:
                     log.info("experiment %d: %d new metric points", experiment_id, points)
 

@@ -141,6 +141,7 @@ def task_argv(
     port: int,
     python: str = "python3",
     experiment_ids: Sequence[int] = (),
+    trial_ids: Sequence[int] = (),
 ) -> list[str]:
     """The process a task's agent starts. Its servers listen on `port` (reserved by the
     agent) and read their secret from RESOLUTE_TASK_SECRET."""
@@ -178,11 +179,17 @@ def task_argv(
             "--path-prefix",
             prefix.rstrip("/"),
             *[str(e) for e in experiment_ids],
+            *[arg for t in trial_ids for arg in ("--trial", str(t))],
         ]
     raise ValueError(f"unknown task type {task_type!r}")
 
 
-def describe(task_type: str, config: TaskConfig, experiment_ids: Sequence[int] = ()) -> str:
+def describe(
+    task_type: str,
+    config: TaskConfig,
+    experiment_ids: Sequence[int] = (),
+    trial_ids: Sequence[int] = (),
+) -> str:
     """Determined's default descriptions ("Command (echo hi)", "TensorBoard (Experiments 1)")."""
     if config.description:
         return config.description
@@ -191,6 +198,10 @@ def describe(task_type: str, config: TaskConfig, experiment_ids: Sequence[int] =
         shown = argv[2] if argv[:2] == ["sh", "-c"] else shlex.join(argv)
         return f"Command ({shown[:200]})"
     if task_type == "TENSORBOARD":
-        ids = ", ".join(str(e) for e in experiment_ids)
-        return f"TensorBoard (Experiment{'s' if len(experiment_ids) > 1 else ''} {ids})"
+        sources = [
+            f"{noun}{'s' if len(ids) > 1 else ''} {', '.join(str(i) for i in ids)}"
+            for noun, ids in (("Experiment", experiment_ids), ("Trial", trial_ids))
+            if ids
+        ]
+        return f"TensorBoard ({'; '.join(sources)})"
     return {"NOTEBOOK": "Notebook", "SHELL": "Shell"}[task_type]

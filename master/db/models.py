@@ -487,6 +487,8 @@ class TaskModel(Base):
     priority: Mapped[int] = mapped_column(Integer, default=42)
     # TensorBoard: the experiments it shows.
     experiment_ids: Mapped[list[int]] = mapped_column(JsonType, default=list)
+    # TensorBoard: single trials it shows besides whole experiments (det tensorboard start -t).
+    trial_ids: Mapped[list[int]] = mapped_column(JsonType, default=list)
     # Handed to the task's server (Jupyter's token, the shell server's); the proxy adds it
     # to every request it forwards, so nothing else on the agents' network gets in.
     secret: Mapped[str] = mapped_column(String(128))

@@ -43,6 +43,9 @@ class TaskCreate(BaseModel):
     experiment_ids: list[Annotated[int, Field(ge=0, le=MAX_INT)]] = Field(
         default_factory=list, alias="experimentIds"
     )
+    trial_ids: list[Annotated[int, Field(ge=0, le=MAX_INT)]] = Field(
+        default_factory=list, alias="trialIds"
+    )
     # Determined's CLI sends the context directory; resolute's tasks run in an empty one.
     files: list[dict[str, Any]] = Field(default_factory=list)
     data: Any = None
@@ -88,7 +91,7 @@ def task_view(row: TaskRow, viewer_id: int | None = None) -> dict[str, Any]:
         view["serviceAddress"] = proxy_prefix(task.uuid)
     if task.type == TaskType.TENSORBOARD:
         view["experimentIds"] = list(task.experiment_ids)
-        view["trialIds"] = []
+        view["trialIds"] = list(task.trial_ids)
     if task.type == TaskType.SHELL:
         view.update(_ssh_access(row, viewer_id))
     return view

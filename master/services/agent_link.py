@@ -1036,6 +1036,7 @@ class AgentHub:
                     task_uuid=task.uuid,
                     port=port,
                     experiment_ids=task.experiment_ids,
+                    trial_ids=task.trial_ids,
                 )
             ),
             port=port,

@@ -33,6 +33,7 @@ from master.db.models import (
     TaskLogModel,
     TaskModel,
     TaskType,
+    TrialModel,
     UserModel,
     utcnow,
 )
@@ -49,7 +50,7 @@ log = logging.getLogger(__name__)
 
 # How often the proxy's traffic is written to a task's row: the idle clock is this coarse.
 ACTIVITY_WRITE_S = 5.0
-MAX_EXPERIMENTS_PER_TENSORBOARD = 100
+MAX_SOURCES_PER_TENSORBOARD = 100
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class TaskRequest:
     template_name: str | None = None
     workspace_id: int | None = None
     experiment_ids: tuple[int, ...] = ()
+    trial_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,9 @@ async def create_task(
         "config" + (" after the template merge" if request.template_name else "")
     ):
         config = task_config.validate_task_config(merged, kind)
-    experiment_ids = await _tensorboard_experiments(session, kind, request.experiment_ids)
+    experiment_ids, trial_ids = await _tensorboard_sources(
+        session, kind, request.experiment_ids, request.trial_ids
+    )
     pool_name = config.resources.resource_pool or settings.default_compute_pool
     pool = settings.pool(pool_name)
     if pool is None:
@@ -129,7 +133,7 @@ async def create_task(
     task = TaskModel(
         uuid=str(uuid_module.uuid4()),
         type=kind,
-        description=task_config.describe(kind, config, experiment_ids),
+        description=task_config.describe(kind, config, experiment_ids, trial_ids),
         owner_id=owner.id,
         workspace_id=workspace.id,
         config=stored,
@@ -137,6 +141,7 @@ async def create_task(
         resource_pool=pool.pool_name,
         priority=priority,
         experiment_ids=list(experiment_ids),
+        trial_ids=list(trial_ids),
         secret=new_token(),
         idle_timeout_s=task_config.idle_timeout_s(config, kind, pool.idle_timeout_s),
         last_activity_at=now,
@@ -165,29 +170,40 @@ async def create_task(
     return TaskRow(task, allocation, owner.username)
 
 
-async def _tensorboard_experiments(
-    session: AsyncSession, kind: TaskType, experiment_ids: Sequence[int]
-) -> tuple[int, ...]:
+async def _tensorboard_sources(
+    session: AsyncSession,
+    kind: TaskType,
+    experiment_ids: Sequence[int],
+    trial_ids: Sequence[int],
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A TensorBoard's experiments and single trials (Determined's -t), each found."""
     if kind != TaskType.TENSORBOARD:
-        if experiment_ids:
-            raise InvalidArgument(
-                f"experimentIds: only a TensorBoard shows experiments, not a {kind}"
-            )
-        return ()
-    ids = tuple(dict.fromkeys(experiment_ids))
-    if not ids:
-        raise InvalidArgument("experimentIds: a TensorBoard needs at least one experiment")
-    if len(ids) > MAX_EXPERIMENTS_PER_TENSORBOARD:
+        for field, given in (("experimentIds", experiment_ids), ("trialIds", trial_ids)):
+            if given:
+                raise InvalidArgument(f"{field}: only a TensorBoard shows metrics, not a {kind}")
+        return (), ()
+    experiments = tuple(dict.fromkeys(experiment_ids))
+    trials = tuple(dict.fromkeys(trial_ids))
+    if not experiments and not trials:
         raise InvalidArgument(
-            f"experimentIds: at most {MAX_EXPERIMENTS_PER_TENSORBOARD} experiments per TensorBoard"
+            "experimentIds, trialIds: a TensorBoard needs at least one experiment or trial"
         )
-    found = set(
-        (await session.scalars(select(ExperimentModel.id).where(ExperimentModel.id.in_(ids)))).all()
-    )
-    missing = [str(i) for i in ids if i not in found]
-    if missing:
-        raise NotFound(f"experimentIds: experiment {', '.join(missing)} not found")
-    return ids
+    if len(experiments) + len(trials) > MAX_SOURCES_PER_TENSORBOARD:
+        raise InvalidArgument(
+            f"experimentIds, trialIds: at most {MAX_SOURCES_PER_TENSORBOARD} experiments and "
+            "trials per TensorBoard"
+        )
+    for field, model, noun, ids in (
+        ("experimentIds", ExperimentModel, "experiment", experiments),
+        ("trialIds", TrialModel, "trial", trials),
+    ):
+        if not ids:
+            continue
+        found = set((await session.scalars(select(model.id).where(model.id.in_(ids)))).all())
+        missing = [str(i) for i in ids if i not in found]
+        if missing:
+            raise NotFound(f"{field}: {noun} {', '.join(missing)} not found")
+    return experiments, trials
 
 
 async def get_task(session: AsyncSession, task_uuid: str) -> TaskRow:

@@ -35,6 +35,7 @@ def upgrade() -> None:
         sa.Column("resource_pool", sa.String(length=256), nullable=False),
         sa.Column("priority", sa.Integer(), nullable=False),
         sa.Column("experiment_ids", _JSON, nullable=False),
+        sa.Column("trial_ids", _JSON, nullable=False),
         sa.Column("secret", sa.String(length=128), nullable=False),
         sa.Column("idle_timeout_s", sa.Float(), nullable=True),
         sa.Column("last_activity_at", master.db.models.UTCDateTime(timezone=True), nullable=False),

@@ -122,7 +122,11 @@ async def test_a_command_waits_in_the_queue_with_its_reason_and_is_listed_as_a_t
         ("tensorboards", {"experimentIds": []}, 400, "experimentIds"),
         ("tensorboards", {"experimentIds": [4242]}, 404, "4242"),
         ("tensorboards", {"experimentIds": [2**40]}, 400, "experimentIds"),
+        ("tensorboards", {"trialIds": [4343]}, 404, "trialIds: trial 4343 not found"),
+        ("tensorboards", {"trialIds": [-1]}, 400, "trialIds"),
+        ("tensorboards", {"trialIds": list(range(101))}, 400, "at most 100"),
         ("shells", {"experimentIds": [1]}, 400, "experimentIds"),
+        ("notebooks", {"trialIds": [1]}, 400, "trialIds: only a TensorBoard"),
     ],
 )
 async def test_bad_input_is_refused_naming_the_field_and_changes_nothing(

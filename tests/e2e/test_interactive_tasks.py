@@ -397,3 +397,20 @@ def test_a_tensorboard_shows_the_metrics_stored_for_an_experiment(
         assert run in runs
     finally:
         master.det("tensorboard", "kill", board_id)
+
+    # Determined's own client, by trial (det tensorboard start -t), detached.
+    by_trial = master.official("tensorboard", "start", "-t", str(trial["id"]), "-d")
+    assert by_trial.returncode == 0, describe_run(by_trial)
+    board_id = by_trial.stdout.strip()
+    try:
+        board = wait_state(master, "tensorboard", board_id, "STATE_RUNNING", timeout=120)
+        assert board["trialIds"] == [trial["id"]] and board["experimentIds"] == []
+        assert board["description"] == f"TensorBoard (Trial {trial['id']})"
+
+        def runs_loaded() -> list[str] | None:
+            reply = master.http("GET", f"/proxy/{board_id}/data/runs")
+            return reply.json() or None if reply.status_code == 200 else None
+
+        assert master.wait_for("TensorBoard to list the trial", runs_loaded, 60) == [run]
+    finally:
+        master.official("tensorboard", "kill", board_id)

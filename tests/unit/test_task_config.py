@@ -68,6 +68,10 @@ def test_servers_listen_on_the_reserved_port_under_the_proxy_prefix() -> None:
         "TENSORBOARD", config, task_uuid="abc", port=4321, experiment_ids=(3, 5)
     )
     assert board[-4:] == ["--path-prefix", "/proxy/abc", "3", "5"]
+    trials = task_config.task_argv(
+        "TENSORBOARD", config, task_uuid="abc", port=1, experiment_ids=(3,), trial_ids=(7, 9)
+    )
+    assert trials[-5:] == ["3", "--trial", "7", "--trial", "9"]
 
 
 def test_descriptions_follow_determined() -> None:
@@ -75,6 +79,9 @@ def test_descriptions_follow_determined() -> None:
     assert task_config.describe("COMMAND", command) == "Command (echo hi)"
     config = task_config.validate_task_config({}, "TENSORBOARD")
     assert task_config.describe("TENSORBOARD", config, (1, 2)) == "TensorBoard (Experiments 1, 2)"
+    assert task_config.describe("TENSORBOARD", config, (), (7,)) == "TensorBoard (Trial 7)"
+    both = task_config.describe("TENSORBOARD", config, (1,), (7, 9))
+    assert both == "TensorBoard (Experiment 1; Trials 7, 9)"
     named = task_config.validate_task_config({"description": "mine"}, "SHELL")
     assert task_config.describe("SHELL", named) == "mine"
 

@@ -34,9 +34,17 @@ from master.schemas.experiments import (
     MetricRows,
     Trial,
     TrialList,
+    TrialResponse,
 )
 from resolute import tensorboard_task
-from resolute.tensorboard_task import LogDir, Master, MasterError, serve, sync_experiment
+from resolute.tensorboard_task import (
+    LogDir,
+    Master,
+    MasterError,
+    serve,
+    sources,
+    sync_experiment,
+)
 from resolute.tfevents import EventFileWriter
 from tests.conftest import require
 
@@ -125,6 +133,12 @@ class FakeMaster:
                     pagination=Pagination.of(offset, limit, len(page), len(ids)),
                 )
             )
+        if match := re.fullmatch(r"/api/v1/trials/(\d+)", url.path):
+            tid = int(match[1])
+            for eid, trials in self.trials.items():
+                if tid in trials:
+                    return 200, _reply(TrialResponse(trial=self._trial(eid, tid)))
+            return _error(404, 5, f"trial {tid} not found")
         if match := re.fullmatch(r"/api/v1/trials/(\d+)/metrics", url.path):
             tid = int(match[1])
             for trials in self.trials.values():
@@ -346,6 +360,27 @@ def test_event_files_a_trial_wrote_in_shared_fs_are_linked(
     assert not (tmp_path / "tb" / "experiment_1" / "trial_11").exists()  # nothing there: skipped
 
 
+def test_single_trials_are_shown_beside_whole_experiments(
+    fake: FakeMaster, master: Master, tmp_path: Path
+) -> None:
+    """Determined's `det tensorboard start 1 -t 21 -t 10`: experiment 1 whole, and trial 21
+    of experiment 2 alone (trial 10 is in experiment 1 already)."""
+    for eid, tid in ((1, 10), (1, 11), (2, 20), (2, 21)):
+        fake.add(eid, tid, row("training", 5, {"loss": float(tid)}))
+    shown = sources(master, [1], [21, 10, 21])
+    assert shown == {1: None, 2: {21}}
+    logdir = LogDir(tmp_path / "tb")
+    assert [sync_experiment(master, logdir, e, only=o) for e, o in shown.items()] == [
+        (2, 2),
+        (1, 1),
+    ]
+    logdir.close()
+    runs = sorted(str(p.parent.relative_to(tmp_path / "tb")) for p in tmp_path.rglob("events.*"))
+    assert runs == ["experiment_1/trial_10", "experiment_1/trial_11", "experiment_2/trial_21"]
+    # Only the trials asked for were read, never experiment 2's list of trials.
+    assert "/api/v1/experiments/2/trials" not in {p.split("?")[0] for p in fake.requests}
+
+
 def test_the_master_refusal_carries_its_message(fake: FakeMaster, tmp_path: Path) -> None:
     fake.add(1, 10)
     wrong = Master(fake.url, "not-the-token", timeout_s=5)
@@ -422,6 +457,16 @@ def test_an_unknown_experiment_exits_1_before_tensorboard(fake: FakeMaster, tmp_
     assert "starting TensorBoard" not in done.stdout
     with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port)):
         pass
+
+
+def test_an_unknown_trial_exits_1_before_tensorboard(fake: FakeMaster, tmp_path: Path) -> None:
+    fake.add(1, 10)
+    done = run_task(fake, tmp_path, "--port", str(free_port()), "--trial", "10", "--trial", "77")
+    assert done.returncode == 1, done.stderr
+    assert "trial 77 not found" in done.stderr
+    assert "starting TensorBoard" not in done.stdout
+    nothing = run_task(fake, tmp_path, "--port", str(free_port()))
+    assert nothing.returncode == 2 and "at least one experiment or --trial" in nothing.stderr
 
 
 def test_an_unreachable_master_is_fatal_with_its_url(fake: FakeMaster, tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ def _routes(kind: TaskType) -> None:
             template_name=body.template_name,
             workspace_id=body.workspace_id,
             experiment_ids=tuple(body.experiment_ids),
+            trial_ids=tuple(body.trial_ids),
         )
         row = await interactive.create_task(session, user, request, settings)
         return {key: task_view(row, user.id), "config": row.task.config}
