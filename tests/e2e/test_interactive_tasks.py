@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import pty
+import re
 import select
 import shutil
 import time
@@ -340,11 +341,9 @@ def test_determineds_own_client_opens_a_shell_over_ssh_through_the_proxy(
     )
     remote = "echo on-$DET_TASK_TYPE-$((6*7)) secret=${RESOLUTE_TASK_SECRET:-none}"
     started = master.official("shell", "start", "--", remote, timeout=120)
-    (shell_id,) = [
-        t["id"]
-        for t in master.api("GET", "/api/v1/shells")["shells"]
-        if t["state"] == "STATE_RUNNING"
-    ]
+    launched = re.search(r"Launched shell \(id: ([0-9a-f-]+)", started.stdout)
+    assert launched, describe_run(started)
+    shell_id = launched[1]
     try:
         logs = master.det("shell", "logs", shell_id)
         assert started.returncode == 0, describe_run(started) + describe_run(logs)
@@ -353,8 +352,8 @@ def test_determineds_own_client_opens_a_shell_over_ssh_through_the_proxy(
         )
         # Determined keeps a shell running after its ssh ends: open it again.
         assert f"det shell open {shell_id}" in started.stdout, describe_run(started)
-        opened = master.official("shell", "open", shell_id, "--", "exit 7", timeout=60)
-        assert opened.returncode == 0, describe_run(opened)
+        opened = master.official("shell", "open", shell_id, "--", "echo again-$((2+3))")
+        assert "again-5" in opened.stdout, describe_run(opened)
         # The key goes to the shell's owner only; the public half to anyone who may list it.
         listed = master.api("GET", "/api/v1/shells")["shells"]
         assert all("privateKey" not in t and t["publicKey"] for t in listed)
