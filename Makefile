@@ -82,6 +82,11 @@ lint: install
 	$(BIN)/mypy
 	PYTHON=$(BIN)/python bash scripts/gen-protos.sh --check
 
+# The set-up steps download and install independently, so `make setup` runs them side by
+# side (each one's output kept together); lint then runs before the suite, not beside it.
+# Defined before the rules that name it: make expands prerequisites as it reads them.
+SETUP := install official-client trial-venv postgres debian-packages azurite
+
 # Two workers, a file at a time: each file's clusters start once, and the e2e files, which
 # mostly wait on processes, overlap. PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 2
@@ -89,9 +94,6 @@ pytest: $(SETUP)
 	DET_OFFICIAL_CLIENT=$(abspath $(DET_VENV))/bin/det DET_TRIAL_VENV=$(abspath $(TRIAL_VENV)) \
 		$(BIN)/pytest --numprocesses=$(PYTEST_WORKERS) --dist=loadfile --durations=25
 
-# The set-up steps download and install independently, so they run side by side (each
-# one's output kept together); lint then runs before the suite, not beside it.
-SETUP := install official-client trial-venv postgres debian-packages azurite
 .PHONY: setup
 setup:
 	$(MAKE) --jobs=6 --output-sync=target $(SETUP)

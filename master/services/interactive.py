@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 # How often the proxy's traffic is written to a task's row: the idle clock is this coarse.
 ACTIVITY_WRITE_S = 5.0
 MAX_SOURCES_PER_TENSORBOARD = 100
+# What the proxy tells a client without a login (or one that may not come without).
+SIGN_IN_FIRST = "sign in first: open /ui/login, or send an API token"
 
 
 @dataclass(frozen=True)
@@ -335,7 +337,7 @@ async def ssh_tunnel_target(session: AsyncSession, task_uuid: str) -> ProxyTarge
     `det shell start` tunnels ssh without one, and the shell's key is the credential
     (resolute.shell_access). Any other task wants the owner's login, and a client without
     one is not told whether it exists."""
-    sign_in = Unauthenticated("sign in first: open /ui/login, or send an API token")
+    sign_in = Unauthenticated(SIGN_IN_FIRST)
     try:
         row = await get_task(session, task_uuid)
     except NotFound:

@@ -276,26 +276,25 @@ def test_the_proxy_refuses_a_notebook_of_another_user(
         assert "only its owner" in refused.json()["message"]
         # The shell's WebSocket: closed with 4403 and the reason, not a bare 403.
         mine = {"Authorization": refused.request.headers["Authorization"]}
-        url = master.url.replace("http://", "ws://") + f"/proxy/{shell_id}/"
+        proxy = master.url.replace("http://", "ws://") + "/proxy/"
 
         async def open_shell(path: str, headers: dict[str, str]) -> tuple[int | None, str | None]:
-            async with ws_connect(url + path, additional_headers=headers) as socket:
+            async with ws_connect(proxy + path, additional_headers=headers) as socket:
                 with pytest.raises(ConnectionClosed):
                     await socket.recv()
                 return socket.close_code, socket.close_reason
 
         for path in ("", "terminal"):
-            code, reason = asyncio.run(open_shell(path, mine))
+            code, reason = asyncio.run(open_shell(f"{shell_id}/{path}", mine))
             assert code == 4403 and reason is not None and "only its owner" in reason
         # Without a login, the terminal is refused; only the SSH tunnel (Determined's
         # det shell start, whose credential is the shell's key) may come without one.
-        code, reason = asyncio.run(open_shell("terminal", {}))
+        code, reason = asyncio.run(open_shell(f"{shell_id}/terminal", {}))
         assert code == 4401 and reason is not None and "sign in first" in reason
         command = {"config": {"entrypoint": "true", "resources": {"slots": 0}}}
         reply = httpx.post(f"{master.url}/api/v1/commands", json=command, headers=headers)
         for other in (reply.json()["command"]["id"], "no-such-task"):
-            url = master.url.replace("http://", "ws://") + f"/proxy/{other}/"
-            code, reason = asyncio.run(open_shell("", {}))
+            code, reason = asyncio.run(open_shell(f"{other}/", {}))
             assert code == 4401 and reason is not None and "sign in first" in reason
     finally:
         httpx.post(f"{master.url}/api/v1/shells/{shell_id}/kill", headers=headers, timeout=30)

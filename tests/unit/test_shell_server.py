@@ -338,14 +338,14 @@ def test_close_reasons_become_exit_statuses() -> None:
 
 # ssh's ProxyCommand, as determined.cli.tunnel is: stdin to binary frames, frames to stdout.
 TUNNEL = """
-import os, sys, threading
+import contextlib, os, sys, threading
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 ws = connect(sys.argv[1], additional_headers={"Authorization": sys.argv[2]})
 
 def upstream():
-    with __import__("contextlib").suppress(ConnectionClosed, OSError):
+    with contextlib.suppress(ConnectionClosed, OSError):
         while data := os.read(0, 65536):
             ws.send(data)
 

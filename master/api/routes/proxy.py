@@ -45,7 +45,7 @@ async def _target(
     come without a login (see resolute.shell_access)."""
     token = _token(request)
     if not token and not ssh_tunnel:
-        raise Unauthenticated("sign in first: open /ui/login, or send an API token")
+        raise Unauthenticated(interactive.SIGN_IN_FIRST)
     async with session_scope(request.app.state.session_factory) as session:
         if not token:
             target = await interactive.ssh_tunnel_target(session, task_id)
