@@ -72,7 +72,6 @@ class Agent:
         self._round_trip_micros = 0
         self._fence_after_s = DEFAULT_FENCE_AFTER_S
         self._fence_kill_after_s = DEFAULT_FENCE_KILL_AFTER_S
-        self._last_from_master = time.monotonic()
         self.instance_id = uuid.uuid4().hex
         # Several masters (a leader and standbys): tried in turn until one welcomes us.
         self.addresses = [a.strip() for a in settings.master.split(",") if a.strip()]
@@ -86,20 +85,46 @@ class Agent:
         return self.addresses[self._address]
 
     async def run(self) -> None:
-        """Serve until cancelled; raises Refused if the master turns the agent away."""
+        """Serve until cancelled; raises Refused if the master turns the agent away.
+
+        A stream that falls silent is kept while a new one is tried: after a link is down
+        for a second or two, TCP's retransmission backoff takes as long again to get the
+        old stream going, and a new stream's handshake must get through the same gaps. So
+        whichever is heard first serves: acknowledgements on the silent stream still renew
+        the ranks' lease, and a welcome on the new one ends the old."""
         sampling = asyncio.create_task(self._sample_forever(), name="sampler")
         probing = asyncio.create_task(self._probe_while_away(), name="probe")
+        silent_stream: asyncio.Task[None] | None = None
         attempt = 0
         try:
             while True:
                 started = time.monotonic()
-                try:
-                    await self._session()
-                except Refused:
-                    raise
-                except (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as exc:
-                    log.warning("link to master %s broken: %s", self.master, _short(exc))
+                silent = asyncio.Event()
+                session = asyncio.create_task(self._session(silent, silent_stream))
+                heard_nothing = asyncio.create_task(silent.wait())
+                await asyncio.wait([session, heard_nothing], return_when=asyncio.FIRST_COMPLETED)
+                heard_nothing.cancel()
+                if not session.done():
+                    log.warning(
+                        "link to master %s silent for %.0fs; trying a new stream beside it",
+                        self.master,
+                        self._silence_limit(),
+                    )
+                    if silent_stream is not None:
+                        silent_stream.cancel()  # one kept at a time: the latest
+                    silent_stream = session
+                    session.add_done_callback(_ended)
                     self._address = (self._address + 1) % len(self.addresses)
+                else:
+                    try:
+                        session.result()
+                    except Refused:
+                        raise
+                    except (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as exc:
+                        log.warning("link to master %s broken: %s", self.master, _short(exc))
+                        self._address = (self._address + 1) % len(self.addresses)
+                    if silent_stream is not None and silent_stream.done():
+                        silent_stream = None
                 attempt = 0 if time.monotonic() - started > 10 else attempt + 1
                 delay = min(self.settings.reconnect_max_backoff_s, 0.25 * 2**attempt)
                 if self.runner.runs:
@@ -108,14 +133,26 @@ class Agent:
                     delay = min(delay, 0.5)
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
         finally:
-            for task in (sampling, probing):
+            for task in (sampling, probing, silent_stream):
+                if task is None:
+                    continue
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+
+    def _silence_limit(self) -> float:
+        # Half the fence window: enough for a new stream (a resync, perhaps to a standby that
+        # took over) to be welcomed before the lease runs out.
+        return max(self._fence_after_s / 2, 3 * self._heartbeat_s)
 
     # -- one connection ---------------------------------------------------------------------
 
-    async def _session(self) -> None:
+    async def _session(
+        self, silent: asyncio.Event, replaces: asyncio.Task[None] | None = None
+    ) -> None:
+        """One stream, from Hello to its end. `silent` is set once nothing has come from
+        the master for the silence limit (the stream goes on); once welcomed, this stream
+        ends `replaces`, the silent one it was opened beside."""
         size = self.settings.max_message_mb * 2**20
         options = [
             ("grpc.max_send_message_length", size),
@@ -156,8 +193,10 @@ class Agent:
             self._fence_after_s = welcome.fence_after_s or DEFAULT_FENCE_AFTER_S
             self._fence_kill_after_s = welcome.fence_kill_after_s or DEFAULT_FENCE_KILL_AFTER_S
             self._renew_lease(hello_sent)  # the welcome answers the hello
+            if replaces is not None:
+                replaces.cancel()
             self._outbox = outbox
-            self._last_from_master = time.monotonic()
+            heard = [time.monotonic()]  # when this stream last brought word from the master
             log.info(
                 "connected to master %s (stream %s) as %s with %d slots",
                 self.master,
@@ -175,9 +214,9 @@ class Agent:
                     self.runner.stop(allocation_id, "stopped by the master after a reconnect", 10.0)
                 )
             tasks = [
-                asyncio.create_task(self._heartbeats(), name="heartbeats"),
+                asyncio.create_task(self._heartbeats(outbox, heard, silent), name="heartbeats"),
                 asyncio.create_task(self._ship_logs(), name="logs"),
-                asyncio.create_task(self._read(call), name="read"),
+                asyncio.create_task(self._read(call, heard), name="read"),
             ]
             try:
                 # Whichever ends first (the master's silence, a broken stream) ends the session.
@@ -185,7 +224,8 @@ class Agent:
                 for task in done:
                     task.result()
             finally:
-                self._outbox = None
+                if self._outbox is outbox:
+                    self._outbox = None
                 outbox.put_nowait(None)
                 for task in tasks:
                     task.cancel()
@@ -194,12 +234,12 @@ class Agent:
                         await task
                 call.cancel()
 
-    async def _read(self, call: Any) -> None:
+    async def _read(self, call: Any, heard: list[float]) -> None:
         while True:
             message = await call.read()
             if message is grpc.aio.EOF:
                 raise ConnectionError("the master closed the stream")
-            self._last_from_master = time.monotonic()
+            heard[0] = time.monotonic()
             await self._handle(message)
 
     def _hello(self) -> pb.Hello:
@@ -266,14 +306,21 @@ class Agent:
     def _log(self, entry: pb.LogEntry) -> None:
         self._logs.append(entry)
 
-    async def _heartbeats(self) -> None:
-        # Half the fence window: a new stream (a resync, perhaps to a standby that took
-        # over) is the quickest way back, rather than waiting out TCP's retransmissions.
-        silence_limit = max(self._fence_after_s / 2, 3 * self._heartbeat_s)
+    async def _heartbeats(
+        self,
+        outbox: asyncio.Queue[pb.AgentMessage | None],
+        heard: list[float],
+        silent: asyncio.Event,
+    ) -> None:
+        """A heartbeat a period on this stream, silent or not: its acknowledgement renews
+        the lease whichever stream carries it. Once the stream is silent, logs and exits
+        wait for the stream that replaces it instead of going into this one."""
         while True:
             await asyncio.sleep(self._heartbeat_s)
-            if time.monotonic() - self._last_from_master > silence_limit:
-                raise ConnectionError(f"no word from the master for {silence_limit:.0f}s")
+            if not silent.is_set() and time.monotonic() - heard[0] > self._silence_limit():
+                if self._outbox is outbox:
+                    self._outbox = None
+                silent.set()
             self._seq += 1
             now = time.monotonic()
             self._sent_at[self._seq] = now
@@ -281,7 +328,7 @@ class Agent:
                 del self._sent_at[seq]  # never acknowledged: no lease comes of it
             samples = list(self._samples)
             self._samples.clear()
-            self._emit(
+            outbox.put_nowait(
                 pb.AgentMessage(
                     heartbeat=pb.Heartbeat(
                         seq=self._seq,
@@ -351,6 +398,15 @@ def _refused(address: str, timeout: float = 1.0) -> bool:
         return True
     except (OSError, ValueError):
         return False
+
+
+def _ended(task: asyncio.Task[None]) -> None:
+    """A silent stream kept beside its replacement ended: say how, once."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        log.info("the silent stream ended: %s", _short(exc))
 
 
 def _short(exc: BaseException) -> str:
