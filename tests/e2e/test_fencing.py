@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
 import shutil
 import signal
@@ -34,14 +33,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.cluster import AgentProcess
 from tests.e2e import netns
-from tests.e2e.agents import (
-    AgentProcess,
-    create_experiment,
-    trial_logs,
-    wait_trial_state,
-    write_experiment,
-)
+from tests.e2e.agents import create_experiment, trial_logs, wait_trial_state, write_experiment
 from tests.e2e.conftest import MasterProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.netns]
@@ -116,8 +110,7 @@ def cluster(
 
 def signal_agent(agent: AgentProcess, sig: signal.Signals) -> None:
     """The agent process alone (`ip netns exec` execs it: its pid is the agent's)."""
-    if agent.proc is not None and agent.proc.poll() is None:
-        os.kill(agent.proc.pid, sig)
+    agent.send(sig)
 
 
 def restart_agent(agent: AgentProcess) -> None:
@@ -250,9 +243,10 @@ def test_a_flapping_link_costs_nothing(cluster: Cluster, tmp_path: Path) -> None
     trial = wait_trial_state(master, experiment_id, {"COMPLETED", "ERROR", "CANCELED"}, timeout=60)
     rows = read_ticks(ticks)
     logs = trial_logs(master, trial["id"])
-    assert trial["state"] == "COMPLETED" and trial["restarts"] == 0, f"{trial}\n{logs}"
-    assert {agent for _, _, agent in rows} == {victim}, "the trial ran once, where it started"
-    assert len({pid for _, pid, _ in rows}) == 1
+    explain = f"{trial}\n{logs}\n{cluster.diagnostics()}"
+    assert trial["state"] == "COMPLETED" and trial["restarts"] == 0, explain
+    assert {agent for _, _, agent in rows} == {victim}, f"the trial moved\n{explain}"
+    assert len({pid for _, pid, _ in rows}) == 1, explain
     with cluster.agents[victim].log.open("rb") as log:
         log.seek(logged_before[victim])
         assert b"fence:" not in log.read(), cluster.agents[victim].output()
@@ -300,11 +294,7 @@ def test_a_master_down_longer_than_the_fence_costs_no_trial_a_restart(
     refused (nothing listens), so the lease holds and the ranks run on."""
     master = cluster.master
     experiment_id, ticks, _ = start_ticking(cluster, tmp_path, first_s=20)
-    proc = master._proc
-    assert proc is not None
-    proc.kill()
-    proc.wait()
-    master._proc = None
+    master.kill()
     time.sleep(9)
     master.start()
 
