@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
 import logging
@@ -14,6 +15,7 @@ from typing import Any
 import typer
 import uvicorn
 from pydantic import ValidationError
+from uvicorn.config import STARTUP_FAILURE
 
 from master import certs
 from master.app import create_app
@@ -115,8 +117,9 @@ def run(
     configure_logging(settings)
     tls = settings.security.tls
     announce_transport(settings)
-    uvicorn.run(
-        create_app(settings),
+    application = create_app(settings)
+    config = uvicorn.Config(
+        application,
         host=settings.host,
         port=settings.port,
         log_config=None,
@@ -128,6 +131,31 @@ def run(
         ssl_keyfile=tls.key_file,
         ssl_version=ssl.PROTOCOL_TLS_SERVER,
     )
+    server = _Server(config, application)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    if not server.started:  # as uvicorn.run ends: the port taken, the app's start failed
+        sys.exit(STARTUP_FAILURE)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which on SIGTERM/SIGINT also ends the trials' preemption long
+    polls (up to 60 s each): uvicorn waits for open requests before the app's shutdown, and
+    a stopping master should not wait out its grace period on polls that mean nothing."""
+
+    def __init__(self, config: uvicorn.Config, application: Any) -> None:
+        super().__init__(config)
+        self.application = application
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        super().handle_exit(sig, frame)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not serving yet
+            return
+        # A signal handler runs between two bytecodes of the loop's thread: hand the
+        # wake-up to the loop rather than touch its events from here.
+        loop.call_soon_threadsafe(self.application.state.preemption.close)
 
 
 def _loopback(host: str) -> bool:

@@ -15,6 +15,7 @@ class PreemptionSignals:
         self._last_poll: dict[str, float] = {}
         self._waiting: dict[str, int] = {}
         self._acked: set[str] = set()
+        self._closing = asyncio.Event()
 
     def _event(self, allocation_id: str) -> asyncio.Event:
         return self._events.setdefault(allocation_id, asyncio.Event())
@@ -26,15 +27,25 @@ class PreemptionSignals:
         event = self._events.get(allocation_id)
         return event is not None and event.is_set()
 
+    def close(self) -> None:
+        """The master is stopping: every poll answers now, not preempted, instead of holding
+        the shutdown up for uvicorn's grace period; the trial polls again, and whichever
+        master runs next answers it."""
+        self._closing.set()
+
     async def wait(self, allocation_id: str, timeout_s: float) -> bool:
-        """True as soon as the signal is raised; False when `timeout_s` passes first."""
+        """True as soon as the signal is raised; False when `timeout_s` passes first, or
+        once the master is stopping."""
         event = self._event(allocation_id)
         self._waiting[allocation_id] = self._waiting.get(allocation_id, 0) + 1
+        waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._closing.wait())]
         try:
-            await asyncio.wait_for(event.wait(), timeout_s)
-        except TimeoutError:
-            return False
+            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            if not event.is_set():
+                return False
         finally:
+            for waiting in waits:
+                waiting.cancel()
             # The allocation may have ended (forget) while this poll waited.
             left = self._waiting.get(allocation_id, 0) - 1
             if left > 0:

@@ -26,3 +26,16 @@ async def test_a_raised_signal_wakes_every_poll() -> None:
     signals.raise_signal("8.1")
     assert await asyncio.gather(*polls) == [True, True]
     assert signals.watched("8.1", within_s=1)
+
+
+async def test_a_stopping_master_answers_every_poll_at_once_and_not_preempted() -> None:
+    # A SIGTERM'd master waits for open requests before it stops: a 60 s poll must not
+    # hold it up, nor tell the trial to stop (the next master decides that).
+    signals = PreemptionSignals()
+    polls = [asyncio.create_task(signals.wait(a, timeout_s=60)) for a in ("9.1", "9.2")]
+    await asyncio.sleep(0.05)
+    signals.close()
+    assert await asyncio.wait_for(asyncio.gather(*polls), timeout=1) == [False, False]
+    assert await asyncio.wait_for(signals.wait("9.3", timeout_s=60), timeout=1) is False
+    signals.raise_signal("9.1")
+    assert await signals.wait("9.1", timeout_s=60) is True  # a raised signal still says so
