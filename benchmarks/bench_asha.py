@@ -1,6 +1,6 @@
 """ASHA searcher benchmark (issue 12).
 
-    .venv/bin/python -m benchmarks.bench_asha [--quick] [--postgres DSN] [--seed N]
+    .venv/bin/python -m benchmarks.bench_asha [--quick | --smoke] [--postgres DSN] [--seed N]
 
 Prints one JSON document on stdout (progress on stderr): the machine, and
 
@@ -19,7 +19,7 @@ Prints one JSON document on stdout (progress on stderr): the machine, and
   validation; a stopped trial exits at the end of its tick, an ignoring one trains on to
   max_time. The ratio is honoured / ignored.
 
-`--quick` uses 1,000 trials instead of 10,000.
+`--quick` uses 1,000 trials instead of 10,000; `--smoke`, 100 (the smoke test's shape).
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ import asyncpg
 from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from benchmarks.common import host_facts, percentile, progress, ratio
+from benchmarks import common
+from benchmarks.common import host_facts, progress
+from harness.figures import ms_summary, ratio
 from master.app import create_app
 from master.core import asha
 from master.db.models import (
@@ -75,13 +77,9 @@ def searcher_config(trials: int) -> dict[str, Any]:
 
 
 def summary(samples_s: Sequence[float]) -> dict[str, Any]:
-    ordered = sorted(samples_s)
-    return {
-        "reports": len(ordered),
-        "p50_ms": round(percentile(ordered, 50) * 1000, 4),
-        "p99_ms": round(percentile(ordered, 99) * 1000, 4),
-        "max_ms": round(ordered[-1] * 1000, 4),
-    }
+    """ms_summary's figures to 0.1 us, its `n` named `reports`."""
+    figures = ms_summary(samples_s, digits=4)
+    return {"reports": figures.pop("n"), **figures}
 
 
 # --- the pure core -------------------------------------------------------------------------
@@ -367,11 +365,14 @@ def compute_saved(seed: int) -> dict[str, Any]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    trials = 1000 if args.quick else 10_000
+    trials = {"full": 10_000, "quick": 1000, "smoke": 100}[common.mode_of(args)]
+    parameters = {"trials_in_flight": trials, "seed": args.seed, "quick": args.quick}
+    if args.smoke:
+        parameters["smoke"] = True
     report: dict[str, Any] = {
         "benchmark": "asha",
         "machine": host_facts(["sqlalchemy", "aiosqlite", "asyncpg"]),
-        "parameters": {"trials_in_flight": trials, "seed": args.seed, "quick": args.quick},
+        "parameters": parameters,
     }
     progress("core decisions")
     report["decision"] = {"core": core_decisions(trials, args.seed)}
@@ -390,7 +391,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1,000 trials instead of 10,000")
+    common.add_shape_flags(
+        parser, quick="1,000 trials instead of 10,000", smoke="100 trials, for the smoke test"
+    )
     parser.add_argument("--postgres", default=DEFAULT_POSTGRES, help="admin DSN ('' to skip)")
     parser.add_argument("--seed", type=int, default=12)
     args = parser.parse_args(argv)

@@ -2,12 +2,13 @@
 local S3 server (moto's standalone server on loopback), ours against a plain boto3 managed
 transfer of the same files, in the same run.
 
-    .venv/bin/python -m benchmarks.bench_checkpoint_storage [--quick] [--rounds N]
+    .venv/bin/python -m benchmarks.bench_checkpoint_storage [--quick | --smoke] [--rounds N]
 
 Prints one JSON document on stdout (progress on stderr): the machine, and
 
 - `large`: a 1 GiB checkpoint (4 x 128 MiB, 448 x 1 MiB, 1,024 x 64 KiB; `--quick`: 1/16 of
-  each count and size), stored and restored `--rounds` times, ours and plain alternating:
+  each count and size; `--smoke`: 1/64, one round, the least that runs every path), stored
+  and restored `--rounds` times, ours and plain alternating:
   - ours: `resolute.storage.S3Storage.upload` / `.download` (files in parallel, large files
     in parallel parts);
   - plain: boto3's managed transfer, `upload_file` / `download_file` for each file in turn
@@ -26,7 +27,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +37,10 @@ from typing import Any
 
 import boto3
 
-from benchmarks.common import host_facts, progress, ratio, stop_process
+from benchmarks import common
+from benchmarks.common import host_facts, progress
+from harness.cluster import Process, free_port, wait_until
+from harness.figures import ratio
 from resolute.checkpoint import CheckpointContext
 from resolute.storage import S3Storage
 
@@ -45,27 +48,28 @@ KEYS = ("bench-access", "bench-secret")
 MIB = 1024 * 1024
 
 
-def start_moto(port: int) -> subprocess.Popen[bytes]:
+def start_moto(port: int, log: Path) -> Process:
     server = Path(sys.executable).parent / "moto_server"
     if not server.exists():
         raise SystemExit("moto_server not installed: pip install 'moto[server]'")
-    proc = subprocess.Popen(
-        [str(server), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    moto = Process([str(server), "-H", "127.0.0.1", "-p", str(port)], log)
+    moto.launch()
     client = s3_client(port)
-    deadline = time.monotonic() + 30
-    while True:
+
+    def answers() -> bool:
+        moto.check_running("moto_server")
         try:
             client.list_buckets()
-            return proc
         except Exception:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                stop_process(proc)
-                raise SystemExit("moto_server did not start") from None
-            time.sleep(0.2)
+            return False
+        return True
+
+    try:
+        wait_until("moto_server to answer", answers, 30, 0.2, moto.output)
+    except BaseException:
+        moto.stop()
+        raise
+    return moto
 
 
 def s3_client(port: int) -> Any:
@@ -76,15 +80,6 @@ def s3_client(port: int) -> Any:
         aws_secret_access_key=KEYS[1],
         region_name="us-east-1",
     )
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def write_checkpoint(directory: Path, scale: int) -> dict[str, Any]:
@@ -237,28 +232,38 @@ def bench_small(port: int, work: Path, count: int) -> dict[str, Any]:
     }
 
 
+# (rounds, scale, small checkpoints) of each shape. The smoke shape: 1/64 of the data (24
+# files, 2.1 MiB) in one round, and 4 small checkpoints.
+SHAPES = {"full": (3, 1, 100), "quick": (2, 16, 20), "smoke": (1, 64, 4)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1/16 of the data, 2 rounds")
+    common.add_shape_flags(
+        parser,
+        quick="1/16 of the data, 2 rounds",
+        smoke="1/64 of the data, 1 round, 4 small checkpoints",
+    )
     parser.add_argument("--rounds", type=int, default=None)
     args = parser.parse_args()
-    rounds = args.rounds or (2 if args.quick else 3)
-    scale = 16 if args.quick else 1
+    mode = common.mode_of(args)
+    rounds, scale, small = SHAPES[mode]
+    rounds = args.rounds or rounds
     report: dict[str, Any] = {
         "benchmark": "checkpoint storage: resolute.storage against plain boto3, local S3",
         "command": "python -m benchmarks.bench_checkpoint_storage"
-        + (" --quick" if args.quick else ""),
+        + ("" if mode == "full" else f" --{mode}"),
         "machine": host_facts(["boto3", "moto", "s3transfer"]),
         "parameters": {"rounds": rounds, "scale": scale},
     }
-    port = free_port()
-    server = start_moto(port)
-    try:
-        with tempfile.TemporaryDirectory(prefix="bench-ckpt-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="bench-ckpt-") as scratch:
+        port = free_port()
+        server = start_moto(port, Path(scratch) / "moto.log")
+        try:
             report["large"] = bench_large(port, Path(scratch), scale, rounds)
-            report["small"] = bench_small(port, Path(scratch), 20 if args.quick else 100)
-    finally:
-        stop_process(server)
+            report["small"] = bench_small(port, Path(scratch), small)
+        finally:
+            server.stop()
     json.dump(report, sys.stdout, indent=1)
     print()
 

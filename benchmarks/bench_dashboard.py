@@ -1,6 +1,7 @@
 """Dashboard benchmark (issue 6): the experiments page with 10,000 experiments stored.
 
-    .venv/bin/python -m benchmarks.bench_dashboard [--quick] [--experiments N] [--postgres DSN]
+    .venv/bin/python -m benchmarks.bench_dashboard [--quick | --smoke] [--experiments N]
+        [--repeats N] [--postgres DSN]
 
 Prints one JSON document on stdout (progress goes to stderr): the machine it ran on, and for
 SQLite (a file, WAL, as `det-master` runs by default) and PostgreSQL (skipped, and said so,
@@ -19,7 +20,8 @@ Setup is excluded from the figures: one experiment is created through the real s
 N-1 times with its own name, state, start time, job id and one trial each, in bulk inserts;
 on PostgreSQL the tables are then analysed, as autovacuum would do after such a load.
 The issue's target is a page rendered server-side in under 200 ms at 10,000 experiments;
-`target_met` compares each scenario's p95 with it.
+`target_met` compares each scenario's p95 with it. `--smoke` (260 experiments, one timed
+request per page) is the least that runs every path, for the smoke test.
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ import httpx
 from fastapi import FastAPI
 from sqlalchemy import insert, select, text
 
-from benchmarks.common import host_facts, percentile, progress, seconds_since_start
+from benchmarks import common
+from benchmarks.common import host_facts, progress, seconds_since_start
+from harness.figures import ms_percentiles, ms_summary
 from master.app import create_app
 from master.db.models import ExperimentModel, ExperimentState, TrialModel, TrialState, UserModel
 from master.db.session import session_scope
@@ -79,16 +83,6 @@ STATES = [ExperimentState.COMPLETED] * 6 + [
     ExperimentState.ACTIVE,
     ExperimentState.PAUSED,
 ]
-
-
-def ms_summary(seconds: Sequence[float]) -> dict[str, float]:
-    ordered = sorted(seconds)
-    return {
-        "n": len(ordered),
-        "p50_ms": round(percentile(ordered, 50) * 1000, 2),
-        "p95_ms": round(percentile(ordered, 95) * 1000, 2),
-        "max_ms": round(ordered[-1] * 1000, 2),
-    }
 
 
 # -- databases -------------------------------------------------------------------------------
@@ -233,7 +227,8 @@ async def time_page(
         samples.append(time.perf_counter() - started)
         assert reply.status_code == 200, (path, reply.status_code, reply.text[:300])
         rows = reply.text.count('<td><a href="/ui/experiments/') // 2
-    return {"path": path, "rows": rows, "bytes": len(reply.content), **ms_summary(samples)}
+    figures = ms_summary(samples) | ms_percentiles(samples, (95,))
+    return {"path": path, "rows": rows, "bytes": len(reply.content), **figures}
 
 
 async def time_naive(app: FastAPI, repeats: int) -> dict[str, Any]:
@@ -257,7 +252,7 @@ async def time_naive(app: FastAPI, repeats: int) -> dict[str, Any]:
         )
         samples.append(time.perf_counter() - started)
         size = len(html)
-    return {"rows": total, "bytes": size, **ms_summary(samples)}
+    return {"rows": total, "bytes": size, **ms_summary(samples), **ms_percentiles(samples, (95,))}
 
 
 class _FakeURL:
@@ -329,8 +324,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     machine = host_facts(["sqlalchemy", "aiosqlite", "asyncpg", "fastapi", "jinja2", "httpx"])
     report: dict[str, Any] = {
         "benchmark": "resolute dashboard, issue 6 (experiments page at scale)",
-        "mode": "quick" if args.quick else "full",
-        "command": "python -m benchmarks.bench_dashboard" + (" --quick" if args.quick else ""),
+        "mode": common.mode_of(args),
+        "command": "python -m benchmarks.bench_dashboard"
+        + ("" if common.mode_of(args) == "full" else f" --{common.mode_of(args)}"),
         "started_at": started_at,
         "machine": machine,
         "parameters": {
@@ -353,15 +349,24 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
-    parser.add_argument("--quick", action="store_true", help="1,000 experiments, fewer repeats")
+    common.add_shape_flags(
+        parser,
+        quick="1,000 experiments, fewer repeats",
+        smoke="260 experiments (6 pages, the last short), 1 timed request per page",
+    )
     parser.add_argument("--experiments", type=int, default=None, help="default 10,000")
     parser.add_argument("--repeats", type=int, default=None, help="timed requests per scenario")
     parser.add_argument("--postgres", default=DEFAULT_ADMIN_DSN, help="admin DSN")
     args = parser.parse_args(argv)
+    # (experiments, repeats) of each shape; the smoke shape has more experiments than the
+    # largest page (200) and a short last page.
+    experiments, repeats = {"full": (10_000, 40), "quick": (1_000, 10), "smoke": (260, 1)}[
+        common.mode_of(args)
+    ]
     if args.experiments is None:
-        args.experiments = 1_000 if args.quick else 10_000
+        args.experiments = experiments
     if args.repeats is None:
-        args.repeats = 10 if args.quick else 40
+        args.repeats = repeats
     if args.experiments < 1 or args.repeats < 1:
         parser.error("--experiments and --repeats must be at least 1")
     return args

@@ -1,12 +1,13 @@
 """Determined workloads: what running a Core API script costs against a `resolute` one.
 
-    .venv/bin/python -m benchmarks.bench_determined [--quick] [--runs N] [--trial-venv DIR]
-        [--out PATH]
+    .venv/bin/python -m benchmarks.bench_determined [--quick | --smoke] [--runs N]
+        [--trial-venv DIR] [--out PATH]
 
 Prints one JSON document on stdout (progress on stderr): the machine, the figures, the
-target and whether it was met. It starts its own local cluster (bench_trial_runtime's: a
-`det-master` on SQLite and one `det-agent`, 1 artificial CPU slot) and needs an interpreter
-with `determined==0.38.1`, torch and tensorboard (`make test` builds `.venv-trial`).
+target and whether it was met. It starts its own local cluster (bench_trial_runtime's,
+without the API-only master: a `det-master` on SQLite and one `det-agent`, 1 artificial CPU
+slot) and needs an interpreter with `determined==0.38.1`, torch and tensorboard (`make test`
+builds `.venv-trial`).
 
 Each run submits on an idle cluster, interleaving the variants so drift hits all alike:
 - core_api: a Core API script (`import determined as det; with det.core.init() as core:`
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import base64
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -97,10 +99,10 @@ def first_metric(client: httpx.Client, experiment_id: int, cluster: Cluster) -> 
             state = client.get(f"/api/v1/trials/{trial_id}").json()["trial"]["state"]
             if state.removeprefix("STATE_") in ("ERROR", "CANCELED", "COMPLETED"):
                 raise RuntimeError(
-                    f"trial {trial_id} ended {state} without a metric:\n{cluster.agent.tail()}"
+                    f"trial {trial_id} ended {state} without a metric:\n{cluster.agent.output()}"
                 )
         time.sleep(0.01)
-    raise RuntimeError(f"no metric from experiment {experiment_id}:\n{cluster.agent.tail()}")
+    raise RuntimeError(f"no metric from experiment {experiment_id}:\n{cluster.agent.output()}")
 
 
 def metric_run(cluster: Cluster, variant: str, path_env: str) -> float:
@@ -149,16 +151,16 @@ def stamp_run(cluster: Cluster, layout: str, path_env: str) -> float:
     return stamp - started
 
 
-def import_time(python: Path) -> float:
+def import_time(python: Path, repeats: int) -> float:
     """What a Core API script pays before its first line: importing determined and the
-    TensorBoard writer core.init() builds (median of 3, warm page cache)."""
+    TensorBoard writer core.init() builds (the median of `repeats`, warm page cache)."""
     code = "import determined, torch.utils.tensorboard"
     times = []
-    for _ in range(3):
+    for _ in range(repeats):
         started = time.monotonic()
         subprocess.run([str(python), "-c", code], check=True, capture_output=True)
         times.append(time.monotonic() - started)
-    return sorted(times)[1]
+    return statistics.median(times)
 
 
 def trial_venv(given: Path | None) -> Path:
@@ -172,7 +174,10 @@ def trial_venv(given: Path | None) -> Path:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    runs = args.runs or (3 if args.quick else 10)
+    mode = common.mode_of(args)
+    # The smoke shape: one run of each variant and one timed import.
+    runs = args.runs or {"full": 10, "quick": 3, "smoke": 1}[mode]
+    import_repeats = 1 if mode == "smoke" else 3
     venv = trial_venv(args.trial_venv)
     # The trial's PATH: the Determined venv first, then the system's (sh, date).
     path_env = f"{venv}/bin:/usr/local/bin:/usr/bin:/bin"
@@ -187,7 +192,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # Not under /tmp: a per-agent trial has a private /tmp, so its stamps must go elsewhere.
     with (
         tempfile.TemporaryDirectory(prefix="resolute-bench-det-", dir="/var/tmp") as tmp,
-        local_cluster(Path(tmp), 1) as cluster,
+        local_cluster(Path(tmp), 1, with_api_only=False) as cluster,
     ):
         progress(f"cluster up; {runs} runs of each variant")
         for index in range(runs):
@@ -203,7 +208,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     bootstrap = summaries["stamp_per_agent"]["p50_s"] - summaries["stamp_per_slot"]["p50_s"]
     return {
         "benchmark": "resolute: Determined Core API workloads against resolute library ones",
-        "mode": "quick" if args.quick else "full",
+        "mode": mode,
         "command": " ".join(["python -m benchmarks.bench_determined", *sys.argv[1:]]),
         "started_at": started_at,
         "total_seconds": round(seconds_since_start(), 1),
@@ -220,7 +225,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "per_agent": summaries["stamp_per_agent"],
             "per_slot": summaries["stamp_per_slot"],
         },
-        "import_determined_and_tensorboard_s": round(import_time(venv / "bin" / "python3"), 4),
+        "import_determined_and_tensorboard_s": round(
+            import_time(venv / "bin" / "python3", import_repeats), 4
+        ),
         "raw_seconds": {k: [round(v, 4) for v in values] for k, values in figures.items()},
         "targets": {
             "bootstrap_added_p50_s": round(bootstrap, 4),
@@ -235,7 +242,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         prog="python -m benchmarks.bench_determined",
         description="Determined workload benchmark; prints one JSON document on stdout.",
     )
-    parser.add_argument("--quick", action="store_true", help="3 runs of each variant")
+    common.add_shape_flags(
+        parser, quick="3 runs of each variant", smoke="1 run of each variant, 1 timed import"
+    )
     parser.add_argument("--runs", type=int, help="runs of each variant (default 10)")
     parser.add_argument("--trial-venv", type=Path, help="venv with determined (.venv-trial)")
     parser.add_argument("--out", type=Path, help="also write the JSON document here")

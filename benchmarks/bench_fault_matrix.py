@@ -1,7 +1,7 @@
 """Fault matrix (issue 14): the fault tests on real processes, run `--rounds` times, their
 figures gathered per fault.
 
-    .venv/bin/python -m benchmarks.bench_fault_matrix [--rounds N]
+    .venv/bin/python -m benchmarks.bench_fault_matrix [--rounds N] [TEST ...]
 
 Each round runs, in one pytest process (root, network namespaces and PostgreSQL needed):
 
@@ -14,7 +14,9 @@ Each round runs, in one pytest process (root, network namespaces and PostgreSQL 
 
 Each test prints one JSON line of figures; this script collects them and prints one JSON
 document: the machine, and per fault the runs, the min / median / max of every figure,
-and the rounds whose tests failed (with pytest's summary lines).
+and the rounds whose tests failed (with pytest's summary lines). Given TEST paths (pytest
+node ids), it runs those instead: the smoke test runs one round of a stub file that prints
+such lines, in seconds and without root.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +58,9 @@ def case_of(figures: dict[str, Any]) -> str:
     return "standby_master_sigkill_then_sigstop"
 
 
-def run_round(index: int, scratch: Path) -> tuple[list[dict[str, Any]], list[str], int]:
+def run_round(
+    index: int, scratch: Path, tests: Sequence[str]
+) -> tuple[list[dict[str, Any]], list[str], int]:
     base = scratch / f"round-{index}"
     command = [
         sys.executable,
@@ -66,7 +71,7 @@ def run_round(index: int, scratch: Path) -> tuple[list[dict[str, Any]], list[str
         "-p",
         "no:cacheprovider",
         f"--basetemp={base}",
-        *TESTS,
+        *tests,
     ]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     output = done.stdout + done.stderr
@@ -87,12 +92,18 @@ def spread(values: list[float]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "tests", nargs="*", metavar="TEST", help="pytest node ids (default: the fault tests)"
+    )
     args = parser.parse_args()
-    if os.geteuid() != 0:
+    tests = args.tests or list(TESTS)
+    if os.geteuid() != 0 and not args.tests:
         sys.exit("the fault matrix needs root (network namespaces, a private PostgreSQL)")
     report: dict[str, Any] = {
         "benchmark": "fault matrix: at most one live copy of a trial, outages, failover",
-        "command": f"python -m benchmarks.bench_fault_matrix --rounds {args.rounds}",
+        "command": " ".join(
+            ["python -m benchmarks.bench_fault_matrix", f"--rounds {args.rounds}", *args.tests]
+        ),
         "machine": host_facts(["grpcio", "sqlalchemy", "asyncpg"]),
         "rounds": args.rounds,
     }
@@ -101,7 +112,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="fault-matrix-") as scratch:
         for index in range(args.rounds):
             progress(f"round {index + 1} of {args.rounds}")
-            found, summary, code = run_round(index, Path(scratch))
+            found, summary, code = run_round(index, Path(scratch), tests)
             for figures in found:
                 by_case[case_of(figures)].append(figures)
             if code != 0:

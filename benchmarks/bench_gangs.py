@@ -1,15 +1,15 @@
 """End-to-end scheduling benchmark (issue 16): gangs from REST submit to running ranks and
 back, on real processes, beside Ray's placement groups on the same cluster shape.
 
-    .venv/bin/python -m benchmarks.bench_gangs [--quick] [--rounds N] [--postgres DSN]
-        [--no-ray] [--out PATH]
+    .venv/bin/python -m benchmarks.bench_gangs [--quick | --smoke] [--rounds N]
+        [--postgres DSN] [--no-ray] [--out PATH]
 
 Prints one JSON document on stdout (progress on stderr): the machine, the parameters, the
 figures per scenario, the ratios ours / Ray and the issue's targets.
 
 Our cluster: a `det-master` on a fresh PostgreSQL database (created on the server behind
 --postgres, fsync must be on; dropped at the end) and 8 `det-agent --artificial-slots 8`
-(`--quick`: 2 x 2), each with its own id and work dir, on free ports. Experiments are
+(`--quick`, `--smoke`: 2 x 2), each with its own id and work dir, on free ports. Experiments are
 submitted over REST (POST /api/v1/experiments, `activate: true`, searcher `single`,
 `max_restarts: 0`) with a model definition holding `rank.py`, the entrypoint
 `python3 -S rank.py DIR`: each rank writes time.time_ns() at its start, its RANK and
@@ -46,6 +46,10 @@ the 16-slot gang is 2 bundles of {"slot": 8}, STRICT_SPREAD, so it takes two who
 ours takes two whole agents. Figures: gangs/s, create -> ready (ray.wait as each resolves),
 and first remove_placement_group -> every slot back in ray.available_resources(). Rounds
 alternate which system goes first, after one unmeasured warm-up round each (full run).
+
+`--smoke` is the smallest shape that still runs every path (tests/test_benchmark_smoke.py):
+2 agents x 2 slots, one round of each scenario (the lone gang's too), a random search of 8
+trials (more than the slots), 0.2 s of idle; its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import importlib
 import os
 import signal
@@ -76,14 +81,9 @@ import psutil
 import yaml
 
 from benchmarks import common
-from benchmarks.bench_trial_runtime import BIN, Process, login, start_master
-from benchmarks.common import (
-    host_facts,
-    ms_summary,
-    progress,
-    ratio,
-    seconds_since_start,
-)
+from benchmarks.common import host_facts, progress, seconds_since_start
+from harness.cluster import AgentProcess, MasterProcess, wait_until
+from harness.figures import ms_summary, ratio
 
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 CHANNEL = "bench_gangs"
@@ -97,7 +97,6 @@ TARGETS = {
     "kill_to_slots_free_p50_ms_max": 50.0,
     "search_fills_free_slots_ms_max": 200.0,
 }
-SEARCH_TRIALS = 1000  # the issue's random search: 1,000 one-slot trials
 
 # Each rank stamps its start first thing, then waits for the kill. The file appears whole
 # (written aside, then renamed), so a reader never sees half a line.
@@ -141,10 +140,39 @@ class Params:
     slots_per_agent: int
     rounds: int  # measured, per scenario and system
     warmup_rounds: int  # unmeasured, per scenario and system, before the measured ones
+    lone_gang_rounds_factor: int  # the lone gang's measured rounds: this many times `rounds`
+    search_trials: int  # one-slot trials of the random search (the issue's: 1,000)
+    idle_s: float  # each cluster's idle CPU is measured over this long
 
 
-FULL = Params(agents=8, slots_per_agent=8, rounds=3, warmup_rounds=1)
-QUICK = Params(agents=2, slots_per_agent=2, rounds=1, warmup_rounds=0)
+FULL = Params(
+    agents=8,
+    slots_per_agent=8,
+    rounds=3,
+    warmup_rounds=1,
+    lone_gang_rounds_factor=5,
+    search_trials=1000,
+    idle_s=5.0,
+)
+QUICK = Params(
+    agents=2,
+    slots_per_agent=2,
+    rounds=1,
+    warmup_rounds=0,
+    lone_gang_rounds_factor=5,
+    search_trials=1000,
+    idle_s=1.0,
+)
+# The least that runs every path: each scenario once, a search with more trials than slots.
+SMOKE = Params(
+    agents=2,
+    slots_per_agent=2,
+    rounds=1,
+    warmup_rounds=0,
+    lone_gang_rounds_factor=1,
+    search_trials=8,
+    idle_s=0.2,
+)
 
 
 @dataclass(frozen=True)
@@ -170,21 +198,15 @@ def scenarios_of(params: Params) -> list[Scenario]:
         Scenario("single_slot_trials", 1, total, 1),
         # One gang at a time on an idle cluster: the path's own latency, with nothing
         # queued before it and no other ranks starting beside it.
-        Scenario("lone_gang_idle_cluster", per_agent, 1, 1, rounds_factor=5),
+        Scenario(
+            "lone_gang_idle_cluster", per_agent, 1, 1, rounds_factor=params.lone_gang_rounds_factor
+        ),
     ]
 
 
 def median_of(rounds: Sequence[dict[str, Any]], key: str) -> float | None:
     values = [r[key] for r in rounds if r.get(key) is not None]
     return round(statistics.median(values), 2) if values else None
-
-
-def wait_until(what: str, condition: Callable[[], bool], timeout: float, poll: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(poll)
 
 
 def cpu_seconds(processes: Sequence[psutil.Process]) -> float:
@@ -313,8 +335,8 @@ class OurCluster:
     tmp: Path
     params: Params
     database_url: str
-    master: Process
-    agents: list[Process]
+    master: MasterProcess
+    agents: list[AgentProcess]
     client: httpx.Client
     listener: CommitListener
     start_s: float
@@ -324,50 +346,34 @@ class OurCluster:
         return self.processes
 
     def check(self) -> None:
-        self.master.check()
+        self.master.check_running("det-master")
         for agent in self.agents:
-            agent.check()
-
-    def tails(self) -> str:
-        return f"master:\n{self.master.tail(3000)}\nagent 0:\n{self.agents[0].tail(2000)}"
+            agent.check_running(f"det-agent {agent.id}")
 
 
 @contextlib.contextmanager
 def our_cluster(tmp: Path, params: Params, database_url: str) -> Iterator[OurCluster]:
     started = time.perf_counter()
-    data = tmp / "master-data"
     with contextlib.ExitStack() as stack:
-        master, url = start_master(data, "master", {"DET_MASTER_DB__URL": database_url})
+        master = MasterProcess(tmp / "master-data", db_url=database_url)
         stack.callback(master.stop)
+        master.start()
         # The master has migrated: the table the triggers watch exists.
         asyncio.run(_execute(database_url, TRIGGERS))
         listener = CommitListener(database_url)
         listener.start()
         stack.callback(listener.stop)
-        agent_port = master.command[master.command.index("--agent-port") + 1]
-        agents: list[Process] = []
+        agents: list[AgentProcess] = []
         for index in range(params.agents):
             agent_id = f"gang-agent-{index}"
-            agent = Process(
-                [
-                    str(BIN / "det-agent"),
-                    *("--master", f"127.0.0.1:{agent_port}", "--id", agent_id),
-                    *("--work-dir", str(tmp / agent_id)),
-                    *("--join-token-file", str(data / "agent_join_token")),
-                    *("--artificial-slots", str(params.slots_per_agent)),
-                ],
-                tmp / f"{agent_id}.log",
-                {"PYTHONUNBUFFERED": "1"},
-            )
-            agent.start()
+            agent = AgentProcess(master, agent_id, tmp / agent_id, slots=params.slots_per_agent)
             stack.callback(agent.stop)
-            agents.append(agent)
-        client = login(url)
-        stack.callback(client.close)
+            agents.append(agent.start())
+        client = stack.enter_context(master.client())
 
         def connected() -> bool:
             for agent in agents:
-                agent.check()
+                agent.check_running(f"det-agent {agent.id}")
             reply = client.get("/api/v1/agents")
             if reply.status_code != 200:
                 raise RuntimeError(f"GET /api/v1/agents -> {reply.status_code}: {reply.text}")
@@ -385,9 +391,7 @@ def our_cluster(tmp: Path, params: Params, database_url: str) -> Iterator[OurClu
             listener,
             round(time.perf_counter() - started, 2),
         )
-        for proc in (master, *agents):
-            assert proc.proc is not None
-            cluster.processes.append(psutil.Process(proc.proc.pid))
+        cluster.processes = [psutil.Process(p.pid) for p in (master, *agents)]
         yield cluster
 
 
@@ -681,7 +685,7 @@ def ray_round(handle: RayCluster, scenario: Scenario, slots_per_agent: int) -> d
 
 
 def search_round(cluster: OurCluster, label: str) -> dict[str, Any]:
-    """One random search of SEARCH_TRIALS one-slot trials, its trials created inside the
+    """One random search of `search_trials` one-slot trials, its trials created inside the
     master by the POST: POST -> the cluster's every slot committed and every rank started,
     then kill -> every slot free."""
     client, listener = cluster.client, cluster.listener
@@ -691,7 +695,7 @@ def search_round(cluster: OurCluster, label: str) -> dict[str, Any]:
     searcher = {
         "name": "random",
         "metric": "loss",
-        "max_trials": SEARCH_TRIALS,
+        "max_trials": cluster.params.search_trials,
         "max_length": {"batches": 1},
     }
     body = experiment_body(Scenario("random_search", 1, slots, 1), rank_dir, 0, searcher)
@@ -744,7 +748,7 @@ def run_search(cluster: OurCluster, params: Params) -> dict[str, Any]:
             rounds.append(figures)
     keys = [k for k in rounds[0] if k.endswith("_ms")]
     return {
-        "what": f"one random search of {SEARCH_TRIALS} one-slot trials per round, created "
+        "what": f"one random search of {params.search_trials} one-slot trials per round, created "
         "by the POST inside the master, onto the idle cluster (Ray has no searcher: ours only)",
         "median": {k: median_of(rounds, k) for k in keys},
         "rounds": rounds,
@@ -909,9 +913,10 @@ def run_scenario(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    params = QUICK if args.quick else FULL
+    mode = common.mode_of(args)
+    params = {"full": FULL, "quick": QUICK, "smoke": SMOKE}[mode]
     if args.rounds:
-        params = Params(params.agents, params.slots_per_agent, args.rounds, params.warmup_rounds)
+        params = dataclasses.replace(params, rounds=args.rounds)
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     facts = host_facts(("fastapi", "uvicorn", "sqlalchemy", "asyncpg", "grpcio", "httpx", "ray"))
     try:
@@ -928,7 +933,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if with_ray
         else "ray is not installed (pip install ray==2.60.0, the bench group): skipped"
     )
-    progress(f"{'quick' if args.quick else 'full'} run: {params}; {ray_note}")
+    progress(f"{mode} run: {params}; {ray_note}")
     scenarios = scenarios_of(params)
     results: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
@@ -944,7 +949,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if ray is not None:
             footprints["ray_rss_gib"] = footprint(ray.server_processes())
         # What each cluster costs doing nothing (heartbeats, polls), beside the other.
-        idle_s = 1.0 if args.quick else 5.0
+        idle_s = params.idle_s
         ours_cpu = cpu_seconds(ours.server_processes())
         ray_cpu = cpu_seconds(ray.server_processes()) if ray is not None else 0.0
         time.sleep(idle_s)
@@ -989,7 +994,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "benchmark": "resolute end-to-end gang scheduling: REST submit to running ranks and "
         "back, on Postgres, beside Ray placement groups",
-        "mode": "quick" if args.quick else "full",
+        "mode": mode,
         "command": " ".join(["python -m benchmarks.bench_gangs", *sys.argv[1:]]),
         "started_at": started_at,
         "total_seconds": round(seconds_since_start(), 1),
@@ -1122,8 +1127,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         prog="python -m benchmarks.bench_gangs",
         description="End-to-end gang scheduling benchmark; prints one JSON document on stdout.",
     )
-    parser.add_argument(
-        "--quick", action="store_true", help="2 agents x 2 slots, 1 round, no warm-up"
+    common.add_shape_flags(
+        parser,
+        quick="2 agents x 2 slots, 1 round, no warm-up",
+        smoke="2 agents x 2 slots, 1 round of each scenario, a search of 8 trials",
     )
     parser.add_argument("--rounds", type=int, help="measured rounds per scenario (default 3)")
     parser.add_argument("--postgres", default=DEFAULT_POSTGRES, help="admin DSN of the server")

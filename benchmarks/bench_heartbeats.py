@@ -1,7 +1,8 @@
 """Heartbeat benchmark: 1,000 simulated agents streaming 8-GPU metric heartbeats at 1 Hz.
 
-    .venv/bin/python -m benchmarks.bench_heartbeats [--quick] [--agents N] [--window S]
-        [--workers N] [--lost-after-s S] [--no-floor] [--out PATH]
+    .venv/bin/python -m benchmarks.bench_heartbeats [--quick | --smoke] [--agents N]
+        [--window S] [--workers N] [--heartbeat-interval-s S] [--metrics-period-s S]
+        [--lost-after-s S] [--no-floor] [--out PATH]
 
 Prints one JSON document on stdout (progress goes to stderr): the machine it ran on, the
 parameters, the figures, the targets and whether each was met.
@@ -16,7 +17,8 @@ the join token), waits for Welcome, then sends a Heartbeat every interval the We
 carries one MetricSample with 8 GpuSamples and the system fields, as `det-agent` sends it.
 The round trip is timed from just before the write to the matching HeartbeatAck (by seq).
 
-Figures, over a window (30 s; `--quick`: 5 s with 50 agents) after a warm-up:
+Figures, over a window (30 s; `--quick`: 5 s with 50 agents; `--smoke`, the least that runs
+every path: 1 s with 2 agents beating every 0.25 s, lost after 2.5 s) after a warm-up:
 - the master's CPU (user + system of its process, all threads) / wall = fraction of one core,
   split by thread (the event loop; grpc's C-core threads; the rest), beside the idle
   master's before any agent connected;
@@ -37,9 +39,10 @@ this) and from its last heartbeat sent (lost_after_s plus the hub's 0.25 s tick 
 commit); the moment the master closed that stream, as the agent saw it, is reported too.
 
 Two baselines, in the same run:
-- The gRPC floor: the same agents against a bare grpc.aio server in a process of its own
-  (EchoService: parse each heartbeat, answer its ack in the stream's coroutine; no hub,
-  queue or database). It is what any master built on grpc.aio in one Python process pays
+- The gRPC floor, once the master has stopped: the same agents against a bare grpc.aio
+  server in a process of its own (started beside the master, idle until then; EchoService:
+  parse each heartbeat, answer its ack in the stream's coroutine; no hub, queue or
+  database). It is what any master built on grpc.aio in one Python process pays
   per heartbeat on this machine, so it says how much of the master's CPU is ours.
 - The naive way, once the master has stopped: every heartbeat's sample committed to the
   database in a transaction of its own (an ORM AgentMetricModel row on an engine from
@@ -61,11 +64,9 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import random
-import socket
+import shutil
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -74,40 +75,31 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import httpx
 import psutil
-from sqlalchemy import func, select
 
 from benchmarks import common
-from benchmarks.common import (
-    host_facts,
-    log_tail,
-    percentile,
-    progress,
-    ratio,
-    seconds_since_start,
-    stop_process,
-)
-from master.db.migrate import upgrade_to_head
-from master.db.models import AgentMetricModel
-from master.db.session import create_engine, create_session_factory, session_scope
-from master.grpc_server import channel_options as server_channel_options
-from master.services.agent_link import _reading
-from master.services.metrics import MetricsBuffer, MetricsLoop
-from master.settings import AgentLinkSettings, MasterSettings
+from benchmarks.common import host_facts, progress, seconds_since_start
+from harness.cluster import MasterProcess
+from harness.figures import ms_percentiles, ms_summary, percentile, ratio
 from resolute_proto.agent.v1 import agent_pb2 as pb
 from resolute_proto.agent.v1 import agent_pb2_grpc
 
+# The master's modules (and SQLAlchemy under them) are imported where they are used: the
+# worker processes, which only speak gRPC, import this module too and start in a fraction
+# of the time without them.
+if TYPE_CHECKING:
+    from master.db.models import AgentMetricModel
+
 ROOT = Path(__file__).resolve().parent.parent
-DET_MASTER_BIN = Path(sys.executable).parent / "det-master"
 GPUS_PER_AGENT = 8
 START_TIMEOUT_S = 30.0
 CONNECT_CONCURRENCY = 20  # Hellos in flight per worker: registrations are transactions
 ACK_DRAIN_TIMEOUT_S = 10.0
-METRICS_FLUSH_WAIT_S = 2.5  # MetricsLoop writes every second
+METRICS_FLUSH_TIMEOUT_S = 10.0  # MetricsLoop writes every second
 API_POLL_S = 0.1
 SLOW_EPISODE_GAP_S = 0.2
 TARGETS = {
@@ -115,7 +107,6 @@ TARGETS = {
     "rtt_p99_ms_max": 20.0,
     "silent_agent_lost_s_max": 10.0,
 }
-METRICS_PERIOD_S = AgentLinkSettings().metrics_period_s  # 1 Hz, the master's default
 # The load counts as offered if the workers sent at least this share of the intended rate.
 OFFERED_LOAD_MIN_SHARE = 0.98
 
@@ -123,21 +114,9 @@ OFFERED_LOAD_MIN_SHARE = 0.98
 # --- statistics ----------------------------------------------------------------------------
 
 
-def ms_summary(seconds: Sequence[float]) -> dict[str, float]:
-    ordered = sorted(seconds)
-    if not ordered:
-        return {"n": 0}
-    return {
-        "n": len(ordered),
-        "p50_ms": round(percentile(ordered, 50) * 1000, 3),
-        "p95_ms": round(percentile(ordered, 95) * 1000, 3),
-        "p99_ms": round(percentile(ordered, 99) * 1000, 3),
-        "max_ms": round(ordered[-1] * 1000, 3),
-        "mean_ms": round(sum(ordered) / len(ordered) * 1000, 3),
-    }
-
-
-# --- the machine ---------------------------------------------------------------------------
+def rtt_summary(seconds: Sequence[float]) -> dict[str, float]:
+    """n, p50, p95, p99, max and mean, in ms to the microsecond."""
+    return ms_summary(seconds, digits=3, mean=True) | ms_percentiles(seconds, (95,), digits=3)
 
 
 # --- the simulated agents (worker processes) -----------------------------------------------
@@ -475,88 +454,10 @@ class WorkerProcess:
 # --- the master ----------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-class Master:
-    """One `det-master` subprocess on SQLite in `data_dir`, on free ports."""
-
-    def __init__(self, data_dir: Path, env: dict[str, str]) -> None:
-        self.data_dir = data_dir
-        self.port = free_port()
-        self.agent_port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = data_dir.parent / "master.log"
-        self.extra_env = env
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        command = [
-            str(DET_MASTER_BIN),
-            "--port",
-            str(self.port),
-            "--agent-port",
-            str(self.agent_port),
-            "--data-dir",
-            str(self.data_dir),
-            "--host",
-            "127.0.0.1",
-        ]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DET_MASTER_")}
-        env.update(self.extra_env)
-        with self.log.open("ab") as sink:
-            self.proc = subprocess.Popen(
-                command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"det-master exited with {self.proc.returncode}:\n{self.tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/info", timeout=1.0).status_code == 200:
-                    return
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"det-master not ready after {START_TIMEOUT_S:.0f} s:\n{self.tail()}")
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.agent_port}"
-
-    @property
-    def join_token(self) -> str:
-        return (self.data_dir / "agent_join_token").read_text().strip()
-
-    @property
-    def database(self) -> Path:
-        return self.data_dir / "resolute.db"
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        stop_process(proc)
-
-    def tail(self, chars: int = 4000) -> str:
-        return log_tail(self.log, chars)
-
-
 @contextlib.asynccontextmanager
-async def api_client(master: Master) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=master.url, timeout=30) as client:
-        reply = await client.post(
-            "/api/v1/auth/login", json={"username": "determined", "password": ""}
-        )
-        reply.raise_for_status()
-        client.headers["Authorization"] = f"Bearer {reply.json()['token']}"
+async def api_client(master: MasterProcess) -> AsyncIterator[httpx.AsyncClient]:
+    headers = {"Authorization": f"Bearer {master.login()}"}
+    async with httpx.AsyncClient(base_url=master.url, timeout=30, headers=headers) as client:
         yield client
 
 
@@ -590,13 +491,14 @@ class Params:
     idle_s: float
     lost_after_s: float | None  # None: the master's default
     heartbeat_interval_s: float  # the master's agent_link.heartbeat_interval_s
+    metrics_period_s: float  # the master's agent_link.metrics_period_s (agents sample at it)
     naive_heartbeats: int
     seed: int
 
 
-def samples_per(heartbeat_interval_s: float) -> int:
+def samples_per(params: Params) -> int:
     """Metric samples in each heartbeat: one per metrics period since the last one."""
-    return max(1, round(heartbeat_interval_s / METRICS_PERIOD_S))
+    return max(1, round(params.heartbeat_interval_s / params.metrics_period_s))
 
 
 def split_agents(agents: int, workers: int) -> list[list[int]]:
@@ -656,7 +558,7 @@ async def measure_window(
 ) -> dict[str, Any]:
     """The server's CPU and the heartbeats' fate over `seconds` of steady streaming."""
     interval = params.heartbeat_interval_s
-    samples_per_heartbeat = samples_per(interval)
+    samples_per_heartbeat = samples_per(params)
     progress(f"measuring for {seconds:.0f} s")
     me = psutil.Process()
     rss0 = server.memory_info().rss
@@ -698,9 +600,9 @@ async def measure_window(
         "heartbeats_sent_in_window": sent,
         "of_those_acked": sum(w["acked_of_sent"] for w in windows),
         "load_offered": sent / wall >= OFFERED_LOAD_MIN_SHARE * intended,
-        "rtt": ms_summary(rtts),
+        "rtt": rtt_summary(rtts),
         "slow_round_trips": slow_episodes(timed, wall),
-        "client_send_lateness": ms_summary(late),
+        "client_send_lateness": rtt_summary(late),
         "client_worker_cpu_fraction_of_one_core": [round(c / wall, 3) for c in worker_cpu],
         # Everything else the machine ran meanwhile (it is shared): a noise gauge.
         "other_processes_cpu_cores": round(max(others, 0.0) / wall, 3),
@@ -756,7 +658,8 @@ async def against_master(params: Params, tmp: Path) -> dict[str, Any]:
     if params.lost_after_s is not None:
         env["DET_MASTER_AGENT_LINK__LOST_AFTER_S"] = str(params.lost_after_s)
     env["DET_MASTER_AGENT_LINK__HEARTBEAT_INTERVAL_S"] = str(params.heartbeat_interval_s)
-    master = Master(tmp / "master", env)
+    env["DET_MASTER_AGENT_LINK__METRICS_PERIOD_S"] = str(params.metrics_period_s)
+    master = MasterProcess(tmp / "master", env=env)
     progress(f"starting det-master (log {master.log})")
     master.start()
     workers: list[WorkerProcess] = []
@@ -769,7 +672,9 @@ async def against_master(params: Params, tmp: Path) -> dict[str, Any]:
             await asyncio.sleep(params.idle_s)
             idle = (cpu_seconds(proc) - cpu0) / (time.monotonic() - t0)
             result["idle_master_cpu_fraction_of_one_core"] = round(idle, 4)
-            registration = await connect_agents(params, master.address, master.join_token, workers)
+            registration = await connect_agents(
+                params, master.agent_address, master.join_token, workers
+            )
             registration["connected_in_api"] = await connected_agents(client)
             result["registration"] = registration
             progress(f"warm-up {params.warmup_s:.0f} s")
@@ -779,21 +684,17 @@ async def against_master(params: Params, tmp: Path) -> dict[str, Any]:
             progress("stopping the clients")
             totals = await stop_workers(workers)
             progress("waiting for the metrics loop to flush")
-            await asyncio.sleep(METRICS_FLUSH_WAIT_S)
             sample_agent = agent_name(params.agents - 1)
-            reply = await client.get(
-                f"/api/v1/agents/{sample_agent}/metrics", params={"limit": 10_000}
-            )
-            reply.raise_for_status()
-            samples = reply.json()["samples"]
+            expected = totals["acked_per_agent"][sample_agent] * samples_per(params)
+            samples = await flushed_samples(client, sample_agent, expected)
     finally:
         for worker in workers:
             await worker.close()
         progress("stopping det-master")
         master.stop()
     acked_per_agent: dict[str, int] = totals.pop("acked_per_agent")
-    per_heartbeat = samples_per(params.heartbeat_interval_s)
-    rows = stored_rows(master.database)
+    per_heartbeat = samples_per(params)
+    rows = stored_rows(master.data_dir / "resolute.db")
     differ = {
         name: {"acked": acked, "rows": rows.get(name, 0)}
         for name, acked in acked_per_agent.items()
@@ -812,6 +713,21 @@ async def against_master(params: Params, tmp: Path) -> dict[str, Any]:
     }
     result["totals"] = totals
     return result
+
+
+async def flushed_samples(
+    client: httpx.AsyncClient, agent: str, expected: int
+) -> list[dict[str, Any]]:
+    """The agent's samples through the API once the metrics loop (which writes every
+    second) has stored `expected` of them, or what is there after METRICS_FLUSH_TIMEOUT_S."""
+    deadline = time.monotonic() + METRICS_FLUSH_TIMEOUT_S
+    while True:
+        reply = await client.get(f"/api/v1/agents/{agent}/metrics", params={"limit": 10_000})
+        reply.raise_for_status()
+        samples: list[dict[str, Any]] = reply.json()["samples"]
+        if len(samples) >= expected or time.monotonic() > deadline:
+            return samples
+        await asyncio.sleep(API_POLL_S)
 
 
 def stored_rows(database: Path) -> dict[str, int]:
@@ -867,8 +783,9 @@ class EchoService(agent_pb2_grpc.AgentServiceServicer):
     """The least a grpc.aio server can do per heartbeat: parse it and answer the ack, in the
     stream's own coroutine (no hub, no queue, no database)."""
 
-    def __init__(self, heartbeat_interval_s: float) -> None:
+    def __init__(self, heartbeat_interval_s: float, metrics_period_s: float) -> None:
         self.heartbeat_interval_s = heartbeat_interval_s
+        self.metrics_period_s = metrics_period_s
 
     async def Connect(
         self, request_iterator: AsyncIterator[pb.AgentMessage], context: Any
@@ -879,7 +796,7 @@ class EchoService(agent_pb2_grpc.AgentServiceServicer):
                 welcome = pb.Welcome(
                     stream_id=str(uuid.uuid4()),
                     heartbeat_interval_s=self.heartbeat_interval_s,
-                    metrics_period_s=METRICS_PERIOD_S,
+                    metrics_period_s=self.metrics_period_s,
                 )
                 yield pb.MasterMessage(welcome=welcome)
             elif kind == "heartbeat":
@@ -888,9 +805,12 @@ class EchoService(agent_pb2_grpc.AgentServiceServicer):
                 yield pb.MasterMessage(heartbeat_ack=ack)
 
 
-async def echo_main(heartbeat_interval_s: float) -> None:
-    server = grpc.aio.server(options=server_channel_options(AgentLinkSettings()))
-    service = EchoService(heartbeat_interval_s)
+async def echo_main(heartbeat_interval_s: float, metrics_period_s: float) -> None:
+    from master.grpc_server import channel_options
+    from master.settings import AgentLinkSettings
+
+    server = grpc.aio.server(options=channel_options(AgentLinkSettings()))
+    service = EchoService(heartbeat_interval_s, metrics_period_s)
     agent_pb2_grpc.add_AgentServiceServicer_to_server(service, server)  # type: ignore[no-untyped-call]
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -899,8 +819,10 @@ async def echo_main(heartbeat_interval_s: float) -> None:
     await server.wait_for_termination()
 
 
-async def grpc_floor(params: Params) -> dict[str, Any]:
-    """The same agents against EchoService in a process of its own: the transport's share."""
+@contextlib.asynccontextmanager
+async def echo_server(params: Params) -> AsyncIterator[asyncio.subprocess.Process]:
+    """EchoService in a process of its own, terminated on the way out. It is started before
+    the master, so that its start-up overlaps the master's, and idles until grpc_floor."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -908,9 +830,22 @@ async def grpc_floor(params: Params) -> dict[str, Any]:
         "--echo-server",
         "--heartbeat-interval-s",
         str(params.heartbeat_interval_s),
+        "--metrics-period-s",
+        str(params.metrics_period_s),
         cwd=ROOT,
         stdout=asyncio.subprocess.PIPE,
     )
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            process.terminate()
+        await process.wait()
+
+
+async def grpc_floor(params: Params, process: asyncio.subprocess.Process) -> dict[str, Any]:
+    """The same agents against EchoService (`process`, from echo_server): the transport's
+    share."""
     workers: list[WorkerProcess] = []
     try:
         assert process.stdout is not None
@@ -929,9 +864,6 @@ async def grpc_floor(params: Params) -> dict[str, Any]:
     finally:
         for worker in workers:
             await worker.close()
-        if process.returncode is None:
-            process.terminate()
-        await process.wait()
     return {"registration": registration, "window": window, "totals": totals}
 
 
@@ -939,12 +871,12 @@ async def grpc_floor(params: Params) -> dict[str, Any]:
 
 
 def parsed_heartbeats(
-    count: int, agents: int, seed: int, samples_per_heartbeat: int
+    count: int, agents: int, seed: int, samples_per_heartbeat: int, metrics_period_s: float
 ) -> list[tuple[str, pb.Heartbeat]]:
     """What the master's servicer hands on: parsed Heartbeat messages, each carrying the
     samples of one heartbeat interval, a metrics period apart."""
     rng = random.Random(seed)
-    period_ms = round(METRICS_PERIOD_S * 1000)
+    period_ms = round(metrics_period_s * 1000)
     templates = [
         pb.Heartbeat(samples=[metric_sample(i, rng)] * samples_per_heartbeat).SerializeToString()
         for i in range(agents)
@@ -959,8 +891,11 @@ def parsed_heartbeats(
     return out
 
 
-def naive_row(agent_id: str, sample: pb.MetricSample) -> AgentMetricModel:
-    return AgentMetricModel(
+def naive_row(
+    model: type[AgentMetricModel], agent_id: str, sample: pb.MetricSample
+) -> AgentMetricModel:
+    """The ORM row of one sample (`model` is AgentMetricModel, imported by the caller)."""
+    return model(
         agent_id=agent_id,
         unix_millis=sample.unix_millis,
         cpu_util_simple=sample.cpu_util_simple,
@@ -987,9 +922,18 @@ def naive_row(agent_id: str, sample: pb.MetricSample) -> AgentMetricModel:
 
 
 async def naive_comparison(params: Params, tmp: Path) -> dict[str, Any]:
-    per_heartbeat = samples_per(params.heartbeat_interval_s)
+    from sqlalchemy import func, select
+
+    from master.db.migrate import upgrade_to_head
+    from master.db.models import AgentMetricModel
+    from master.db.session import create_engine, create_session_factory, session_scope
+    from master.services.agent_link import _reading
+    from master.services.metrics import MetricsBuffer, MetricsLoop
+    from master.settings import MasterSettings
+
+    per_heartbeat = samples_per(params)
     heartbeats = parsed_heartbeats(
-        params.naive_heartbeats, params.agents, params.seed, per_heartbeat
+        params.naive_heartbeats, params.agents, params.seed, per_heartbeat, params.metrics_period_s
     )
     offered_per_s = params.agents / params.heartbeat_interval_s
     figures: dict[str, Any] = {
@@ -997,10 +941,18 @@ async def naive_comparison(params: Params, tmp: Path) -> dict[str, Any]:
         "agents": params.agents,
         "metric_samples_per_heartbeat": per_heartbeat,
     }
+    # Both variants start from a fresh migrated file: copies of one, migrated once.
+    migrated = tmp / "migrated.db"
+    engine = create_engine(f"sqlite+aiosqlite:///{migrated}")
+    try:
+        await upgrade_to_head(engine)
+    finally:
+        await engine.dispose()
     for variant in ("naive_one_transaction_per_heartbeat", "ours_buffer_and_bulk_insert"):
-        engine = create_engine(f"sqlite+aiosqlite:///{tmp / (variant + '.db')}")
+        database = tmp / f"{variant}.db"
+        shutil.copyfile(migrated, database)
+        engine = create_engine(f"sqlite+aiosqlite:///{database}")
         try:
-            await upgrade_to_head(engine)
             factory = create_session_factory(engine)
             buffer = MetricsBuffer()
             loop = MetricsLoop(factory, buffer, MasterSettings(data_dir=tmp / "naive"))
@@ -1010,7 +962,7 @@ async def naive_comparison(params: Params, tmp: Path) -> dict[str, Any]:
                 for agent_id, heartbeat in heartbeats:
                     async with session_scope(factory) as session:
                         for sample in heartbeat.samples:
-                            session.add(naive_row(agent_id, sample))
+                            session.add(naive_row(AgentMetricModel, agent_id, sample))
             else:
                 for n, (agent_id, heartbeat) in enumerate(heartbeats, 1):
                     buffer.add(agent_id, [_reading(s) for s in heartbeat.samples])
@@ -1043,23 +995,51 @@ async def naive_comparison(params: Params, tmp: Path) -> dict[str, Any]:
 # --- main ----------------------------------------------------------------------------------
 
 
+# (agents, workers, warmup_s, window_s, the gRPC floor's longest window, idle_s, naive
+# heartbeats) of each shape. The smoke shape: two agents and a 1 s window, heartbeats every
+# 0.25 s carrying two samples each (metrics every 0.125 s); an agent is lost after 2.5 s
+# without one (ten intervals: a loaded machine's stalls must not drop the other agent).
+SHAPES = {
+    "full": (1000, 2, 5.0, 30.0, 20.0, 5.0, 3000),
+    "quick": (50, 1, 2.0, 5.0, 3.0, 2.0, 200),
+    "smoke": (2, 1, 0.2, 1.0, 0.5, 0.2, 20),
+}
+SMOKE_HEARTBEAT_INTERVAL_S = 0.25
+SMOKE_LOST_AFTER_S = 2.5
+
+
 def params_of(args: argparse.Namespace) -> Params:
-    quick = args.quick
-    window = args.window or (5.0 if quick else 30.0)
-    interval = args.heartbeat_interval_s or AgentLinkSettings().heartbeat_interval_s
-    return Params(
-        agents=args.agents or (50 if quick else 1000),
-        workers=args.workers or (1 if quick else 2),
-        warmup_s=args.warmup if args.warmup is not None else (2.0 if quick else 5.0),
-        window_s=window,
-        floor_window_s=0.0 if args.no_floor else min(window, 3.0 if quick else 20.0),
-        idle_s=2.0 if quick else 5.0,
-        lost_after_s=args.lost_after_s
-        if args.lost_after_s is not None
+    from master.settings import AgentLinkSettings
+
+    mode = common.mode_of(args)
+    agents, workers, warmup, window, floor_max, idle, naive = SHAPES[mode]
+    window = args.window or window
+    defaults = AgentLinkSettings()  # the master's: heartbeats every 1 s, metrics at 1 Hz
+    interval = args.heartbeat_interval_s or (
+        SMOKE_HEARTBEAT_INTERVAL_S if mode == "smoke" else defaults.heartbeat_interval_s
+    )
+    period = args.metrics_period_s or (
+        interval / 2 if mode == "smoke" else defaults.metrics_period_s
+    )
+    lost_after: float | None = None  # the master's default (10 s)
+    if args.lost_after_s is not None:
+        lost_after = args.lost_after_s
+    elif mode != "full":
         # Heartbeats must fit five times in it: the agents' fence (60%) needs three.
-        else (5.0 * interval if quick else None),
+        lost_after = 5.0 * interval
+        if mode == "smoke":
+            lost_after = max(lost_after, SMOKE_LOST_AFTER_S)
+    return Params(
+        agents=args.agents or agents,
+        workers=args.workers or workers,
+        warmup_s=args.warmup if args.warmup is not None else warmup,
+        window_s=window,
+        floor_window_s=0.0 if args.no_floor else min(window, floor_max),
+        idle_s=idle,
+        lost_after_s=lost_after,
         heartbeat_interval_s=interval,
-        naive_heartbeats=200 if quick else 3000,
+        metrics_period_s=period,
+        naive_heartbeats=naive,
         seed=args.seed,
     )
 
@@ -1132,14 +1112,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     params = params_of(args)
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     facts = host_facts(("grpcio", "protobuf", "sqlalchemy", "aiosqlite", "fastapi", "uvicorn"))
-    progress(f"{'quick' if args.quick else 'full'} run: {params}")
+    progress(f"{common.mode_of(args)} run: {params}")
+    floor: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory(prefix="resolute-bench-hb-") as tmp:
-        result = await against_master(params, Path(tmp))
-        floor = await grpc_floor(params) if params.floor_window_s > 0 else None
+        if params.floor_window_s > 0:
+            async with echo_server(params) as echo:
+                result = await against_master(params, Path(tmp))
+                floor = await grpc_floor(params, echo)
+        else:
+            result = await against_master(params, Path(tmp))
         naive = await naive_comparison(params, Path(tmp))
     return {
         "benchmark": "resolute agent heartbeats: simulated agents, 8-GPU metrics at 1 Hz",
-        "mode": "quick" if args.quick else "full",
+        "mode": common.mode_of(args),
         "command": " ".join(["python -m benchmarks.bench_heartbeats", *sys.argv[1:]]),
         "started_at": started_at,
         "total_seconds": round(seconds_since_start(), 1),
@@ -1158,7 +1143,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         prog="python -m benchmarks.bench_heartbeats",
         description="Agent heartbeat benchmark; prints one JSON document on stdout.",
     )
-    parser.add_argument("--quick", action="store_true", help="50 agents, a 5 s window")
+    common.add_shape_flags(
+        parser,
+        quick="50 agents, a 5 s window",
+        smoke="2 agents, a 1 s window, heartbeats every 0.25 s with 2 samples each",
+    )
     parser.add_argument("--agents", type=int, help="simulated agents (default 1000)")
     parser.add_argument("--workers", type=int, help="client processes (default 2)")
     parser.add_argument("--window", type=float, help="measured seconds (default 30)")
@@ -1167,14 +1156,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--heartbeat-interval-s",
         type=float,
         help=(
-            "the master's agent_link.heartbeat_interval_s (default: the master's, 1); metrics "
-            "are still sampled at 1 Hz, so each heartbeat carries the interval's samples"
+            "the master's agent_link.heartbeat_interval_s (default: the master's, 1; --smoke: "
+            "0.25); metrics are still sampled every metrics period, so each heartbeat carries "
+            "the interval's samples"
         ),
     )
     parser.add_argument(
         "--lost-after-s",
         type=float,
-        help="the master's agent_link.lost_after_s (default: the master's, 10; --quick: 5)",
+        help="the master's agent_link.lost_after_s (default: the master's, 10; --quick: 5 "
+        "heartbeat intervals; --smoke: 2.5)",
+    )
+    parser.add_argument(
+        "--metrics-period-s",
+        type=float,
+        help="the master's agent_link.metrics_period_s, how often agents sample (default: "
+        "the master's, 1; --smoke: half the heartbeat interval)",
     )
     parser.add_argument("--no-floor", action="store_true", help="skip the bare gRPC floor")
     parser.add_argument("--seed", type=int, default=7, help="seeds phases and metric values")
@@ -1192,7 +1189,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         asyncio.run(worker_main(json.loads(args.worker)))
         return
     if args.echo_server:
-        asyncio.run(echo_main(params_of(args).heartbeat_interval_s))
+        params = params_of(args)
+        asyncio.run(echo_main(params.heartbeat_interval_s, params.metrics_period_s))
         return
     result = asyncio.run(run(args))
     common.emit_report(result, args.out)

@@ -8,12 +8,15 @@ peer, in the same run: JupyterLab started bare on this machine (`python -m jupyt
 with the same options), timed until its page answers; the ratio says what scheduling,
 launch and the proxy add to Jupyter's own start. The target is under 3 s.
 
-    python -m benchmarks.bench_interactive [--runs 5] [--out results.json]
+    python -m benchmarks.bench_interactive [--runs 5 | --smoke] [--out results.json]
+
+`--smoke` (one run) is the smallest shape that still runs every path, for the smoke test.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import subprocess
@@ -27,51 +30,32 @@ from typing import Any
 
 import httpx
 
-from benchmarks.common import (
-    emit_report,
-    free_port,
-    host_facts,
-    log_tail,
-    ms_summary,
-    progress,
-    ratio,
-    stop_process,
-)
+from benchmarks.common import emit_report, host_facts, progress
+from harness.cluster import AgentProcess, MasterProcess, Process, free_port, wait_until
+from harness.figures import ms_summary, percentile, ratio
 
 BIN = Path(sys.executable).parent
-START_TIMEOUT_S = 30.0
 READY_TIMEOUT_S = 120.0
 
 
-def _start(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    with log.open("ab") as sink:
-        return subprocess.Popen(
-            command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+def _wait(url: str, what: str, process: Process, headers: dict[str, str] | None = None) -> None:
+    """Until `url` answers below 500 (polling every 20 ms)."""
 
+    def answers() -> bool:
+        process.check_running(what)
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(url, headers=headers, timeout=2.0).status_code < 500
+        return False
 
-def _wait(url: str, what: str, log: Path, headers: dict[str, str] | None = None) -> float:
-    """Seconds until `url` answers below 500 (polling every 20 ms)."""
-    started = time.perf_counter()
-    deadline = started + READY_TIMEOUT_S
-    while time.perf_counter() < deadline:
-        try:
-            if httpx.get(url, headers=headers, timeout=2.0).status_code < 500:
-                return time.perf_counter() - started
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.02)
-    raise RuntimeError(f"{what} did not answer at {url}:\n{log_tail(log)}")
+    wait_until(f"{what} to answer at {url}", answers, READY_TIMEOUT_S, 0.02, process.output)
 
 
 def bare_jupyter(work: Path) -> float:
     """JupyterLab on its own: the floor every notebook start pays."""
     port = free_port()
     token = secrets.token_urlsafe(16)
-    log = work / f"bare-jupyter-{port}.log"
     root = work / f"bare-{port}"
     root.mkdir()
-    env = {**os.environ, "JUPYTER_TOKEN": token}
     command = [
         sys.executable,
         "-m",
@@ -84,118 +68,79 @@ def bare_jupyter(work: Path) -> float:
         f"--ServerApp.root_dir={root}",
         "--ServerApp.allow_root=True",
     ]
+    jupyter = Process(command, work / f"bare-jupyter-{port}.log", {"JUPYTER_TOKEN": token})
     started = time.perf_counter()
-    proc = subprocess.Popen(
-        command, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env, cwd=root
-    )
+    jupyter.launch()
     try:
         _wait(
             f"http://127.0.0.1:{port}/proxy/bare/",
             "bare jupyter",
-            log,
+            jupyter,
             {"Authorization": f"token {token}"},
         )
         return time.perf_counter() - started
     finally:
-        stop_process(proc)
+        jupyter.stop()
+
+
+def notebook_run(master: MasterProcess, client: httpx.Client, work: Path) -> float:
+    """Seconds `det notebook start --no-browser` takes to return (a page answering through
+    the proxy); the notebook is killed and ended before this returns."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DET_")}
+    env |= {"DET_MASTER": master.url, "XDG_CONFIG_HOME": str(work / "config")}
+    started = time.perf_counter()
+    result = subprocess.run(
+        [str(BIN / "det"), "notebook", "start", "--no-browser", "--config", "resources.slots=1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=READY_TIMEOUT_S,
+        check=False,
+    )
+    elapsed = time.perf_counter() - started
+    if result.returncode != 0:
+        raise RuntimeError(f"det notebook start failed: {result.stderr}")
+    notebook_id = result.stdout.strip().rstrip("/").rsplit("/", 1)[-1]
+    client.post(f"/api/v1/notebooks/{notebook_id}/kill").raise_for_status()
+
+    def ended() -> bool:
+        reply = client.get(f"/api/v1/notebooks/{notebook_id}")
+        return bool(reply.json()["notebook"]["state"] == "STATE_TERMINATED")
+
+    master.wait_for("the notebook to end after its kill", ended, 60.0, 0.1)
+    return elapsed
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5)
+    runs = parser.add_mutually_exclusive_group()
+    runs.add_argument("--runs", type=int, default=5)
+    runs.add_argument("--smoke", action="store_true", help="1 run, for the smoke test")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="bench-interactive-"))
-    port, agent_port = free_port(), free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DET_")}
-    env["PYTHONUNBUFFERED"] = "1"
-    master_log, agent_log = work / "master.log", work / "agent.log"
-    master = _start(
-        [
-            str(BIN / "det-master"),
-            "--port",
-            str(port),
-            "--agent-port",
-            str(agent_port),
-            "--data-dir",
-            str(work / "data"),
-        ],
-        master_log,
-        env,
-    )
-    agent = None
+    if args.smoke:
+        args.runs = 1
     ours: list[float] = []
     bare: list[float] = []
-    try:
-        _wait(f"{url}/info", "det-master", master_log)
-        agent = _start(
-            [
-                str(BIN / "det-agent"),
-                "--master",
-                f"127.0.0.1:{agent_port}",
-                "--id",
-                "bench-agent",
-                "--work-dir",
-                str(work / "agent"),
-                "--artificial-slots",
-                "1",
-                "--join-token-file",
-                str(work / "data" / "agent_join_token"),
-            ],
-            agent_log,
-            env,
-        )
-        token = httpx.post(
-            f"{url}/api/v1/auth/login", json={"username": "determined", "password": ""}
-        ).json()["token"]
-        headers = {"Authorization": f"Bearer {token}"}
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not httpx.get(f"{url}/api/v1/agents", headers=headers).json().get("agents"):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the agent did not connect:\n{log_tail(agent_log)}")
-            time.sleep(0.1)
-        client_env = {**env, "DET_MASTER": url, "XDG_CONFIG_HOME": str(work / "config")}
-        for run in range(args.runs):
-            bare.append(bare_jupyter(work))
-            started = time.perf_counter()
-            result = subprocess.run(
-                [
-                    str(BIN / "det"),
-                    "notebook",
-                    "start",
-                    "--no-browser",
-                    "--config",
-                    "resources.slots=1",
-                ],
-                capture_output=True,
-                text=True,
-                env=client_env,
-                timeout=READY_TIMEOUT_S,
-                check=False,
-            )
-            elapsed = time.perf_counter() - started
-            if result.returncode != 0:
-                raise RuntimeError(f"det notebook start failed: {result.stderr}")
-            notebook_id = result.stdout.strip().rstrip("/").rsplit("/", 1)[-1]
-            ours.append(elapsed)
-            progress(f"run {run + 1}: det notebook start {elapsed:.2f} s, bare {bare[-1]:.2f} s")
-            httpx.post(f"{url}/api/v1/notebooks/{notebook_id}/kill", headers=headers)
-            deadline = time.monotonic() + 60
-            while (
-                httpx.get(f"{url}/api/v1/notebooks/{notebook_id}", headers=headers).json()[
-                    "notebook"
-                ]["state"]
-                != "STATE_TERMINATED"
-            ):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the notebook did not end after its kill")
-                time.sleep(0.1)
-    finally:
-        stop_process(agent)
-        stop_process(master)
-    p50_ours = sorted(ours)[len(ours) // 2]
-    p50_bare = sorted(bare)[len(bare) // 2]
+    with tempfile.TemporaryDirectory(prefix="bench-interactive-") as scratch:
+        work = Path(scratch)
+        master = MasterProcess(work / "data")
+        agent = AgentProcess(master, "bench-agent", work / "agent", slots=1)
+        try:
+            master.start()
+            agent.start().wait_connected()
+            with master.client() as client:
+                for run in range(args.runs):
+                    bare.append(bare_jupyter(work))
+                    ours.append(notebook_run(master, client, work))
+                    progress(
+                        f"run {run + 1}: det notebook start {ours[-1]:.2f} s, bare {bare[-1]:.2f} s"
+                    )
+        finally:
+            agent.stop()
+            master.stop()
+    p50_ours = percentile(sorted(ours), 50)
+    p50_bare = percentile(sorted(bare), 50)
     report: dict[str, Any] = {
         "benchmark": "bench_interactive",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),

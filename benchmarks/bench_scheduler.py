@@ -1,6 +1,7 @@
 """Scheduler benchmark (issue 3): S1 and S2 on PostgreSQL with fsync on.
 
-    .venv/bin/python -m benchmarks.bench_scheduler [--quick] [--postgres DSN] [--seed N]
+    .venv/bin/python -m benchmarks.bench_scheduler [--quick | --smoke] [--postgres DSN]
+        [--seed N]
 
 Prints one JSON document on stdout (progress goes to stderr): the machine it ran on and
 
@@ -17,15 +18,17 @@ Prints one JSON document on stdout (progress goes to stderr): the machine it ran
   workload with one transaction per placement.
 
 Every measurement runs on a database of its own on the server behind --postgres, created
-with CREATE DATABASE on the admin DSN and dropped at the end; a scenario's setup is built
-once, through a running master, and measurements run on copies of it (CREATE DATABASE ...
-TEMPLATE), so that the batched and the naive variant start from the same rows. Simulated
+with CREATE DATABASE on the admin DSN and dropped at the end, each a copy (CREATE DATABASE
+... TEMPLATE) of one that a master migrated and seeded once; a scenario's setup is built
+once, through a running master, and measurements run on copies of it, so that the batched
+and the naive variant start from the same rows. Simulated
 agents register through master.services.agents.register_agent and exit through
 master.services.allocations.release_allocation, the functions the agent protocol calls;
 trials come from master.services.experiments.create_experiment; the batched variant is
 master.services.scheduler.run_pass, what the scheduler loop runs. Setup (registering agents,
 creating trials, the releases between S2 passes, the checks) is timed and printed but
-excluded from the figures. `--quick` shrinks every workload 10x for a smoke run.
+excluded from the figures. `--quick` shrinks every workload 10x; `--smoke` runs every path
+on 16 agents and a few hundred trials in seconds (the smoke test's shape, no figures).
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from benchmarks import common
-from benchmarks.common import host_facts, percentile, progress, ratio, seconds_since_start
+from benchmarks.common import host_facts, progress, seconds_since_start
+from harness.figures import ms_summary, percentile, ratio
 from master.app import create_app
 from master.core import placement
 from master.db.models import (
@@ -85,8 +89,6 @@ DEFAULT_ADMIN_DSN = (
 POOL = "default"
 GANG_SIZES = (16, 32, 64)
 GANGS_PER_BLOCK = 5  # S2 queues gang experiments of 5 trials between one-slot experiments
-S1_PLACEMENT_REPETITIONS = 3
-S2_RELEASE_FRACTION = 0.05
 S2_MAX_PASSES = 2_000
 ASSIGNED_POLL_S = 0.002
 ASSIGNED_TIMEOUT_S = 10.0
@@ -114,6 +116,8 @@ class Scale:
     s2_gangs: int
     s2_singles: int
     s2_fill_trials_per_experiment: int
+    s1_placement_repetitions: int = 3  # S1 (a), each on a fresh copy of the setup
+    s2_release_fraction: float = 0.05  # of the running allocations, released after each pass
 
     @classmethod
     def full(cls) -> Scale:
@@ -145,22 +149,35 @@ class Scale:
             s2_fill_trials_per_experiment=100,
         )
 
+    @classmethod
+    def smoke(cls) -> Scale:
+        """The least that runs every path: S1 more trials than slots (so the cluster fills
+        and the top-up stays pending), placed once; S2 half of 16 agents filled (8 idle ones
+        fit a 64-slot gang), one experiment of gangs of each size, half of the running
+        released after each pass (so it drains in a few passes)."""
+        return cls(
+            agents=16,
+            slots_per_agent=8,
+            s1_trials=160,
+            s1_trials_per_experiment=80,
+            core_repetitions=2,
+            db_pass_repetitions=2,
+            submit_samples=1,
+            s2_gangs=3 * GANGS_PER_BLOCK,
+            s2_singles=30,
+            s2_fill_trials_per_experiment=64,
+            s1_placement_repetitions=1,
+            s2_release_fraction=0.5,
+        )
+
 
 # --- statistics ----------------------------------------------------------------------------
 
 
-def ms_summary(seconds: Sequence[float]) -> dict[str, float]:
-    ordered = sorted(seconds)
-    if not ordered:
-        return {"n": 0}
-    return {
-        "n": len(ordered),
-        "p50_ms": round(percentile(ordered, 50) * 1000, 3),
-        "p99_ms": round(percentile(ordered, 99) * 1000, 3),
-        "min_ms": round(ordered[0] * 1000, 3),
-        "max_ms": round(ordered[-1] * 1000, 3),
-        "mean_ms": round(sum(ordered) / len(ordered) * 1000, 3),
-    }
+def ms_figures(seconds: Sequence[float]) -> dict[str, float]:
+    """ms_summary's figures to the microsecond, with the mean and the fastest."""
+    fastest = {"min_ms": round(min(seconds) * 1000, 3)} if seconds else {}
+    return ms_summary(seconds, digits=3, mean=True) | fastest
 
 
 def rate(count: int, seconds: float) -> float:
@@ -526,8 +543,8 @@ async def release_random(app: FastAPI, rng: random.Random, fraction: float) -> i
 # --- S1 ------------------------------------------------------------------------------------
 
 
-async def s1(admin_dsn: str, scale: Scale, seed: int) -> dict[str, Any]:
-    async with database(admin_dsn, "s1setup") as setup_url:
+async def s1(admin_dsn: str, base_url: str, scale: Scale, seed: int) -> dict[str, Any]:
+    async with database(admin_dsn, "s1setup", template=base_url) as setup_url:
         async with master(setup_url) as app:
             progress(f"S1 setup: {scale.s1_trials} one-slot trials, {scale.agents} agents")
             started = time.perf_counter()
@@ -541,7 +558,7 @@ async def s1(admin_dsn: str, scale: Scale, seed: int) -> dict[str, Any]:
             "register_agents": round(agents_s, 2),
             **result["setup_seconds"],
         }
-        result["c_lone_submit"] = await s1_lone_submit(admin_dsn, scale, seed)
+        result["c_lone_submit"] = await s1_lone_submit(admin_dsn, base_url, scale, seed)
         result["d_naive_one_transaction_per_placement"] = naive = await s1_naive(
             admin_dsn, setup_url, scale
         )
@@ -590,9 +607,9 @@ async def s1_batched(admin_dsn: str, setup_url: str, scale: Scale) -> dict[str, 
     capacity = scale.agents * scale.slots_per_agent
     expected = min(capacity, scale.s1_trials)
     repetitions: list[dict[str, Any]] = []
-    for rep in range(S1_PLACEMENT_REPETITIONS - 1):
+    for rep in range(scale.s1_placement_repetitions - 1):
         async with database(admin_dsn, f"s1a{rep}", template=setup_url) as url, master(url) as app:
-            progress(f"S1 (a) {rep + 1}/{S1_PLACEMENT_REPETITIONS}: batched passes")
+            progress(f"S1 (a) {rep + 1}/{scale.s1_placement_repetitions}: batched passes")
             repetitions.append(await _placement_repetition(app, expected))
 
     # The last copy also gives (b): the core before placing, the database pass once full.
@@ -603,7 +620,8 @@ async def s1_batched(admin_dsn: str, setup_url: str, scale: Scale) -> dict[str, 
         idle_core_nogc, _ = time_core(idle, scale.core_repetitions, collect=False)
         idle_pending = len(idle.requests)
         del idle
-        progress(f"S1 (a) {S1_PLACEMENT_REPETITIONS}/{S1_PLACEMENT_REPETITIONS}: batched passes")
+        last = scale.s1_placement_repetitions
+        progress(f"S1 (a) {last}/{last}: batched passes")
         repetitions.append(await _placement_repetition(app, expected))
         progress(f"S1 (b): queueing {expected} more trials; the database pass on a full cluster")
         started = time.perf_counter()
@@ -630,8 +648,8 @@ async def s1_batched(admin_dsn: str, setup_url: str, scale: Scale) -> dict[str, 
     wall_total = sum(r["wall_seconds"] for r in repetitions)
     rep_rates = sorted(rate(r["placed"], r["wall_seconds"]) for r in repetitions)
     headline = rate(placed_total, wall_total)
-    core = ms_summary(idle_core)
-    db = ms_summary(db_walls)
+    core = ms_figures(idle_core)
+    db = ms_figures(db_walls)
     p99_target = TARGETS["s1_pass_p99_ms_max"]
     return {
         "setup_seconds": {"queue_more_trials_for_b": round(top_up_s, 2)},
@@ -641,7 +659,7 @@ async def s1_batched(admin_dsn: str, setup_url: str, scale: Scale) -> dict[str, 
                 f"{scale.slots_per_agent}-slot agents ({capacity} slots), placed by batched "
                 "passes until one places nothing; placed / wall time of the placing passes, "
                 "each from its first query to the end of its commit (one transaction per "
-                f"pass); {S1_PLACEMENT_REPETITIONS} repetitions, each on a fresh copy of the "
+                f"pass); {scale.s1_placement_repetitions} repetitions, each on a fresh copy of the "
                 "same database"
             ),
             "placed_per_repetition": expected,
@@ -669,14 +687,14 @@ async def s1_batched(admin_dsn: str, setup_url: str, scale: Scale) -> dict[str, 
                 ),
                 **core,
                 "target_met": core["p99_ms"] < p99_target,
-                "gc_off_during_each_call": ms_summary(idle_core_nogc),
+                "gc_off_during_each_call": ms_figures(idle_core_nogc),
             },
             "core_full_cluster": {
                 "what": (
                     f"the core alone on {full_pending} pending x {scale.agents} full agents "
                     f"(places {full_placed}); garbage collector on"
                 ),
-                **ms_summary(full_core),
+                **ms_figures(full_core),
             },
             "db_pass_full_cluster": {
                 "what": (
@@ -685,19 +703,22 @@ async def s1_batched(admin_dsn: str, setup_url: str, scale: Scale) -> dict[str, 
                     "nothing placeable, pending reasons already current"
                 ),
                 **db,
-                "run_pass_before_commit": ms_summary(db_run_pass),
-                "core_inside_pass": ms_summary(db_core),
+                "run_pass_before_commit": ms_figures(db_run_pass),
+                "core_inside_pass": ms_figures(db_core),
                 "target_met": db["p99_ms"] < p99_target,
             },
         },
     }
 
 
-async def s1_lone_submit(admin_dsn: str, scale: Scale, seed: int) -> dict[str, Any]:
+async def s1_lone_submit(admin_dsn: str, base_url: str, scale: Scale, seed: int) -> dict[str, Any]:
     """(c) submit through the API with the master's scheduler loop running; time until the
     allocation is ASSIGNED, as seen in the database."""
     rng = random.Random(seed)
-    async with database(admin_dsn, "s1c") as url, master(url, run_loops=True) as app:
+    async with (
+        database(admin_dsn, "s1c", template=base_url) as url,
+        master(url, run_loops=True) as app,
+    ):
         progress(f"S1 (c): {scale.agents} agents register, the scheduler loop running")
         agents_s = await register_agents(app, scale.agents, scale.slots_per_agent)
         transport = httpx.ASGITransport(app=app)
@@ -871,7 +892,9 @@ async def s2_setup(app: FastAPI, scale: Scale) -> dict[str, float]:
     return timings
 
 
-async def s2_run(admin_dsn: str, setup_url: str, seed: int, *, naive: bool) -> S2Run:
+async def s2_run(
+    admin_dsn: str, setup_url: str, seed: int, release_fraction: float, *, naive: bool
+) -> S2Run:
     run = S2Run("naive" if naive else "batched")
     label = f"S2 {run.variant}"
     async with (
@@ -886,7 +909,7 @@ async def s2_run(admin_dsn: str, setup_url: str, seed: int, *, naive: bool) -> S
         rng = random.Random(seed)
         head_index = 0
         pending = {a for a, _ in order}
-        progress(f"{label}: passes, {S2_RELEASE_FRACTION:.0%} of the running released after each")
+        progress(f"{label}: passes, {release_fraction:.0%} of the running released after each")
         for number in range(1, S2_MAX_PASSES + 1):
             while head_index < len(order) and order[head_index][0] in placed_at:
                 head_index += 1
@@ -918,7 +941,7 @@ async def s2_run(admin_dsn: str, setup_url: str, seed: int, *, naive: bool) -> S
                     f"{label}: pass {number}: {len(pending)} pending, "
                     f"{sum(run.gangs_per_pass)} gangs placed"
                 )
-            released = await release_random(app, rng, S2_RELEASE_FRACTION) if pending else 0
+            released = await release_random(app, rng, release_fraction) if pending else 0
             run.released += released
             run.unmeasured_seconds += time.perf_counter() - unmeasured
             if not pending:
@@ -950,8 +973,8 @@ def s2_report(run: S2Run) -> dict[str, Any]:
         "stuck": run.stuck,
         "gang_placements_per_s": rate(run.gangs_total, pass_wall),
         "all_placements_per_s": rate(placed, pass_wall),
-        "pass": ms_summary(run.pass_seconds),
-        "core_inside_pass": ms_summary(run.core_seconds),
+        "pass": ms_figures(run.pass_seconds),
+        "core_inside_pass": ms_figures(run.core_seconds),
         "gang_placements_per_s_of_core_time_only": rate(run.gangs_total, sum(run.core_seconds)),
         "first_pass": {
             "placed": len(run.placed_per_pass[0]),
@@ -988,16 +1011,17 @@ def s2_report(run: S2Run) -> dict[str, Any]:
     return report
 
 
-async def s2(admin_dsn: str, scale: Scale, seed: int) -> dict[str, Any]:
-    async with database(admin_dsn, "s2setup") as setup_url:
+async def s2(admin_dsn: str, base_url: str, scale: Scale, seed: int) -> dict[str, Any]:
+    async with database(admin_dsn, "s2setup", template=base_url) as setup_url:
         async with master(setup_url) as app:
             progress(
                 f"S2 setup: {scale.agents} agents, half filled; {scale.s2_gangs} gangs and "
                 f"{scale.s2_singles} one-slot trials queued"
             )
             setup = await s2_setup(app, scale)
-        batched = await s2_run(admin_dsn, setup_url, seed, naive=False)
-        naive = await s2_run(admin_dsn, setup_url, seed, naive=True)
+        fraction = scale.s2_release_fraction
+        batched = await s2_run(admin_dsn, setup_url, seed, fraction, naive=False)
+        naive = await s2_run(admin_dsn, setup_url, seed, fraction, naive=True)
     batched_report = s2_report(batched)
     naive_report = s2_report(naive)
     violations = len(batched.violations) + len(naive.violations)
@@ -1010,7 +1034,7 @@ async def s2(admin_dsn: str, scale: Scale, seed: int) -> dict[str, Any]:
             f"{'/'.join(map(str, GANG_SIZES))} slots (experiments of {GANGS_PER_BLOCK} gang "
             "trials, sizes cycling) alternating in queue order with experiments of one-slot "
             f"trials ({scale.s2_singles} in all). After every pass a seeded random "
-            f"{S2_RELEASE_FRACTION:.0%} of the running allocations are released (COMPLETED) "
+            f"{scale.s2_release_fraction:.0%} of the running allocations are released (COMPLETED) "
             "through release_allocation in one session, until the queue is empty. Rates are "
             "placements / summed wall time of the passes (load + core + writes + commits); "
             "releases and checks are excluded. Both variants start from copies of one "
@@ -1043,9 +1067,10 @@ async def s2(admin_dsn: str, scale: Scale, seed: int) -> dict[str, Any]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    scale = Scale.quick() if args.quick else Scale.full()
+    mode = common.mode_of(args)
+    scale = {"full": Scale.full, "quick": Scale.quick, "smoke": Scale.smoke}[mode]()
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
-    progress(f"{'quick' if args.quick else 'full'} run against {args.postgres}")
+    progress(f"{mode} run against {args.postgres}")
     facts = host_facts(("sqlalchemy", "asyncpg", "fastapi", "httpx", "pydantic"))
     try:
         facts["postgres"] = await common.postgres_facts(args.postgres)
@@ -1053,11 +1078,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"cannot use PostgreSQL at {args.postgres}: {exc}") from exc
     if facts["postgres"]["fsync"] != "on":
         raise SystemExit(f"PostgreSQL has fsync={facts['postgres']['fsync']}; it must be on")
-    s1_result = await s1(args.postgres, scale, args.seed)
-    s2_result = await s2(args.postgres, scale, args.seed)
+    async with database(args.postgres, "base") as base_url:
+        async with master(base_url):
+            pass  # migrated and seeded once, as a new det-master leaves a database
+        s1_result = await s1(args.postgres, base_url, scale, args.seed)
+        s2_result = await s2(args.postgres, base_url, scale, args.seed)
     return {
         "benchmark": "resolute scheduler, issue 3 (S1, S2)",
-        "mode": "quick" if args.quick else "full",
+        "mode": mode,
         "command": " ".join(["python -m benchmarks.bench_scheduler", *sys.argv[1:]]),
         "started_at": started_at,
         "total_seconds": round(seconds_since_start(), 1),
@@ -1073,7 +1101,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         prog="python -m benchmarks.bench_scheduler",
         description="Scheduler benchmark (issue 3); prints one JSON document on stdout.",
     )
-    parser.add_argument("--quick", action="store_true", help="every workload 10x smaller")
+    common.add_shape_flags(
+        parser,
+        quick="every workload 10x smaller",
+        smoke="16 agents, a few hundred trials: seconds, for the smoke test",
+    )
     parser.add_argument(
         "--postgres",
         default=DEFAULT_ADMIN_DSN,

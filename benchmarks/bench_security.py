@@ -2,29 +2,29 @@
 `det-master` processes on SQLite with free ports, each measure beside the plain way in the
 same run (rounds alternate which goes first; figures are pooled percentiles and medians).
 
-    .venv/bin/python -m benchmarks.bench_security [--quick] [--rounds N] [--login-clients N]
-        [--out PATH]
+    .venv/bin/python -m benchmarks.bench_security [--quick | --smoke] [--rounds N]
+        [--login-clients N] [--out PATH]
 
 Prints one JSON document on stdout (progress on stderr): the machine, the parameters, and
 
 - `tls`: two masters, one plain and one with a certificate from `det-master certs`
   (security.tls), the client verifying it against that CA:
   - `kept_alive`: GET /api/v1/me (a bearer token, so the token's database lookup is in it)
-    on one kept-alive connection, 2,000 requests per master (`--quick`: 200);
+    on one kept-alive connection, 2,000 requests per master (`--quick`: 200; `--smoke`: 10);
   - `fresh_connection`: the same request on a new connection each time (connect, TLS
-    handshake, request, close), 200 per master (`--quick`: 40); Python's ssl module does not
-    resume sessions on its own, so each one is a full handshake;
+    handshake, request, close), 200 per master (`--quick`: 40; `--smoke`: 5); Python's ssl
+    module does not resume sessions on its own, so each one is a full handshake;
   - TLS / plain ratios of p50 and p99, and the milliseconds TLS adds at p50.
 - `login_load`: GET /health/live latency (a kept-alive client probing 100 times a second)
-  while N clients (8; `--quick`: 4) log in back to back with right passwords as 4 users made
-  through the API, against the same probe on the idle master. The clients run in a process
-  of their own (this module with `--login-worker`), so the probe's timings are not theirs.
-  Three windows per round: idle; logins on our master (PBKDF2 on a pool of cores - 1
-  threads, `_hashing` in master/services/auth.py); logins on the naive master: the same
-  `det-master` with `auth._hashing` replaced in its process by a function that runs the
-  check on the event loop, what a master that hashed in its handler would do. Reported:
-  probe p50/p99/max, logins/s, login latency and the master's CPU in each window, and the
-  loaded / idle ratios.
+  while N clients (8; `--quick`: 4; `--smoke`: 2) log in back to back with right passwords
+  as 4 users made through the API, against the same probe on the idle master. The clients
+  run in a process of their own (this module with `--login-worker`), so the probe's timings
+  are not theirs. Three windows per round: idle; logins on our master (PBKDF2 on a pool of
+  cores - 1 threads, `_hashing` in master/services/auth.py); logins on the naive master:
+  the same `det-master` with `auth._hashing` replaced in its process by a function that runs
+  the check on the event loop, what a master that hashed in its handler would do.
+  Reported: probe p50/p99/max, logins/s, login latency and the master's CPU in each window,
+  and the loaded / idle ratios.
 
 The run-token scope check (access.check_task_scope) is not measured here.
 """
@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
 import ssl
 import statistics
 import subprocess
@@ -43,6 +41,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -52,21 +51,14 @@ import httpx
 import psutil
 
 from benchmarks import common
-from benchmarks.common import (
-    free_port,
-    host_facts,
-    log_tail,
-    percentile,
-    progress,
-    ratio,
-    seconds_since_start,
-    stop_process,
-)
+from benchmarks.common import host_facts, progress, seconds_since_start
+from harness.cluster import START_TIMEOUT_S, MasterProcess
+from harness.figures import ms_summary, percentile, ratio
 from master.core.credentials import client_side_hash
-from master.services.auth import PBKDF2_ITERATIONS, hash_password, password_matches
 
-DET_MASTER_BIN = Path(sys.executable).parent / "det-master"
-START_TIMEOUT_S = 30.0
+# master.services.auth (and the database layer under it) is imported where it is used, not
+# here: the login workers import this module, and start in a fraction of the time without it.
+
 USERS = 4
 PASSWORD = "bench-security-password"
 LOGIN_WARMUP_S = 0.3  # logins running before the probe's window opens
@@ -99,10 +91,13 @@ class Params:
 
 FULL = Params(5, 2000, 200, 8, 5.0, 0.01)
 QUICK = Params(2, 200, 40, 4, 1.5, 0.01)
+# The least that runs every path: one round, a few requests, two login clients; windows of
+# 0.75 s, so that a loaded machine still completes logins inside each.
+SMOKE = Params(1, 10, 5, 2, 0.75, 0.01)
 
 
 def params_of(args: argparse.Namespace) -> Params:
-    base = QUICK if args.quick else FULL
+    base = {"full": FULL, "quick": QUICK, "smoke": SMOKE}[common.mode_of(args)]
     return Params(
         rounds=args.rounds or base.rounds,
         kept_alive_requests=base.kept_alive_requests,
@@ -113,98 +108,51 @@ def params_of(args: argparse.Namespace) -> Params:
     )
 
 
-def ms_summary(seconds: Sequence[float]) -> dict[str, Any]:
-    return common.ms_summary(seconds, digits=3, mean=True)
-
-
 # --- the masters -------------------------------------------------------------------------
 
 
-class Master:
+class Master(MasterProcess):
     """One `det-master` subprocess on SQLite in its own directory, on free ports; TLS when
-    `certs` (a `det-master certs` directory) is given, `naive` for the inline password check."""
+    `certs` (a `det-master certs` directory) is given, `naive` for the inline password check.
+    Signed in as admin once started."""
 
     def __init__(self, work: Path, name: str, certs: Path | None = None, naive: bool = False):
-        self.name = name
-        self.data_dir = work / name
-        self.log = work / f"{name}.log"
-        self.port = free_port()
-        self.agent_port = free_port()
-        self.url = f"{'https' if certs else 'http'}://127.0.0.1:{self.port}"
-        self.certs = certs
-        self.naive = naive
-        # The client checks the master's certificate against the CA, as DET_MASTER_CERT_FILE.
-        self.verify: ssl.SSLContext | bool = (
-            ssl.create_default_context(cafile=str(certs / "ca.crt")) if certs else True
+        env = {}
+        if certs is not None:
+            env["DET_MASTER_SECURITY__TLS__CERT_FILE"] = str(certs / "master.crt")
+            env["DET_MASTER_SECURITY__TLS__KEY_FILE"] = str(certs / "master.key")
+        super().__init__(
+            work / name,
+            label=name,
+            env=env,
+            program=[sys.executable, "-c", NAIVE_MASTER] if naive else (),
+            scheme="https" if certs else "http",
+            # The client checks the master's certificate against the CA, as
+            # DET_MASTER_CERT_FILE.
+            verify=ssl.create_default_context(cafile=str(certs / "ca.crt")) if certs else True,
         )
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.name = name
         self.token = ""
 
-    def start(self) -> None:
-        self.data_dir.mkdir(parents=True)
-        program = [sys.executable, "-c", NAIVE_MASTER] if self.naive else [str(DET_MASTER_BIN)]
-        command = [
-            *program,
-            *("--port", str(self.port), "--agent-port", str(self.agent_port)),
-            *("--data-dir", str(self.data_dir), "--host", "127.0.0.1"),
-        ]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DET_")}
-        if self.certs is not None:
-            env["DET_MASTER_SECURITY__TLS__CERT_FILE"] = str(self.certs / "master.crt")
-            env["DET_MASTER_SECURITY__TLS__KEY_FILE"] = str(self.certs / "master.key")
-        with self.log.open("ab") as sink:
-            self.proc = subprocess.Popen(
-                command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} master exited:\n{log_tail(self.log)}")
-            with contextlib.suppress(httpx.HTTPError):
-                reply = httpx.get(f"{self.url}/info", verify=self.verify, timeout=1.0)
-                if reply.status_code == 200:
-                    self.token = self.login("admin", "")
-                    return
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"{self.name} master not ready after {START_TIMEOUT_S:.0f} s")
+    def start(self, timeout: float = START_TIMEOUT_S) -> None:
+        super().start(timeout)
+        self.token = self.login("admin", "")
 
-    def login(self, username: str, password: str) -> str:
-        reply = httpx.post(
-            f"{self.url}/api/v1/auth/login",
-            json={"username": username, "password": password},
-            verify=self.verify,
-            timeout=30,
-        )
-        reply.raise_for_status()
-        token: str = reply.json()["token"]
-        return token
-
-    def client(self, **kwargs: Any) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.url,
-            verify=self.verify,
-            timeout=30,
-            headers={"Authorization": f"Bearer {self.token}"},
-            **kwargs,
-        )
+    def admin_client(self, **kwargs: Any) -> httpx.Client:
+        """A client signed in as admin (the token start() got)."""
+        return self.client(self.token, **kwargs)
 
     def cpu_seconds(self) -> float:
-        assert self.proc is not None
-        times = psutil.Process(self.proc.pid).cpu_times()
+        times = psutil.Process(self.pid).cpu_times()
         return float(times.user + times.system)
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        stop_process(proc)
 
 
 def make_certs(directory: Path) -> Path:
-    subprocess.run(
-        [str(DET_MASTER_BIN), "certs", "--out", str(directory), "--host", "127.0.0.1"],
-        check=True,
-        capture_output=True,
-    )
+    """What `det-master certs --out DIRECTORY --host 127.0.0.1` makes, made in this process
+    (the command's own start-up would compete with the masters')."""
+    from master import certs
+
+    certs.generate(directory, ["127.0.0.1"])
     return directory
 
 
@@ -236,7 +184,7 @@ def timed_gets(client: httpx.Client, path: str, count: int) -> tuple[list[float]
 
 
 def kept_alive(master: Master, count: int) -> tuple[list[float], dict[str, Any]]:
-    with master.client() as client:
+    with master.admin_client() as client:
         # The connection and its handshake, outside the timing.
         _, _, protocol = timed_gets(client, "/api/v1/me", 1)
         samples, connects, _ = timed_gets(client, "/api/v1/me", count)
@@ -245,7 +193,7 @@ def kept_alive(master: Master, count: int) -> tuple[list[float], dict[str, Any]]
 
 def fresh_connections(master: Master, count: int) -> tuple[list[float], dict[str, Any]]:
     # No idle connection kept: each request connects (and handshakes) anew.
-    with master.client(limits=httpx.Limits(max_keepalive_connections=0)) as client:
+    with master.admin_client(limits=httpx.Limits(max_keepalive_connections=0)) as client:
         samples, connects, protocol = timed_gets(client, "/api/v1/me", count)
     return samples, {"connections_opened": connects, "tls": protocol}
 
@@ -253,7 +201,10 @@ def fresh_connections(master: Master, count: int) -> tuple[list[float], dict[str
 def compare_tls(results: dict[str, list[list[float]]]) -> dict[str, Any]:
     plain = [s for round_ in results["plain"] for s in round_]
     tls = [s for round_ in results["tls"] for s in round_]
-    summary = {"plain": ms_summary(plain), "tls": ms_summary(tls)}
+    summary = {
+        "plain": ms_summary(plain, digits=3, mean=True),
+        "tls": ms_summary(tls, digits=3, mean=True),
+    }
     for variant in ("plain", "tls"):
         per_round = [percentile(sorted(r), 50) * 1000 for r in results[variant]]
         summary[variant]["round_p50_ms"] = [round(v, 3) for v in per_round]
@@ -311,7 +262,7 @@ def bench_tls(plain: Master, tls: Master, params: Params) -> dict[str, Any]:
 def create_users(master: Master) -> list[str]:
     """USERS users with PASSWORD, made by the admin through the API."""
     names = [f"bench-login-{i}" for i in range(USERS)]
-    with master.client() as client:
+    with master.admin_client() as client:
         for name in names:
             reply = client.post(
                 "/api/v1/users",
@@ -371,7 +322,7 @@ def probe(master: Master, seconds: float, interval: float) -> tuple[list[float],
     """GET /health/live every `interval` for `seconds` on a kept-alive connection; a late
     probe is not made up for (no bursts). The latencies and the window (monotonic)."""
     samples: list[float] = []
-    with master.client() as client:
+    with master.admin_client() as client:
         client.get("/health/live").raise_for_status()
         start = due = time.monotonic()
         end = start + seconds
@@ -438,7 +389,10 @@ def window(master: Master, users: list[str] | None, params: Params) -> dict[str,
 
 
 def bench_logins(ours: Master, naive: Master, params: Params) -> dict[str, Any]:
-    users = {"ours": create_users(ours), "naive": create_users(naive)}
+    # Both masters hash the new users' passwords at once (setup, not timed).
+    with ThreadPoolExecutor(2) as pool:
+        made = {"ours": pool.submit(create_users, ours), "naive": pool.submit(create_users, naive)}
+        users = {name: future.result() for name, future in made.items()}
     variants = {
         "idle": (ours, None),
         "logins_ours_pbkdf2_in_thread": (ours, users["ours"]),
@@ -462,7 +416,7 @@ def bench_logins(ours: Master, naive: Master, params: Params) -> dict[str, Any]:
     for name, windows in runs.items():
         probes = [s for w in windows for s in w["probe"]]
         entry: dict[str, Any] = {
-            "probe_health_live": ms_summary(probes),
+            "probe_health_live": ms_summary(probes, digits=3, mean=True),
             "probe_round_p99_ms": [
                 round(percentile(sorted(w["probe"]), 99) * 1000, 3) for w in windows
             ],
@@ -474,7 +428,9 @@ def bench_logins(ours: Master, naive: Master, params: Params) -> dict[str, Any]:
             entry |= {
                 "logins_per_s_median": statistics.median(w["logins_per_s"] for w in windows),
                 "logins_per_s_rounds": [w["logins_per_s"] for w in windows],
-                "login_latency": ms_summary([s for w in windows for s in w["login_latencies"]]),
+                "login_latency": ms_summary(
+                    [s for w in windows for s in w["login_latencies"]], digits=3, mean=True
+                ),
                 "login_failures": sum(sum(w["login_failures"].values()) for w in windows),
                 "login_worker_cpu_s": [w["login_worker_cpu_s"] for w in windows],
             }
@@ -492,6 +448,8 @@ def bench_logins(ours: Master, naive: Master, params: Params) -> dict[str, Any]:
 
 def pbkdf2_ms() -> float:
     """One password check's CPU time here: how long the naive master's loop stops per login."""
+    from master.services.auth import hash_password, password_matches
+
     stored = hash_password(PASSWORD)
     times = []
     for _ in range(5):
@@ -505,12 +463,14 @@ def pbkdf2_ms() -> float:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from master.services.auth import PBKDF2_ITERATIONS
+
     params = params_of(args)
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
-    progress(f"{'quick' if args.quick else 'full'} run: {params}")
+    progress(f"{common.mode_of(args)} run: {params}")
     report: dict[str, Any] = {
         "benchmark": "security: TLS against plain HTTP, and logins against an idle master",
-        "mode": "quick" if args.quick else "full",
+        "mode": common.mode_of(args),
         "command": " ".join(["python -m benchmarks.bench_security", *sys.argv[1:]]),
         "started_at": started_at,
         "machine": host_facts(("httpx", "httpcore", "uvicorn", "fastapi", "cryptography")),
@@ -519,22 +479,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     with tempfile.TemporaryDirectory(prefix="resolute-bench-security-") as scratch:
         work = Path(scratch)
-        certs = make_certs(work / "certs")
-        masters = [
-            Master(work, "plain"),
-            Master(work, "tls", certs=certs),
-            Master(work, "naive", naive=True),
-        ]
+        plain, naive = Master(work, "plain"), Master(work, "naive", naive=True)
+        masters = [plain, naive]
         try:
-            for master in masters:
-                progress(f"starting the {master.name} master ({master.url})")
-                master.start()
-            plain, tls, naive = masters
+            # The three start side by side: the plain and naive ones while the certificate
+            # is made, then the TLS one.
+            with ThreadPoolExecutor(len(masters) + 1) as pool:
+                starting = [pool.submit(master.start) for master in masters]
+                tls = Master(work, "tls", certs=make_certs(work / "certs"))
+                masters.append(tls)
+                starting.append(pool.submit(tls.start))
+                progress("starting the masters: " + ", ".join(f"{m.name} {m.url}" for m in masters))
+                for started in starting:
+                    started.result()
             report["tls"] = bench_tls(plain, tls, params)
             report["login_load"] = bench_logins(plain, naive, params)
         except BaseException:
             for master in masters:
-                progress(f"{master.name} master log:\n{log_tail(master.log, 1200)}")
+                progress(f"{master.name} master log:\n{master.output(1200)}")
             raise
         finally:
             for master in masters:
@@ -558,8 +520,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         prog="python -m benchmarks.bench_security",
         description="Security benchmark (TLS, logins); prints one JSON document on stdout.",
     )
-    parser.add_argument("--quick", action="store_true", help="a small run, under ~30 s")
-    parser.add_argument("--rounds", type=int, help="alternating rounds (default 5; quick 2)")
+    common.add_shape_flags(
+        parser,
+        quick="a small run, under ~30 s",
+        smoke="1 round of a few requests, 2 login clients, 0.75 s windows",
+    )
+    parser.add_argument(
+        "--rounds", type=int, help="alternating rounds (default 5; quick 2; smoke 1)"
+    )
     parser.add_argument("--login-clients", type=int, help="concurrent logins (default 8)")
     parser.add_argument("--out", type=Path, help="also write the JSON document here")
     # Internal: the login clients run this module in a process of their own.

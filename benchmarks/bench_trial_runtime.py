@@ -1,8 +1,8 @@
 """Trial runtime benchmark: how long a submitted experiment takes to start its ranks, and
 what the training library costs a training loop.
 
-    .venv/bin/python -m benchmarks.bench_trial_runtime [--quick] [--experiments N] [--slots N]
-        [--steps N] [--out PATH]
+    .venv/bin/python -m benchmarks.bench_trial_runtime [--quick | --smoke] [--experiments N]
+        [--slots N] [--steps N] [--out PATH]
 
 Prints one JSON document on stdout (progress goes to stderr): the machine, the parameters,
 the figures, the targets and whether each was met. It starts its own local cluster: a
@@ -43,6 +43,9 @@ over the bare one, minus 1 (mean and median); also the calls' own time on the lo
 plus the CPU the process's other threads add per step, over the step's length (`cost`): what
 the library takes from a CPU-bound loop, without the noise of the loop's own work on a
 shared machine. The master's CPU per step is reported beside each variant.
+
+`--smoke` (one launch per variant and no warm-up, two steps of 20 ms per loop variant) is the
+smallest shape that still runs every path, for the smoke test; its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -53,7 +56,6 @@ import http.server
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -72,22 +74,18 @@ import httpx
 import yaml
 
 from benchmarks import common
-from benchmarks.common import (
-    host_facts,
-    log_tail,
-    percentile,
-    progress,
-    ratio,
-    seconds_since_start,
-    stop_process,
-)
+from benchmarks.common import host_facts, progress, seconds_since_start
+from harness.cluster import AgentProcess, MasterProcess
+from harness.figures import percentile, ratio
 
 ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
-START_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 60.0
 STAMP_POLL_S = 0.002
 TRIAL_TIMEOUT_S = 120.0
 SCHEDULER_INTERVAL_S = 0.5  # the master's default scheduler_interval_s
+# Nothing is read from the masters once the run is over, and an ended trial's preemption
+# long-poll keeps a master's graceful shutdown waiting its 5 s limit: SIGKILL after 1 s.
+MASTER_STOP_GRACE_S = 1.0
 TARGETS = {"launch_p50_s_max": 1.0, "library_overhead_fraction_max": 0.01}
 
 
@@ -99,134 +97,47 @@ class Params:
     rounds: int  # the steps are split into this many interleaved rounds
     step_s: float
     seed: int  # of the launches' random phases
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    warmup_launches: int = 1  # per variant, unmeasured, before the measured ones
 
 
 # --- the local cluster -----------------------------------------------------------------------
 
 
-class Process:
-    """A det-master or det-agent subprocess, its output in a log file."""
-
-    def __init__(self, command: list[str], log: Path, env: dict[str, str]) -> None:
-        self.command = command
-        self.log = log
-        self.env = env
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DET_")}
-        env.update(self.env)
-        with self.log.open("ab") as sink:
-            self.proc = subprocess.Popen(
-                self.command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-
-    def check(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise RuntimeError(
-                f"{self.command[0]} exited with {self.proc.returncode}:\n{self.tail()}"
-            )
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        stop_process(proc)
-
-    def tail(self, chars: int = 4000) -> str:
-        return log_tail(self.log, chars)
-
-
-def start_master(data_dir: Path, label: str, env: dict[str, str]) -> tuple[Process, str]:
-    port = free_port()
-    command = [
-        str(BIN / "det-master"),
-        "--port",
-        str(port),
-        "--agent-port",
-        str(free_port()),
-        "--data-dir",
-        str(data_dir),
-    ]
-    master = Process(command, data_dir.parent / f"{label}.log", env)
-    master.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        master.check()
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/info", timeout=1.0).status_code == 200:
-                return master, url
-        time.sleep(0.1)
-    master.stop()
-    raise RuntimeError(f"det-master ({label}) not ready after {START_TIMEOUT_S:.0f} s")
-
-
-def login(url: str) -> httpx.Client:
-    client = httpx.Client(base_url=url, timeout=30)
-    reply = client.post("/api/v1/auth/login", json={"username": "determined", "password": ""})
-    reply.raise_for_status()
-    client.headers["Authorization"] = f"Bearer {reply.json()['token']}"
-    return client
-
-
 @dataclass
 class Cluster:
     tmp: Path
-    master: Process
-    api_only: Process
-    agent: Process
+    master: MasterProcess
+    agent: AgentProcess
     ours: httpx.Client  # the master that schedules (woken by its own submits)
-    naive: httpx.Client  # the API-only master on the same database (wakes nothing)
+    # The API-only master on the same database (wakes nothing) and a client of it; None
+    # in a cluster made without it.
+    api_only: MasterProcess | None = None
+    naive: httpx.Client | None = None
 
 
 @contextlib.contextmanager
-def local_cluster(tmp: Path, slots: int) -> Iterator[Cluster]:
+def local_cluster(tmp: Path, slots: int, *, with_api_only: bool = True) -> Iterator[Cluster]:
     data = tmp / "data"
     with contextlib.ExitStack() as stack:
-        master, url = start_master(data, "master", {})
-        stack.callback(master.stop)
-        # The API-only master: no scheduler, no agent link, no loops; same data dir.
-        api_only, naive_url = start_master(
-            data, "master-api-only", {"DET_MASTER_RUN_LOOPS": "false"}
-        )
-        stack.callback(api_only.stop)
-        agent_port = master.command[master.command.index("--agent-port") + 1]
-        agent = Process(
-            [
-                str(BIN / "det-agent"),
-                "--master",
-                f"127.0.0.1:{agent_port}",
-                "--id",
-                "bench-agent",
-                "--work-dir",
-                str(tmp / "agent"),
-                "--join-token-file",
-                str(data / "agent_join_token"),
-                "--artificial-slots",
-                str(slots),
-            ],
-            tmp / "agent.log",
-            {"PYTHONUNBUFFERED": "1"},
-        )
-        agent.start()
+        master = MasterProcess(data, label="master")
+        stack.callback(master.stop, MASTER_STOP_GRACE_S)
+        master.start()
+        agent = AgentProcess(master, "bench-agent", tmp / "agent", slots=slots)
         stack.callback(agent.stop)
-        ours = login(url)
-        stack.callback(ours.close)
-        naive = login(naive_url)
-        stack.callback(naive.close)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not ours.get("/api/v1/agents/bench-agent").is_success:
-            agent.check()
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the agent did not connect:\n{agent.tail()}")
-            time.sleep(0.1)
-        yield Cluster(tmp, master, api_only, agent, ours, naive)
+        agent.start()
+        cluster = Cluster(tmp, master, agent, stack.enter_context(master.client()))
+        if with_api_only:
+            # The API-only master: no scheduler, no agent link, no loops; same data dir. It
+            # starts once the first has migrated the database (meanwhile the agent connects).
+            api_only = MasterProcess(
+                data, label="master-api-only", env={"DET_MASTER_RUN_LOOPS": "false"}
+            )
+            stack.callback(api_only.stop, MASTER_STOP_GRACE_S)
+            api_only.start()
+            cluster.api_only = api_only
+            cluster.naive = stack.enter_context(api_only.client())
+        agent.wait_connected(START_TIMEOUT_S)
+        yield cluster
 
 
 def submit(client: httpx.Client, config: dict[str, Any]) -> int:
@@ -249,7 +160,7 @@ def wait_ended(client: httpx.Client, experiment_id: int, cluster: Cluster) -> st
         time.sleep(0.05)
     raise RuntimeError(
         f"experiment {experiment_id} did not end in {TRIAL_TIMEOUT_S:.0f} s:\n"
-        f"{cluster.master.tail()}\n{cluster.agent.tail()}"
+        f"{cluster.master.output(4000)}\n{cluster.agent.output(4000)}"
     )
 
 
@@ -339,6 +250,7 @@ def summary(values: Sequence[float]) -> dict[str, Any]:
 
 
 def launch_latency(cluster: Cluster, params: Params) -> dict[str, Any]:
+    assert cluster.naive is not None, "launch latency needs the API-only master"
     ours: list[dict[str, Any]] = []
     naive: list[dict[str, Any]] = []
     floor: list[float] = []
@@ -348,8 +260,9 @@ def launch_latency(cluster: Cluster, params: Params) -> dict[str, Any]:
         return rng.uniform(0.0, SCHEDULER_INTERVAL_S)
 
     # Warm-up: the first launch pays for imports and caches on both masters and the agent.
-    launch_once(cluster, cluster.ours, "warmup", params.slots, phase())
-    launch_once(cluster, cluster.naive, "warmup-naive", params.slots, phase())
+    for i in range(params.warmup_launches):
+        launch_once(cluster, cluster.ours, f"warmup-{i}", params.slots, phase())
+        launch_once(cluster, cluster.naive, f"warmup-naive-{i}", params.slots, phase())
     for i in range(params.experiments):
         # Alternate, so that drift of this shared machine hits both alike.
         ours.append(launch_once(cluster, cluster.ours, f"ours-{i}", params.slots, phase()))
@@ -403,8 +316,7 @@ def overhead_config(out: Path, params: Params, master_pid: int) -> dict[str, Any
 
 def step_overhead(cluster: Cluster, params: Params) -> dict[str, Any]:
     out = cluster.tmp / "step-loop.json"
-    assert cluster.master.proc is not None
-    config = overhead_config(out, params, cluster.master.proc.pid)
+    config = overhead_config(out, params, cluster.master.pid)
     experiment_id = submit(cluster.ours, config)
     state = wait_ended(cluster.ours, experiment_id, cluster)
     if state != "COMPLETED" or not out.exists():
@@ -681,15 +593,26 @@ def describe_blocks(blocks: dict[str, Block], flushes: list[float]) -> dict[str,
 # --- the report --------------------------------------------------------------------------------
 
 
+# (experiments, slots, steps, rounds, step_s, warm-up launches) of each shape. The smoke
+# shape: one launch per variant and no warm-up, two ranks, each loop variant's steps in one
+# round of 20 ms steps.
+SHAPES = {
+    "full": (10, 4, 100, 20, 0.1, 1),
+    "quick": (3, 2, 20, 4, 0.1, 1),
+    "smoke": (1, 2, 2, 1, 0.02, 0),
+}
+
+
 def params_of(args: argparse.Namespace) -> Params:
-    quick = args.quick
+    experiments, slots, steps, rounds, step_s, warmups = SHAPES[common.mode_of(args)]
     return Params(
-        experiments=args.experiments or (3 if quick else 10),
-        slots=args.slots or (2 if quick else 4),
-        steps=args.steps or (20 if quick else 100),
-        rounds=4 if quick else 20,
-        step_s=0.1,
+        experiments=args.experiments or experiments,
+        slots=args.slots or slots,
+        steps=args.steps or steps,
+        rounds=rounds,
+        step_s=step_s,
         seed=args.seed,
+        warmup_launches=warmups,
     )
 
 
@@ -728,7 +651,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     params = params_of(args)
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     facts = host_facts(("fastapi", "uvicorn", "sqlalchemy", "aiosqlite", "grpcio", "httpx"))
-    progress(f"{'quick' if args.quick else 'full'} run: {params}")
+    progress(f"{common.mode_of(args)} run: {params}")
     with (
         tempfile.TemporaryDirectory(prefix="resolute-bench-trial-") as tmp,
         local_cluster(Path(tmp), params.slots) as cluster,
@@ -739,7 +662,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         overhead = step_overhead(cluster, params)
     return {
         "benchmark": "resolute trial runtime: submit-to-ranks latency, per-step library overhead",
-        "mode": "quick" if args.quick else "full",
+        "mode": common.mode_of(args),
         "command": " ".join(["python -m benchmarks.bench_trial_runtime", *sys.argv[1:]]),
         "started_at": started_at,
         "total_seconds": round(seconds_since_start(), 1),
@@ -756,8 +679,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         prog="python -m benchmarks.bench_trial_runtime",
         description="Trial runtime benchmark; prints one JSON document on stdout.",
     )
-    parser.add_argument(
-        "--quick", action="store_true", help="3 launches of 2 ranks per variant, 20 steps"
+    common.add_shape_flags(
+        parser,
+        quick="3 launches of 2 ranks per variant, 20 steps",
+        smoke="1 launch of 2 ranks per variant, 2 steps of 20 ms per loop variant",
     )
     parser.add_argument("--experiments", type=int, help="launches per variant (default 10)")
     parser.add_argument("--slots", type=int, help="ranks per launch (default 4)")

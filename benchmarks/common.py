@@ -1,16 +1,14 @@
-"""What every benchmark reports the same way: progress lines, percentiles, ratios and the
-machine it ran on (the brief asks each result to name its machine)."""
+"""What every benchmark reports the same way: progress lines, the machine it ran on (the
+brief asks each result to name its machine), the JSON document and the PostgreSQL server.
+The processes a benchmark starts and its timing summaries are the harness's
+(harness.cluster, harness.figures), shared with the tests."""
 
 from __future__ import annotations
 
+import argparse
 import json
-import math
 import os
 import platform
-import signal
-import socket
-import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -29,39 +27,6 @@ def progress(message: str) -> None:
 
 def seconds_since_start() -> float:
     return time.perf_counter() - _STARTED
-
-
-def percentile(ordered: Sequence[float], p: float) -> float:
-    """Nearest rank: the smallest sample with at least p% of the samples at or below it."""
-    rank = max(1, math.ceil(p / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
-def ms_summary(seconds: Sequence[float], digits: int = 2, mean: bool = False) -> dict[str, Any]:
-    """n, p50, p99 and max of durations in seconds, as milliseconds (and the mean)."""
-    ordered = sorted(seconds)
-    if not ordered:
-        return {"n": 0}
-    summary: dict[str, Any] = {
-        "n": len(ordered),
-        "p50_ms": round(percentile(ordered, 50) * 1000, digits),
-        "p99_ms": round(percentile(ordered, 99) * 1000, digits),
-        "max_ms": round(ordered[-1] * 1000, digits),
-    }
-    if mean:
-        summary["mean_ms"] = round(statistics.fmean(ordered) * 1000, digits)
-    return summary
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def ratio(a: float, b: float) -> float | None:
-    return round(a / b, 2) if b else None
 
 
 def _proc_field(text: str, name: str) -> str | None:
@@ -105,25 +70,6 @@ def host_facts(packages: Sequence[str]) -> dict[str, Any]:
     }
 
 
-def stop_process(proc: subprocess.Popen[bytes] | None, grace_s: float = 20.0) -> None:
-    """SIGTERM, then SIGKILL after `grace_s`: how every benchmark ends its subprocesses."""
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
-
-
-def log_tail(log: Path, chars: int = 4000) -> str:
-    try:
-        return log.read_text(errors="replace")[-chars:]
-    except OSError:
-        return f"(no {log.name})"
-
-
 def emit_report(result: dict[str, Any], out: Path | None, indent: int = 2) -> None:
     """The JSON document on stdout and, with --out, in that file too."""
     text = json.dumps(result, indent=indent) + "\n"
@@ -151,3 +97,18 @@ async def postgres_facts(admin_dsn: str) -> dict[str, Any]:
         await conn.close()
     facts["server"] = admin_dsn.rsplit("@", 1)[-1].rsplit("/", 1)[0]
     return facts
+
+
+def add_shape_flags(parser: argparse.ArgumentParser, quick: str, smoke: str) -> None:
+    """--quick (a smaller run for a person) and --smoke (the smallest shape that still runs
+    every code path, for the smoke tests: seconds, not figures); the default is the full run."""
+    shapes = parser.add_mutually_exclusive_group()
+    shapes.add_argument("--quick", action="store_true", help=quick)
+    shapes.add_argument("--smoke", action="store_true", help=smoke)
+
+
+def mode_of(args: argparse.Namespace) -> str:
+    """The report's `mode`: smoke, quick or full."""
+    if getattr(args, "smoke", False):
+        return "smoke"
+    return "quick" if getattr(args, "quick", False) else "full"

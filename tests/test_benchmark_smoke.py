@@ -1,8 +1,12 @@
-"""The scheduler benchmark still runs and its invariants hold (timings are not judged here)."""
+"""Each benchmark still runs and prints its JSON, on its --smoke shape: the smallest that still
+runs every variant (one round, two agents, a few requests), in seconds. Timings are not
+judged here; what each benchmark must have done is (every gang placed whole, every byte
+restored, every heartbeat acknowledged)."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import subprocess
@@ -15,12 +19,14 @@ import pytest
 
 from tests.conftest import POSTGRES_ADMIN_DSN, PostgresServer, require
 
+ROOT = Path(__file__).resolve().parent.parent
 
-def run_quick(module: str, *args: str, timeout: float = 300) -> dict[str, Any]:
-    """Run a benchmark in --quick mode as a user would; its JSON report."""
+
+def run_benchmark(module: str, *args: str, timeout: float = 180) -> dict[str, Any]:
+    """Run a benchmark as a user would (`python -m benchmarks.<module> ARGS`); its JSON."""
     result = subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{module}", "--quick", *args],
-        cwd=Path(__file__).resolve().parent.parent,
+        [sys.executable, "-m", f"benchmarks.{module}", *args],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -31,25 +37,34 @@ def run_quick(module: str, *args: str, timeout: float = 300) -> dict[str, Any]:
     return report
 
 
+def run_smoke(module: str, *args: str) -> dict[str, Any]:
+    return run_benchmark(module, "--smoke", *args)
+
+
 @pytest.mark.postgres
-def test_quick_benchmark_runs_and_places_every_gang_whole(postgres: PostgresServer) -> None:
+def test_smoke_scheduler_benchmark_places_every_gang_whole(postgres: PostgresServer) -> None:
     require(postgres.error is None, postgres.error or "")
-    report = run_quick("bench_scheduler")
+    report = run_smoke("bench_scheduler")
+    assert report["mode"] == "smoke"
     assert report["machine"]["postgres"]["fsync"] == "on"
     s1, s2 = report["s1"], report["s2"]
     assert s1["a_committed_placements"]["db_check_violations"] == 0
     assert s1["d_naive_one_transaction_per_placement"]["db_check_violations"] == 0
+    capacity = report["scale"]["agents"] * report["scale"]["slots_per_agent"]
+    assert s1["d_naive_one_transaction_per_placement"]["placed"] == capacity
     for variant in ("batched", "naive_one_transaction_per_placement"):
         run = s2[variant]
         assert run["partial_gangs"]["violations"] == 0
         assert run["unplaced"] == 0 and not run["stuck"]
+        assert run["gangs_placed"] == report["scale"]["s2_gangs"]
     assert s2["same_placements_in_both_variants"] is True
 
 
 @pytest.mark.e2e
-def test_quick_heartbeat_benchmark_loses_nothing_and_detects_the_silent_agent() -> None:
-    report = run_quick("bench_heartbeats", "--heartbeat-interval-s", "2")
-    agents = report["parameters"]["agents"]
+def test_smoke_heartbeat_benchmark_loses_nothing_and_detects_the_silent_agent() -> None:
+    report = run_smoke("bench_heartbeats")
+    params = report["parameters"]
+    agents = params["agents"]
     registration = report["registration"]
     assert registration["registered"] == registration["connected_in_api"] == agents
     totals = report["totals"]
@@ -64,7 +79,7 @@ def test_quick_heartbeat_benchmark_loses_nothing_and_detects_the_silent_agent() 
     assert totals["closed_by_master"] == [silent["agent"]], "only the silent agent was dropped"
     stored = report["persistence"]
     per_heartbeat = stored["metric_samples_per_heartbeat"]
-    assert per_heartbeat == 2, "--heartbeat-interval-s 2 at 1 Hz sampling: two per heartbeat"
+    assert per_heartbeat == 2, "heartbeats every 0.25 s, samples every 0.125 s: two each"
     assert stored["rows_in_sqlite_after_stop"] == stored["heartbeats_acked_in_all"] * 2 > 0
     assert stored["agents_whose_rows_equal_their_acked_samples"] == agents
     assert stored["sample_agent_rows_through_api"] == stored["sample_agent_heartbeats_acked"] * 2
@@ -76,8 +91,8 @@ def test_quick_heartbeat_benchmark_loses_nothing_and_detects_the_silent_agent() 
 
 
 @pytest.mark.e2e
-def test_quick_trial_runtime_benchmark_starts_every_rank_and_times_each_loop() -> None:
-    report = run_quick("bench_trial_runtime")
+def test_smoke_trial_runtime_benchmark_starts_every_rank_and_times_each_loop() -> None:
+    report = run_smoke("bench_trial_runtime")
     params, launch = report["parameters"], report["launch_latency"]
     for variant in ("ours_woken_on_submit", "naive_periodic_pass_only"):
         runs = launch[variant]["runs"]
@@ -85,6 +100,7 @@ def test_quick_trial_runtime_benchmark_starts_every_rank_and_times_each_loop() -
         assert all(
             r["post_reply_s"] > 0 and 0 < r["first_rank_s"] <= r["every_rank_s"] for r in runs
         )
+    assert launch["floor_spawn_from_this_process"]["n"] == params["experiments"]
     for kind in ("sleep", "cpu"):
         loop = report["step_overhead"][kind]
         assert loop["steps_per_variant"] == params["steps"]
@@ -93,16 +109,17 @@ def test_quick_trial_runtime_benchmark_starts_every_rank_and_times_each_loop() -
 
 
 @pytest.mark.e2e
-def test_quick_determined_benchmark_times_every_variant() -> None:
+def test_smoke_determined_benchmark_times_every_variant() -> None:
     venv = os.environ.get("DET_TRIAL_VENV", "")
     require(
         bool(venv) and Path(venv, "bin", "python3").exists(),
         "DET_TRIAL_VENV names no interpreter with determined (make trial-venv)",
     )
-    report = run_quick("bench_determined")
+    report = run_smoke("bench_determined")
     runs = report["raw_seconds"]
     assert set(runs) == {"core_api", "resolute", "stamp_per_agent", "stamp_per_slot"}
-    assert all(len(values) == 3 and all(v > 0 for v in values) for values in runs.values())
+    assert all(len(values) == 1 and all(v > 0 for v in values) for values in runs.values())
+    assert report["import_determined_and_tensorboard_s"] > 0
     targets = report["targets"]
     assert targets["bootstrap_added_p50_s"] == pytest.approx(
         report["post_to_entrypoint_started"]["per_agent"]["p50_s"]
@@ -111,13 +128,15 @@ def test_quick_determined_benchmark_times_every_variant() -> None:
     )
 
 
-def test_quick_asha_benchmark_decides_alike_and_saves_compute() -> None:
-    report = run_quick("bench_asha", "--postgres", "", timeout=600)
+def test_smoke_asha_benchmark_decides_alike_and_saves_compute() -> None:
+    report = run_smoke("bench_asha", "--postgres", "")
     sqlite = report["decision"]["sqlite"]
     # The naive way decides the same: the same trials stop at rung 0.
     stopped = sqlite["ours"]["trials_stopped_at_rung_0"]
     assert stopped == sqlite["naive_read_rung_per_report"]["trials_stopped_at_rung_0"] > 0
-    assert sqlite["ours"]["decision"]["reports"] == report["parameters"]["trials_in_flight"]
+    in_flight = report["parameters"]["trials_in_flight"]
+    assert sqlite["ours"]["decision"]["reports"] == in_flight
+    assert report["decision"]["core"]["ours"]["reports"] == in_flight
     reference = report["compute"]["reference_aggressive_16_trials"]
     honoured = reference["stops_honoured"]
     ignored = reference["stops_ignored_as_determined_0_38"]
@@ -127,15 +146,16 @@ def test_quick_asha_benchmark_decides_alike_and_saves_compute() -> None:
     assert honoured["trials"] == ignored["trials"] == 16
 
 
-def test_quick_checkpoint_storage_benchmark_restores_every_byte() -> None:
+def test_smoke_checkpoint_storage_benchmark_restores_every_byte() -> None:
     require(
         (Path(sys.executable).parent / "moto_server").exists(),
         "moto_server not installed (pip install 'moto[server]')",
     )
-    report = run_quick("bench_checkpoint_storage")
+    report = run_smoke("bench_checkpoint_storage")
     large = report["large"]
     # The benchmark asserts each restore's size; here, that both ways ran every round.
     rounds = report["parameters"]["rounds"]
+    assert large["checkpoint"]["files"] > 3 and large["checkpoint"]["bytes"] > 0
     for way in ("ours", "plain_boto3_managed_transfer"):
         for direction in ("store", "restore"):
             assert len(large[way][direction]["seconds"]) == rounds
@@ -164,9 +184,51 @@ def test_the_fault_matrix_reads_every_tests_figures() -> None:
     assert spread([3.0, 1.0, 2.0]) == {"min": 1.0, "median": 2.0, "max": 3.0}
 
 
+STUB_FAULT_TESTS = """\
+import json
+
+
+def test_link_down():
+    print(json.dumps({"fault": "link_down", "overlap_s": -3.0}))
+
+
+def test_postgres_stopped():
+    print(json.dumps({"outage_s": 12.0, "api_answering_after_database_back_s": 0.04}))
+
+
+def test_standby_fails():
+    # Not a literal: pytest shows the failing test's source, where a literal would match too.
+    figures = dict(lease_s=2.0, takeover_after_sigkill_s=1.8)
+    print(json.dumps(figures))
+    raise AssertionError("the standby did not take over")
+"""
+
+
+def test_smoke_fault_matrix_gathers_a_rounds_figures_and_failures(tmp_path: Path) -> None:
+    """One round of stub tests that print the fault tests' lines, one of them failing."""
+    stub = tmp_path / "test_stub_faults.py"
+    stub.write_text(STUB_FAULT_TESTS)
+    report = run_benchmark("bench_fault_matrix", "--rounds", "1", str(stub))
+    assert report["rounds"] == 1
+    cases = report["cases"]
+    assert set(cases) == {
+        "link_down",
+        "postgres_stopped",
+        "standby_master_sigkill_then_sigstop",
+    }
+    assert all(case["runs"] == 1 for case in cases.values())
+    overlap = cases["link_down"]["figures"]["overlap_s"]
+    assert overlap == {"min": -3.0, "median": -3.0, "max": -3.0}
+    [failed] = report["failed_rounds"]
+    assert failed["round"] == 1 and failed["pytest_exit"] == 1
+    assert [line.split(" - ")[0].rsplit("::", 1)[-1] for line in failed["failed"]] == [
+        "test_standby_fails"
+    ]
+
+
 @pytest.mark.e2e
-def test_quick_security_benchmark_times_tls_and_logins_against_real_masters() -> None:
-    report = run_quick("bench_security")
+def test_smoke_security_benchmark_times_tls_and_logins_against_real_masters() -> None:
+    report = run_smoke("bench_security")
     params, tls = report["parameters"], report["tls"]
     assert tls["negotiated"].startswith("TLSv1.3")
     for measure, count in (
@@ -191,13 +253,14 @@ def test_quick_security_benchmark_times_tls_and_logins_against_real_masters() ->
 
 @pytest.mark.postgres
 @pytest.mark.e2e
-def test_quick_gang_benchmark_starts_every_rank_and_frees_every_slot(
+def test_smoke_gang_benchmark_starts_every_rank_and_frees_every_slot(
     postgres: PostgresServer,
 ) -> None:
     require(postgres.error is None, postgres.error or "")
-    report = run_quick("bench_gangs", "--postgres", POSTGRES_ADMIN_DSN)
+    report = run_smoke("bench_gangs", "--postgres", POSTGRES_ADMIN_DSN)
     assert report["machine"]["postgres"]["fsync"] == "on"
-    rounds = report["parameters"]["rounds"]
+    params = report["parameters"]
+    rounds = params["rounds"]
     assert set(report["scenarios"]) == {
         "one_agent_gangs",
         "two_agent_gangs",
@@ -205,7 +268,8 @@ def test_quick_gang_benchmark_starts_every_rank_and_frees_every_slot(
         "lone_gang_idle_cluster",
     }
     lone = report["scenarios"]["lone_gang_idle_cluster"]
-    assert lone["gangs_per_round"] == 1 and len(lone["ours_rounds"]) == 5 * rounds
+    assert lone["gangs_per_round"] == 1
+    assert len(lone["ours_rounds"]) == params["lone_gang_rounds_factor"] * rounds
     for name, scenario in report["scenarios"].items():
         if name != "lone_gang_idle_cluster":
             assert len(scenario["ours_rounds"]) == rounds, name
@@ -226,10 +290,12 @@ def test_quick_gang_benchmark_starts_every_rank_and_frees_every_slot(
             assert {r["gangs"] for r in scenario["ray_rounds"]} == {scenario["gangs_per_round"]}
             assert len(scenario["ray_rounds"]) == len(scenario["ours_rounds"])
             assert scenario["ours_over_ray"]["gangs_per_s"] > 0
-    # The random search created every trial, and its slots were granted before its ranks
-    # started (the benchmark itself waits for every slot and every rank).
+    assert report["scenarios"]["two_agent_gangs"]["agents_per_gang"] == 2
+    # The random search created every trial, more than the cluster's slots, and its slots
+    # were granted before its ranks started (the benchmark waits for every slot and rank).
     search = report["random_search"]
-    assert [r["trials_created"] for r in search["rounds"]] == [1000] * rounds
+    assert params["search_trials"] > params["agents"] * params["slots_per_agent"]
+    assert [r["trials_created"] for r in search["rounds"]] == [params["search_trials"]] * rounds
     for round_ in search["rounds"]:
         assert round_["post_to_first_slot_committed_ms"] > 0
         assert (
@@ -249,3 +315,18 @@ async def _databases() -> set[str]:
         return {row[0] for row in await conn.fetch("SELECT datname FROM pg_database")}
     finally:
         await conn.close()
+
+
+@pytest.mark.e2e
+def test_smoke_interactive_benchmark_starts_a_notebook_through_the_proxy() -> None:
+    require(
+        importlib.util.find_spec("jupyterlab") is not None,
+        "JupyterLab not installed (pip install 'resolute[tasks]')",
+    )
+    report = run_smoke("bench_interactive")
+    assert report["runs"] == 1
+    ours = report["det_notebook_start_to_page_ms"]
+    bare = report["bare_jupyterlab_start_to_page_ms"]
+    assert ours["n"] == bare["n"] == 1
+    assert ours["p50_ms"] > 0 and bare["p50_ms"] > 0
+    assert report["ratio_ours_to_bare_p50"] > 0

@@ -1,0 +1,332 @@
+"""Real `det-master` and `det-agent` processes for tests and benchmarks.
+
+Each process runs in a session of its own with its output in a log file; `start()` returns
+once it is ready (the master answers `/info`), and `stop()` ends it and whatever is left of
+its process group, so a failing test leaves nothing running. Every wait polls a condition
+under a deadline sized for a loaded machine at half speed, never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+BIN = Path(sys.executable).parent
+DET_MASTER_BIN = BIN / "det-master"
+DET_AGENT_BIN = BIN / "det-agent"
+# A master starts in 1-3 s on an idle 2-core machine; a loaded one at half speed, with other
+# masters migrating beside it, has been seen to take over 15 s.
+START_TIMEOUT_S = 60.0
+
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the kernel's choice on loopback)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_until(
+    what: str,
+    check: Callable[[], T | None],
+    timeout: float,
+    interval: float = 0.2,
+    diagnostics: Callable[[], str] | None = None,
+) -> T:
+    """Poll `check()` until it returns something truthy and return that; past `timeout`
+    fail naming `what`, with the last value seen and `diagnostics()` (logs, say)."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while True:
+        last = check()
+        if last:
+            return last
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(interval)
+    details = f"\n{diagnostics()}" if diagnostics is not None else ""
+    raise AssertionError(
+        f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}{details}"
+    )
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, grace_s: float = 20.0) -> None:
+    """SIGTERM, SIGKILL after `grace_s`, then SIGKILL to what is left of its process group
+    (the processes here lead their own sessions, so the group is theirs alone)."""
+    if proc is None:
+        return
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def log_tail(log: Path, chars: int = 8000) -> str:
+    try:
+        return log.read_text(encoding="utf-8", errors="replace")[-chars:]
+    except OSError:
+        return f"(no {log.name})"
+
+
+class Process:
+    """A subprocess in a session of its own, stdout and stderr appended to `log`. Its
+    environment is ours without the DET_* variables of `drop_env_prefixes`, plus `env`."""
+
+    drop_env_prefixes: tuple[str, ...] = ("DET_",)
+
+    def __init__(self, command: Sequence[str], log: Path, env: dict[str, str] | None = None):
+        self.command = list(command)
+        self.log = log
+        self.extra_env = dict(env or {})
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def launch(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(self.drop_env_prefixes)}
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.extra_env)
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as sink:
+            self.proc = subprocess.Popen(
+                self.command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, f"{self.command[0]} was never started"
+        return self.proc.pid
+
+    def check_running(self, what: str) -> None:
+        """Fail at once, with the log, if the process has exited."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {self.proc.returncode}:\n{self.output()}")
+
+    def send(self, sig: int) -> None:
+        """Signal the process itself, not its group."""
+        if self.alive:
+            assert self.proc is not None
+            os.kill(self.proc.pid, sig)
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the process alone and reap it: what it started must die with it by itself."""
+        if self.alive:
+            assert self.proc is not None
+            os.kill(self.proc.pid, sig)
+            self.proc.wait(timeout=20)
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        proc, self.proc = self.proc, None
+        stop_process(proc, grace_s)
+
+    def output(self, tail: int = 8000) -> str:
+        return log_tail(self.log, tail)
+
+
+class MasterProcess(Process):
+    """One `det-master` on free ports over `data_dir` (SQLite there, or `db_url`)."""
+
+    drop_env_prefixes = ("DET_MASTER_",)
+
+    def __init__(
+        self,
+        data_dir: Path,
+        db_url: str = "",
+        label: str = "master",
+        env: dict[str, str] | None = None,
+        host: str = "127.0.0.1",
+        *,
+        program: Sequence[str] = (),
+        scheme: str = "http",
+        verify: Any = True,
+    ) -> None:
+        self.data_dir = data_dir
+        self.db_url = db_url
+        self.label = label
+        self.host = host
+        self.port = free_port()
+        self.agent_port = free_port()
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
+        self.verify = verify  # what httpx checks the master's certificate with
+        self._token: str | None = None
+        super().__init__([], data_dir.parent / f"{data_dir.name}-{label}.log", env)
+        self.program = list(program) or [str(DET_MASTER_BIN)]
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.command = [
+            *self.program,
+            *("--port", str(self.port), "--agent-port", str(self.agent_port)),
+            *("--data-dir", str(self.data_dir), "--host", self.host),
+        ]
+        if self.db_url:
+            self.command += ["--db-url", self.db_url]
+        if self.host not in ("127.0.0.1", "localhost"):
+            # Tests reach such masters with the default users' empty passwords; a real
+            # deployment sets passwords instead (the master refuses otherwise).
+            self.extra_env.setdefault("DET_MASTER_SECURITY__ALLOW_EMPTY_PASSWORDS", "true")
+        self._token = None
+        self.launch()
+        last = "no reply yet"
+
+        def ready() -> bool:
+            nonlocal last
+            self.check_running(f"det-master ({self.label}) while starting")
+            try:
+                reply = httpx.get(f"{self.url}/info", timeout=2.0, verify=self.verify)
+            except httpx.HTTPError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+                return False
+            last = f"GET /info -> {reply.status_code}: {reply.text[:200]}"
+            return reply.status_code == 200
+
+        try:
+            wait_until(f"det-master ({self.label}) to answer /info", ready, timeout, 0.1)
+        except AssertionError:
+            self.stop()
+            raise RuntimeError(
+                f"det-master ({self.label}) not ready after {timeout:.0f} s ({last}):\n"
+                f"{self.output()}"
+            ) from None
+
+    @property
+    def agent_address(self) -> str:
+        """What `det-agent --master` takes."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"{host}:{self.agent_port}"
+
+    @property
+    def join_token_file(self) -> Path:
+        return self.data_dir / "agent_join_token"
+
+    @property
+    def join_token(self) -> str:
+        return self.join_token_file.read_text().strip()
+
+    def wait_for(
+        self, what: str, check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.2
+    ) -> Any:
+        """`wait_until` with this master's log as the diagnostics."""
+        return wait_until(
+            what, check, timeout, interval, lambda: f"--- master log ---\n{self.output()}"
+        )
+
+    def login(self, username: str = "determined", password: str = "") -> str:
+        reply = httpx.post(
+            f"{self.url}/api/v1/auth/login",
+            json={"username": username, "password": password},
+            timeout=60,
+            verify=self.verify,
+        )
+        assert reply.status_code == 200, f"login as {username}: {reply.status_code} {reply.text}"
+        token: str = reply.json()["token"]
+        return token
+
+    def http(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """A request straight to the master as `determined`: a fast way to look behind the
+        clients at what was stored (not the code under test)."""
+        if self._token is None:
+            self._token = self.login()
+        headers = {"Authorization": f"Bearer {self._token}", **kwargs.pop("headers", {})}
+        return httpx.request(
+            method, f"{self.url}{path}", headers=headers, timeout=60, verify=self.verify, **kwargs
+        )
+
+    def api(self, method: str, path: str, **kwargs: Any) -> Any:
+        """`http()` that must answer 200; returns the JSON body."""
+        reply = self.http(method, path, **kwargs)
+        assert reply.status_code == 200, f"{method} {path} -> {reply.status_code}: {reply.text}"
+        return reply.json()
+
+    def client(self, token: str | None = None, **kwargs: Any) -> httpx.Client:
+        """A kept-alive client signed in as `determined` (or with `token`)."""
+        token = token or self.login()
+        return httpx.Client(
+            base_url=self.url,
+            verify=self.verify,
+            timeout=60,
+            headers={"Authorization": f"Bearer {token}"},
+            **kwargs,
+        )
+
+
+class AgentProcess(Process):
+    """One `det-agent` of `master`, optionally inside a network namespace (`netns`)."""
+
+    def __init__(
+        self,
+        master: MasterProcess,
+        agent_id: str,
+        work_dir: Path,
+        *,
+        slots: int | None = 2,
+        join_token: str | None = None,
+        master_address: str | None = None,
+        netns: str | None = None,
+        pool: str | None = None,
+        args: Sequence[str] = (),
+    ) -> None:
+        self.master = master
+        self.id = agent_id
+        self.work_dir = work_dir
+        command = [
+            str(DET_AGENT_BIN),
+            *("--master", master_address or master.agent_address),
+            *("--id", agent_id, "--work-dir", str(work_dir)),
+        ]
+        if slots is not None:
+            command += ["--artificial-slots", str(slots)]
+        if pool is not None:
+            command += ["--resource-pool", pool]
+        if join_token is None:
+            command += ["--join-token-file", str(master.join_token_file)]
+        elif join_token:
+            command += ["--join-token", join_token]
+        command += list(args)
+        if netns is not None:
+            # `ip netns exec` execs the agent: the pid we hold is the agent's own.
+            command = ["ip", "netns", "exec", netns, *command]
+        super().__init__(command, work_dir.parent / f"{work_dir.name}.log")
+
+    def start(self) -> AgentProcess:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.launch()
+        return self
+
+    def wait_connected(self, timeout: float = 60.0) -> dict[str, Any]:
+        def connected() -> dict[str, Any] | None:
+            self.check_running(f"agent {self.id}")
+            reply = self.master.http("GET", f"/api/v1/agents/{self.id}")
+            if reply.status_code != 200:
+                return None
+            agent: dict[str, Any] = reply.json()["agent"]
+            return agent if agent.get("connected") else None
+
+        return wait_until(
+            f"agent {self.id} to connect",
+            connected,
+            timeout,
+            diagnostics=lambda: (
+                f"--- agent log ---\n{self.output()}\n--- master log ---\n{self.master.output()}"
+            ),
+        )
