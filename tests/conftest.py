@@ -33,8 +33,8 @@ POSTGRES_ADMIN_DSN = os.environ.get(
 
 # `make test` runs the suite on two pytest-xdist workers, a file at a time (--dist loadfile,
 # so a module's cluster starts once), handed out in collection order: the long files go
-# first (the benchmarks' smoke runs take 7 minutes together), and the many short ones after
-# them even out the workers' ends.
+# first (the benchmarks' smoke runs, about 2 minutes together, and the e2e files of 1-4
+# minutes each), and the many short ones after them even out the workers' ends.
 _RUN_FIRST = ("tests/test_benchmark_smoke.py", "tests/e2e/", "tests/web/", "tests/deploy/")
 
 

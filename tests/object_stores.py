@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.cluster import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 AZURITE = Path(os.environ.get("AZURITE_BLOB", REPO / ".azurite/node_modules/.bin/azurite-blob"))
 # Azurite's documented development account; it is public and means nothing elsewhere.
@@ -28,13 +30,6 @@ AZURITE_KEY = (
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 )
 S3_KEYS = ("resolute-test-access", "resolute-test-secret")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _wait_listening(

@@ -185,16 +185,27 @@ def stops(*connections: Connection) -> list[list[Any]]:
     return [of_kind(sent(c), "stop") for c in connections]
 
 
-async def long_poll(api: httpx.AsyncClient, allocation_id: str) -> asyncio.Task[httpx.Response]:
+async def until_polls_wait(app: FastAPI, allocation_id: str, count: int = 1) -> None:
+    """Until `count` long-polls of the allocation's signal wait in the master (a loaded
+    machine may take far longer than usual to get a request there)."""
+    deadline = time.monotonic() + 30
+    while app.state.preemption._waiting.get(allocation_id, 0) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} polls of {allocation_id} wait"
+        await asyncio.sleep(0.01)
+
+
+async def long_poll(
+    app: FastAPI, api: httpx.AsyncClient, allocation_id: str
+) -> asyncio.Task[httpx.Response]:
     """The chief's preemption watcher, waiting in its long-poll."""
     task = asyncio.create_task(
         api.get(
             f"/api/v1/allocations/{allocation_id}/signals/preemption",
-            params={"timeout_seconds": 5},
-            timeout=30,
+            params={"timeout_seconds": 30},
+            timeout=60,
         )
     )
-    await asyncio.sleep(0.1)
+    await until_polls_wait(app, allocation_id)
     assert not task.done()
     return task
 
@@ -203,8 +214,10 @@ async def test_a_trial_watching_its_signal_gets_the_preemption_timeout_to_stop(
     app: FastAPI, api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     hub, a, b, experiment_id, allocation_id = await started_gang(app, api)
-    monkeypatch.setattr(hub.link, "preemption_timeout_s", 0.5)
-    watcher = await long_poll(api, allocation_id)
+    # Two seconds: the acknowledgement and the tick below come well inside it, even on a
+    # loaded machine.
+    monkeypatch.setattr(hub.link, "preemption_timeout_s", 2.0)
+    watcher = await long_poll(app, api, allocation_id)
     assert (await api.post(f"/api/v1/experiments/{experiment_id}/pause")).status_code == 200
     await hub.tick()
     assert (await watcher).json() == {"preempt": True}  # the tick raised the signal
@@ -214,7 +227,7 @@ async def test_a_trial_watching_its_signal_gets_the_preemption_timeout_to_stop(
     await hub.tick()
     assert stops(a, b) == [[], []]
 
-    await asyncio.sleep(0.6)
+    await asyncio.sleep(2.1)
     await hub.tick()
     stop_a, stop_b = stops(a, b)
     assert [s.allocation_id for s in stop_a + stop_b] == [allocation_id] * 2
@@ -231,16 +244,18 @@ async def test_a_trial_told_by_its_long_poll_keeps_the_whole_timeout_without_an_
     # next calls should_preempt(): it was listening, and must get preemption_timeout_s,
     # however long ago its (last) poll was answered.
     hub, a, b, experiment_id, allocation_id = await started_gang(app, api)
-    monkeypatch.setattr(hub.link, "preemption_timeout_s", 1.0)
+    # The first tick comes past the poll window and, even on a loaded machine, well
+    # within the timeout; the second past the timeout.
+    monkeypatch.setattr(hub.link, "preemption_timeout_s", 3.0)
     monkeypatch.setattr(agent_link, "PREEMPTION_POLL_WINDOW_S", 0.2)
-    watcher = await long_poll(api, allocation_id)
+    watcher = await long_poll(app, api, allocation_id)
     assert (await api.post(f"/api/v1/experiments/{experiment_id}/pause")).status_code == 200
     await hub.tick()
     assert (await watcher).json() == {"preempt": True}
     await asyncio.sleep(0.4)  # past the poll window, well within the timeout
     await hub.tick()
     assert stops(a, b) == [[], []]
-    await asyncio.sleep(0.7)
+    await asyncio.sleep(2.7)
     await hub.tick()
     assert all(stops(a, b))
 
@@ -259,7 +274,7 @@ async def test_a_kill_does_not_wait_for_a_watching_trial(
     app: FastAPI, api: httpx.AsyncClient
 ) -> None:
     hub, a, b, experiment_id, allocation_id = await started_gang(app, api)
-    watcher = await long_poll(api, allocation_id)
+    watcher = await long_poll(app, api, allocation_id)
     assert (await api.post(f"/api/v1/experiments/{experiment_id}/pause")).status_code == 200
     await hub.tick()
     assert (await watcher).json() == {"preempt": True}

@@ -449,7 +449,7 @@ async def test_an_exit_0_after_a_preemption_it_never_acknowledged_is_completed(
     # the same exits pause the trial instead: see test_agent_link's
     # test_ranks_that_exit_0_when_asked_to_stop_have_not_completed.
     hub, a, b, experiment_id, allocation_id, _ = await started_gang(app, api)
-    watcher = await long_poll(api, allocation_id)
+    watcher = await long_poll(app, api, allocation_id)
     assert (await api.post(f"/api/v1/experiments/{experiment_id}/pause")).status_code == 200
     await hub.tick()
     assert (await watcher).json() == {"preempt": True}

@@ -23,17 +23,19 @@ import yaml
 
 from agent.settings import CONFIG_FILE_ENV as AGENT_CONFIG_ENV
 from agent.settings import AgentSettings
+from harness.cluster import AgentProcess
 from master.settings import CONFIG_FILE_ENV as MASTER_CONFIG_ENV
 from master.settings import MasterSettings
-from tests.deploy.files import ROOT, chain, lay_out_context, parse_dockerfile, setting_of
-from tests.e2e import conftest as e2e
-from tests.e2e.agents import (
-    AgentProcess,
-    create_experiment,
-    trial_logs,
-    wait_trial_state,
-    write_experiment,
+from tests.deploy.files import (
+    ROOT,
+    Stage,
+    chain,
+    lay_out_context,
+    parse_dockerfile,
+    setting_of,
 )
+from tests.e2e import conftest as e2e
+from tests.e2e.agents import create_experiment, trial_logs, wait_trial_state, write_experiment
 
 PIP_TIMEOUT_S = 300
 PIP = [sys.executable, "-m", "pip"]
@@ -67,8 +69,8 @@ def _checked(command: list[str], what: str) -> None:
     )
 
 
-def build_image(stage: str, where: Path) -> Image:
-    stages = chain(parse_dockerfile(), stage)
+def build_wheel(stages: list[Stage], where: Path) -> Path:
+    """The wheel of what the COPY lines of `stages` put in the WORKDIR."""
     context = where / "workdir"
     lay_out_context(stages, ROOT, context)
     if importlib.util.find_spec("hatchling") is None:
@@ -77,8 +79,13 @@ def build_image(stage: str, where: Path) -> Image:
     build = ["wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(where / "dist")]
     _checked([*PIP, *build, str(context)], "building the wheel from the Dockerfile's files")
     (wheel,) = (where / "dist").glob("resolute-*.whl")
+    return wheel
+
+
+def install_image(stages: list[Stage], wheel: Path, where: Path) -> Image:
+    """A bare venv (never --system-site-packages) into which this venv's pip runs the
+    `pip install` lines of `stages`, base first, with `wheel` standing for the WORKDIR."""
     venv = where / "venv"
-    # A bare venv (never --system-site-packages); this venv's pip installs into it.
     _checked([sys.executable, "-m", "venv", "--without-pip", str(venv)], "python -m venv")
     for specs in (s for st in stages for s in st.pip_installs):
         for spec in specs:
@@ -87,16 +94,24 @@ def build_image(stage: str, where: Path) -> Image:
             # time; the tests below compile only what they import.
             target = ["--python", str(venv / "bin" / "python"), "install", "-q", "--no-input"]
             target.append("--no-compile")
-            _checked([*PIP, *target, f"{wheel}{spec[1:]}"], f"stage {stage}: pip install {spec}")
-    return Image(stage, wheel, venv)
+            _checked([*PIP, *target, f"{wheel}{spec[1:]}"], f"pip install {spec}")
+    return Image(stages[-1].name, wheel, venv)
 
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Image]:
-    return {
-        stage: build_image(stage, tmp_path_factory.mktemp(f"image-{stage}"))
-        for stage in ("agent", "master")
-    }
+    """Each stage's image. Stages whose COPY lines lay out the same WORKDIR (the master is
+    built FROM the agent and copies nothing more) share one wheel, built once."""
+    dockerfile = parse_dockerfile()
+    wheels: dict[str, Path] = {}
+    made = {}
+    for name in ("agent", "master"):
+        stages = chain(dockerfile, name)
+        layout = repr([stage.copies for stage in stages])
+        if layout not in wheels:
+            wheels[layout] = build_wheel(stages, tmp_path_factory.mktemp(f"wheel-{name}"))
+        made[name] = install_image(stages, wheels[layout], tmp_path_factory.mktemp(f"image-{name}"))
+    return made
 
 
 def test_the_wheel_from_the_dockerfiles_files_holds_every_package(
@@ -173,11 +188,9 @@ with resolute.init() as ctx:
 
 
 @pytest.fixture
-def image_master(
-    images: dict[str, Image], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[e2e.MasterProcess]:
-    monkeypatch.setattr(e2e, "DET_MASTER_BIN", images["master"].bin / "det-master")
-    proc = e2e.MasterProcess(tmp_path / "master-data", label="image-master")
+def image_master(images: dict[str, Image], tmp_path: Path) -> Iterator[e2e.MasterProcess]:
+    program = [str(images["master"].bin / "det-master")]
+    proc = e2e.MasterProcess(tmp_path / "master-data", label="image-master", program=program)
     proc.start()
     yield proc
     proc.stop()

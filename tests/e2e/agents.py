@@ -1,13 +1,11 @@
-"""Real `det-agent` processes for the e2e tests, and the trial scripts they run."""
+"""The trial scripts the e2e tests run, and how they read back what happened."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import os
-import signal
-import subprocess
-import sys
+import re
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -15,102 +13,6 @@ from typing import Any
 import yaml
 
 from tests.e2e.conftest import MasterProcess, unique
-
-BIN = Path(sys.executable).parent
-DET_AGENT_BIN = BIN / "det-agent"
-
-
-class AgentProcess:
-    """One det-agent subprocess, optionally inside a network namespace (`netns`)."""
-
-    def __init__(
-        self,
-        master: MasterProcess,
-        agent_id: str,
-        work_dir: Path,
-        *,
-        slots: int | None = 2,
-        join_token: str | None = None,
-        master_address: str | None = None,
-        netns: str | None = None,
-        pool: str | None = None,
-    ) -> None:
-        self.master = master
-        self.id = agent_id
-        self.work_dir = work_dir
-        self.log = work_dir.parent / f"{work_dir.name}.log"
-        self.command = [
-            str(DET_AGENT_BIN),
-            "--master",
-            master_address or master.agent_address,
-            "--id",
-            agent_id,
-            "--work-dir",
-            str(work_dir),
-        ]
-        if slots is not None:
-            self.command += ["--artificial-slots", str(slots)]
-        if pool is not None:
-            self.command += ["--resource-pool", pool]
-        if join_token is None:
-            self.command += ["--join-token-file", str(master.join_token_file)]
-        elif join_token:
-            self.command += ["--join-token", join_token]
-        if netns is not None:
-            self.command = ["ip", "netns", "exec", netns, *self.command]
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> AgentProcess:
-        self.work_dir.mkdir(parents=True, exist_ok=True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DET_")}
-        env["PYTHONUNBUFFERED"] = "1"
-        with self.log.open("ab") as sink:
-            self.proc = subprocess.Popen(
-                self.command,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
-        return self
-
-    def wait_connected(self, timeout: float = 30.0) -> dict[str, Any]:
-        def connected() -> dict[str, Any] | None:
-            assert self.proc is not None and self.proc.poll() is None, (
-                f"agent {self.id} exited with {self.proc and self.proc.poll()}:\n{self.output()}"
-            )
-            reply = self.master.http("GET", f"/api/v1/agents/{self.id}")
-            if reply.status_code != 200:
-                return None
-            agent: dict[str, Any] = reply.json()["agent"]
-            return agent if agent.get("connected") else None
-
-        result: dict[str, Any] = self.master.wait_for(
-            f"agent {self.id} to connect", connected, timeout
-        )
-        return result
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Signal the agent process itself (not its process group): ranks must die with it."""
-        if self.proc is not None and self.proc.poll() is None:
-            # `ip netns exec` execs the agent, so under a namespace the pid is the agent's too.
-            os.kill(self.proc.pid, sig)
-            self.proc.wait(timeout=20)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-
-    def output(self, tail: int = 6000) -> str:
-        try:
-            return self.log.read_text(encoding="utf-8", errors="replace")[-tail:]
-        except OSError:
-            return "(no agent log)"
 
 
 def write_experiment(
@@ -156,8 +58,16 @@ def trial_of(master: MasterProcess, experiment_id: int) -> dict[str, Any]:
     return trial
 
 
+# For "eventually": what takes 20 s on an idle machine has taken a minute and more on a
+# loaded one at half speed; a generous deadline costs nothing when all goes well.
+TRIAL_STATE_TIMEOUT_S = 180.0
+
+
 def wait_trial_state(
-    master: MasterProcess, experiment_id: int, states: set[str], timeout: float = 60.0
+    master: MasterProcess,
+    experiment_id: int,
+    states: set[str],
+    timeout: float = TRIAL_STATE_TIMEOUT_S,
 ) -> dict[str, Any]:
     def reached() -> dict[str, Any] | None:
         trial = trial_of(master, experiment_id)
@@ -175,6 +85,24 @@ def trial_logs(master: MasterProcess, trial_id: int) -> str:
     assert reply.status_code == 200, reply.text
     return "".join(
         json.loads(line)["result"]["message"] for line in reply.text.splitlines() if line.strip()
+    )
+
+
+def scheduling_passes(master: MasterProcess) -> int:
+    """How many scheduling passes the master has run (the count of its /metrics histogram)."""
+    text = master.http("GET", "/metrics").text
+    found = re.search(r"^resolute_scheduler_pass_seconds_count (\d+)$", text, re.M)
+    assert found, text[-2000:]
+    return int(found.group(1))
+
+
+def wait_scheduling_pass(master: MasterProcess, timeout: float = 120.0) -> None:
+    """Return once a scheduling pass has ended after this call: a state that outlives it
+    outlived a pass that considered it, however fast the machine (a pass runs when
+    something changes, and at least every 10 s)."""
+    before = scheduling_passes(master)
+    master.wait_for(
+        "the next scheduling pass", lambda: scheduling_passes(master) > before, timeout, 0.2
     )
 
 

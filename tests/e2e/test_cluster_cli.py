@@ -45,7 +45,10 @@ pytestmark = pytest.mark.e2e
 
 T = TypeVar("T")
 SLOTS_PER_AGENT = 4
-WAIT_S = 10.0
+# For the scheduler's next passes to show a change (0.5 s apart idle): generous, since a
+# loaded machine at half speed is slower at everything and a deadline costs nothing when
+# all goes well.
+WAIT_S = 60.0
 
 
 # -- helpers ---------------------------------------------------------------------------------

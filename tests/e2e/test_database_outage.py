@@ -23,11 +23,11 @@ import httpx
 import pytest
 from sqlalchemy import text
 
+from harness.cluster import AgentProcess, free_port
 from master.db import session as db_session
 from tests.e2e import netns as netns_module
 from tests.e2e.agents import (
     TICK_SCRIPT,
-    AgentProcess,
     create_experiment,
     longest_gap,
     tick_rows,
@@ -35,7 +35,7 @@ from tests.e2e.agents import (
     wait_trial_state,
     write_experiment,
 )
-from tests.e2e.conftest import MasterProcess, free_port
+from tests.e2e.conftest import MasterProcess
 from tests.private_postgres import PrivatePostgres
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
@@ -119,7 +119,7 @@ def _run_through_an_outage(
         tmp_path / "trial", TICK_SCRIPT % {"ticks": str(ticks), "run_s": 30}
     )
     experiment_id = create_experiment(master, config, model)
-    master.wait_for("the rank to tick", lambda: ticks.exists() and ticks.stat().st_size, 60)
+    master.wait_for("the rank to tick", lambda: ticks.exists() and ticks.stat().st_size, 120)
     token = master.api(
         "POST", "/api/v1/auth/login", json={"username": "determined", "password": ""}
     )["token"]
@@ -185,18 +185,19 @@ def _run_through_an_outage(
             log.seek(log_start)
             return log.read().decode(errors="replace")
 
-    # The database watch closes the outage within its one-second round.
+    # The database watch closes the outage within its one-second round (the deadline is for
+    # a loaded machine: what is asserted is the one line, not how soon).
     written = master.wait_for(
         "the outage's closing line",
         lambda: (text := written_since_the_stop()) and "reachable again" in text and text,
-        5,
+        30,
     )
     assert written.count("database unreachable") == 1, written
     assert written.count("database reachable again") == 1, written
     assert "Traceback" not in written, written
 
     # The trial never noticed: one rank, ticking all along, done without a restart.
-    trial = wait_trial_state(master, experiment_id, {"COMPLETED", "ERROR"}, timeout=60)
+    trial = wait_trial_state(master, experiment_id, {"COMPLETED", "ERROR"})
     assert trial["state"] == "COMPLETED" and trial["restarts"] == 0, trial_logs(master, trial["id"])
     rows = tick_rows(ticks)
     assert len({pid for _, pid in rows}) == 1
@@ -250,7 +251,7 @@ def _cut_the_database_link(
     script = TICK_SCRIPT % {"ticks": str(ticks), "run_s": 40}
     config, model = write_experiment(tmp_path / "trial", script)
     experiment_id = create_experiment(master, config, model)
-    master.wait_for("the rank to tick", lambda: ticks.exists() and ticks.stat().st_size, 60)
+    master.wait_for("the rank to tick", lambda: ticks.exists() and ticks.stat().st_size, 120)
     host = net.hosts[0]
     login = {"username": "determined", "password": ""}
     headers = {
@@ -277,12 +278,12 @@ def _cut_the_database_link(
             httpx.get(f"{master.url}/api/v1/experiments", headers=headers, timeout=10).status_code
             == 200
         ),
-        30,
+        60,
         0.1,
     )
     recovered_s = time.monotonic() - healed_at
 
-    trial = wait_trial_state(master, experiment_id, {"COMPLETED", "ERROR"}, timeout=90)
+    trial = wait_trial_state(master, experiment_id, {"COMPLETED", "ERROR"})
     rows = tick_rows(ticks)
     figures = {
         "cut_s": CUT_S,

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
+from harness.cluster import AgentProcess
 from tests.conftest import require
-from tests.e2e.agents import AgentProcess, trial_logs
+from tests.e2e.agents import trial_logs
 from tests.e2e.conftest import BACKENDS, MasterProcess, official_client_path, running_master
 
 pytestmark = [pytest.mark.e2e, pytest.mark.official_client]

@@ -23,8 +23,9 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
+from harness.cluster import AgentProcess
 from tests.conftest import require
-from tests.e2e.agents import AgentProcess, create_experiment, wait_trial_state, write_experiment
+from tests.e2e.agents import create_experiment, wait_trial_state, write_experiment
 from tests.e2e.conftest import OUR_DET, MasterProcess, _client_env, describe_run
 from tests.web.test_browser import REPORTING_SCRIPT
 
@@ -62,7 +63,7 @@ def task(master: MasterProcess, kind: str, task_id: str) -> dict[str, Any]:
 
 
 def wait_state(
-    master: MasterProcess, kind: str, task_id: str, state: str, timeout: float = 60
+    master: MasterProcess, kind: str, task_id: str, state: str, timeout: float = 180
 ) -> dict[str, Any]:
     def reached() -> dict[str, Any] | None:
         found = task(master, kind, task_id)
@@ -139,7 +140,7 @@ def test_a_shell_gives_an_interactive_terminal(cluster: tuple[MasterProcess, Age
         os.execve(str(OUR_DET), [str(OUR_DET), "shell", "start"], env)
     seen = b""
 
-    def read_until(marker: bytes, timeout: float = 90.0) -> None:
+    def read_until(marker: bytes, timeout: float = 180.0) -> None:
         nonlocal seen
         deadline = time.monotonic() + timeout
         while marker not in seen:
@@ -197,7 +198,7 @@ def test_a_notebook_answers_through_the_proxy_then_ends_when_idle_and_frees_its_
     waiting = task(master, "command", command_id)
     assert waiting["state"] == "STATE_QUEUED", waiting
     # Nothing touches the notebook now: it ends after its idle_timeout, and the command runs.
-    ended = wait_state(master, "notebook", notebook_id, "STATE_TERMINATED", timeout=60)
+    ended = wait_state(master, "notebook", notebook_id, "STATE_TERMINATED")
     assert ended["endReason"].startswith("idle for 6 s (idle_timeout)"), ended
     # On time: 6 s after the last request through the proxy, plus at most one check
     # interval and the stop (slack for a loaded two-core machine).
@@ -205,7 +206,7 @@ def test_a_notebook_answers_through_the_proxy_then_ends_when_idle_and_frees_its_
         datetime.fromisoformat(ended["endTime"]) - datetime.fromisoformat(ended["lastActivityTime"])
     ).total_seconds()
     assert 6 <= idle_for <= 6 + IDLE_CHECK_S + 8, ended
-    done = wait_state(master, "command", command_id, "STATE_TERMINATED", timeout=60)
+    done = wait_state(master, "command", command_id, "STATE_TERMINATED")
     assert done["exitCode"] == 0
     logs = master.det("cmd", "logs", command_id)
     assert "reused-slot" in logs.stdout, describe_run(logs)
@@ -292,7 +293,9 @@ def test_the_proxy_refuses_a_notebook_of_another_user(
         code, reason = asyncio.run(open_shell(f"{shell_id}/terminal", {}))
         assert code == 4401 and reason is not None and "sign in first" in reason
         command = {"config": {"entrypoint": "true", "resources": {"slots": 0}}}
-        reply = httpx.post(f"{master.url}/api/v1/commands", json=command, headers=headers)
+        reply = httpx.post(
+            f"{master.url}/api/v1/commands", json=command, headers=headers, timeout=60
+        )
         for other in (reply.json()["command"]["id"], "no-such-task"):
             code, reason = asyncio.run(open_shell(f"{other}/", {}))
             assert code == 4401 and reason is not None and "sign in first" in reason
@@ -373,7 +376,7 @@ def test_a_tensorboard_shows_the_metrics_stored_for_an_experiment(
     master, _ = cluster
     config, model = write_experiment(tmp_path, REPORTING_SCRIPT, slots=0, name="tb-e2e")
     experiment_id = create_experiment(master, config, model)
-    trial = wait_trial_state(master, experiment_id, {"COMPLETED"}, timeout=120)
+    trial = wait_trial_state(master, experiment_id, {"COMPLETED"})
     started = master.det("tensorboard", "start", str(experiment_id), "--no-browser", timeout=240)
     assert started.returncode == 0, describe_run(started)
     board_id = started.stdout.strip().rstrip("/").rsplit("/", 1)[-1]
@@ -388,7 +391,7 @@ def test_a_tensorboard_shows_the_metrics_stored_for_an_experiment(
             )
             return reply.json() if reply.status_code == 200 else None
 
-        points = master.wait_for("TensorBoard to load the trial's scalars", scalars, 60)
+        points = master.wait_for("TensorBoard to load the trial's scalars", scalars, 180)
         assert [step for _, step, _ in points] == [10, 20, 30, 40, 50, 60, 70, 80]
         assert points[0][2] == pytest.approx(1.0)
         runs = master.http("GET", f"/proxy/{board_id}/data/runs").json()
@@ -401,7 +404,7 @@ def test_a_tensorboard_shows_the_metrics_stored_for_an_experiment(
     assert by_trial.returncode == 0, describe_run(by_trial)
     board_id = by_trial.stdout.strip()
     try:
-        board = wait_state(master, "tensorboard", board_id, "STATE_RUNNING", timeout=120)
+        board = wait_state(master, "tensorboard", board_id, "STATE_RUNNING")
         assert board["trialIds"] == [trial["id"]] and board["experimentIds"] == []
         assert board["description"] == f"TensorBoard (Trial {trial['id']})"
 
@@ -409,6 +412,6 @@ def test_a_tensorboard_shows_the_metrics_stored_for_an_experiment(
             reply = master.http("GET", f"/proxy/{board_id}/data/runs")
             return reply.json() or None if reply.status_code == 200 else None
 
-        assert master.wait_for("TensorBoard to list the trial", runs_loaded, 60) == [run]
+        assert master.wait_for("TensorBoard to list the trial", runs_loaded, 180) == [run]
     finally:
         master.official("tensorboard", "kill", board_id)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import time
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import IO
 
 import pytest
 
@@ -156,6 +157,27 @@ def test_errors_are_one_line_on_stderr(master: MasterProcess, logged: LoggedTria
         assert result.stdout == "" and lines(result.stderr) == [message], describe_run(result)
 
 
+class Reader:
+    """Collects what a stream gives, as it comes, on a thread of its own."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._chunks: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in iter(stream.readline, ""):
+            self._chunks.append(line)
+
+    @property
+    def text(self) -> str:
+        return "".join(self._chunks)
+
+    def join(self, timeout: float) -> str:
+        self._thread.join(timeout)
+        return self.text
+
+
 def test_follow_streams_until_the_trial_ends(master: MasterProcess) -> None:
     trial = start_trial(master)
     write_logs(master, "agent-a", log_lines(trial, LINES[:2]))
@@ -167,17 +189,34 @@ def test_follow_streams_until_the_trial_ends(master: MasterProcess) -> None:
         env=_client_env(master.url),
         cwd=master.scratch,
     )
+    assert follower.stdout is not None and follower.stderr is not None
+    out, err = Reader(follower.stdout), Reader(follower.stderr)
+
+    def printed(messages: Sequence[str]) -> bool:
+        assert follower.poll() is None or out.text == "".join(messages), (
+            f"det trial logs -f ended (exit {follower.returncode}) while the trial was "
+            f"queued\n--- stdout ---\n{out.text}\n--- stderr ---\n{err.text}"
+        )
+        return out.text == "".join(messages)
+
     try:
-        time.sleep(1.0)
+        # It prints what was there, then waits for more while the trial is queued ...
+        master.wait_for("the lines stored so far", lambda: printed(MESSAGES[:2]), 120, 0.1)
         assert follower.poll() is None, "det trial logs -f ended while the trial was queued"
         write_logs(master, "agent-a", log_lines(trial, LINES[2:], start=2))
-        time.sleep(0.5)
+        # ... prints new lines as they come ...
+        master.wait_for("the lines stored since", lambda: printed(MESSAGES), 120, 0.1)
+        assert follower.poll() is None, "det trial logs -f ended while the trial was queued"
+        # ... and ends once the trial does.
         master.api("POST", f"/api/v1/experiments/{trial.experiment_id}/kill")
-        stdout, stderr = follower.communicate(timeout=30)
+        follower.wait(timeout=120)
     finally:
         if follower.poll() is None:
             follower.kill()
-            follower.communicate()
+            follower.wait()
+    stdout, stderr = out.join(30), err.join(30)
+    follower.stdout.close()
+    follower.stderr.close()
     assert follower.returncode == 0, stderr
     assert stdout == "".join(MESSAGES), stderr
 

@@ -25,14 +25,9 @@ from typing import Any
 
 import pytest
 
+from harness.cluster import AgentProcess
 from tests.conftest import require
-from tests.e2e.agents import (
-    AgentProcess,
-    create_experiment,
-    trial_logs,
-    wait_trial_state,
-    write_experiment,
-)
+from tests.e2e.agents import create_experiment, trial_logs, wait_trial_state, write_experiment
 from tests.e2e.conftest import MasterProcess
 
 pytestmark = pytest.mark.e2e

@@ -12,7 +12,6 @@ import shutil
 import socket
 import ssl
 import subprocess
-import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -24,18 +23,12 @@ from typing import Any
 import pytest
 import yaml
 
+from harness.cluster import DET_MASTER_BIN, START_TIMEOUT_S, AgentProcess
 from resolute._api import MasterError, Session
 from tests.conftest import require
-from tests.e2e.agents import (
-    AgentProcess,
-    create_experiment,
-    trial_logs,
-    wait_trial_state,
-    write_experiment,
-)
+from tests.e2e.agents import create_experiment, trial_logs, wait_trial_state, write_experiment
 from tests.e2e.conftest import (
     OUR_DET,
-    START_TIMEOUT_S,
     MasterProcess,
     describe_run,
     ok,
@@ -44,7 +37,6 @@ from tests.e2e.conftest import (
 
 pytestmark = pytest.mark.e2e
 
-DET_MASTER_BIN = Path(sys.executable).parent / "det-master"
 WORKLOADS = Path(__file__).resolve().parent / "determined_workloads"
 
 
@@ -75,9 +67,9 @@ class TlsMaster(MasterProcess):
                 "DET_MASTER_SECURITY__TLS__CERT_FILE": str(certs / "master.crt"),
                 "DET_MASTER_SECURITY__TLS__KEY_FILE": str(certs / "master.key"),
             },
+            scheme="https",
         )
         self.ca = certs / "ca.crt"
-        self.url = f"https://127.0.0.1:{self.port}"
 
     @contextmanager
     def _trusting(self) -> Iterator[None]:
@@ -226,7 +218,7 @@ def _refused_agent(cluster: Cluster, *extra: str, wait_for: str) -> AgentProcess
         cluster.master.wait_for(
             f"{agent_id} to fail twice ({wait_for!r})",
             lambda: len(_lines_about(agent, wait_for)) >= 2 or None,
-            timeout=30,
+            timeout=60,
         )
         assert agent.proc is not None and agent.proc.poll() is None, agent.output()
     except BaseException:

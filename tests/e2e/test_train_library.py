@@ -10,13 +10,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.agents import (
-    AgentProcess,
-    create_experiment,
-    trial_logs,
-    wait_trial_state,
-    write_experiment,
-)
+from harness.cluster import AgentProcess
+from tests.e2e.agents import create_experiment, trial_logs, wait_trial_state, write_experiment
 from tests.e2e.conftest import BACKENDS, MasterProcess, running_master
 
 pytestmark = pytest.mark.e2e
@@ -160,7 +155,7 @@ def test_a_paused_trial_checkpoints_exits_and_resumes_from_that_checkpoint(
         )["metrics"]
         return rows
 
-    master.wait_for("the trial to train a few steps", lambda: len(training_rows()) >= 3)
+    master.wait_for("the trial to train a few steps", lambda: len(training_rows()) >= 3, 180)
     master.api("POST", f"/api/v1/experiments/{experiment_id}/pause")
     paused = wait_trial_state(master, experiment_id, {"PAUSED", "COMPLETED", "ERROR"})
     logs = trial_logs(master, tid)

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from harness.cluster import AgentProcess
 from tests.conftest import require
-from tests.e2e.agents import AgentProcess, create_experiment, trial_logs, write_experiment
+from tests.e2e.agents import create_experiment, trial_logs, write_experiment
 from tests.e2e.conftest import (
     BACKENDS,
     OUR_DET,
@@ -166,7 +167,7 @@ def reported(cluster: tuple[MasterProcess, Path]) -> Reported:
     )
     experiment_id = create_experiment(master, config, model)
     started = time.monotonic()
-    waited = master.det("experiment", "wait", str(experiment_id), "--interval", "0.5", timeout=120)
+    waited = master.det("experiment", "wait", str(experiment_id), "--interval", "0.5", timeout=300)
     waited_s = time.monotonic() - started
     trials = master.api("GET", f"/api/v1/experiments/{experiment_id}/trials")["trials"]
     assert len(trials) == 1, trials
@@ -236,7 +237,7 @@ def test_wait_exits_1_on_error_paused_and_canceled_experiments(
     master, _ = cluster
     config, model = write_experiment(tmp_path / "failing", FAILING_SCRIPT)
     failing = create_experiment(master, config, model)
-    result = master.det("e", "wait", str(failing), "--interval", "0.5", timeout=120)
+    result = master.det("e", "wait", str(failing), "--interval", "0.5", timeout=300)
     assert result.returncode == 1, describe_run(result)
     assert lines(result.stdout) == [f"Experiment {failing} ended: ERROR"], describe_run(result)
 
@@ -251,7 +252,7 @@ def test_wait_exits_1_on_error_paused_and_canceled_experiments(
     ], describe_run(paused)
 
     ok(master.det("e", "kill", str(stuck)))
-    killed = master.det("e", "wait", str(stuck), "--interval", "0.2", timeout=60)
+    killed = master.det("e", "wait", str(stuck), "--interval", "0.2", timeout=300)
     assert killed.returncode == 1, describe_run(killed)
     assert lines(killed.stdout) == [f"Experiment {stuck} ended: CANCELED"], describe_run(killed)
 
@@ -366,7 +367,7 @@ def test_trial_describe_says_why_a_trial_waits(
             shown = fields(ok(master.det("trial", "describe", str(trial_id))).stdout)
             return shown["Pending reason"] if shown["State"] == "QUEUED" else ""
 
-        shown = master.wait_for("a pending reason", reason)
+        shown = master.wait_for("a pending reason", reason, 180)
         assert shown.startswith("NEVER_FITS: "), shown
         assert "multiple of 2" in shown, shown
     finally:

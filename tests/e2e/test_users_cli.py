@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
+from harness.cluster import AgentProcess
 from master.db.models import UserSessionModel
 from master.db.session import create_engine, create_session_factory, session_scope
 from master.settings import async_database_url
 from tests.conftest import require
-from tests.e2e.agents import AgentProcess
 from tests.e2e.conftest import (
     BACKENDS,
     COMMAND_TIMEOUT_S,
@@ -397,7 +397,7 @@ def test_a_revoked_agent_exits_and_stays_out(tmp_path: Path) -> None:
 
     def exits_refused(agent: AgentProcess, why: str, since: int) -> None:
         assert agent.proc is not None
-        assert agent.proc.wait(timeout=30) == AGENT_REFUSED, agent.output()
+        assert agent.proc.wait(timeout=60) == AGENT_REFUSED, agent.output()
         assert why in agent.log.read_text(encoding="utf-8")[since:], agent.output()
 
     try:

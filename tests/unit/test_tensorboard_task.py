@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
+from harness.cluster import free_port
 from master.schemas.common import Pagination
 from master.schemas.experiments import (
     Experiment,
@@ -221,13 +222,6 @@ def scalars(run: Path) -> dict[str, list[tuple[int, float, float]]]:
         tag: [(e.step, e.value, e.wall_time) for e in accumulator.Scalars(tag)]
         for tag in accumulator.Tags()["scalars"]
     }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def task_env(fake: FakeMaster, **extra: str) -> dict[str, str]:

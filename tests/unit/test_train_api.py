@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 import resolute
+from harness.cluster import free_port
 from resolute._api import MasterError, Session
 from resolute._metrics import Shipper, ShippingError
 from resolute.preempt import PreemptContext
@@ -130,7 +131,7 @@ def test_a_refusal_names_the_call_and_the_masters_message(fake: FakeMaster) -> N
 
 
 def test_an_unreachable_master_is_retried_for_a_bounded_time() -> None:
-    port = _free_port()
+    port = free_port()
     session = Session(f"http://127.0.0.1:{port}", "t", retry_for_s=0.5)
     started = time.monotonic()
     with pytest.raises(MasterError, match=r"poke: master at .* still failing after 0 s"):
@@ -139,7 +140,7 @@ def test_an_unreachable_master_is_retried_for_a_bounded_time() -> None:
 
 
 def test_a_master_that_comes_back_is_reached() -> None:
-    port = _free_port()
+    port = free_port()
     master = FakeMaster()
     timer = threading.Timer(0.3, serve, args=(master, port))
     timer.start()
@@ -151,15 +152,6 @@ def test_a_master_that_comes_back_is_reached() -> None:
         assert master.server is not None
         master.server.shutdown()
         master.server.server_close()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 # -- the shipper -----------------------------------------------------------------------------
@@ -351,7 +343,7 @@ def test_should_preempt_agrees_on_every_rank(tmp_path: Path) -> None:
     script = tmp_path / "collective.py"
     script.write_text(textwrap.dedent(COLLECTIVE))
     env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo"}
-    env["MASTER_PORT"] = str(_free_port())
+    env["MASTER_PORT"] = str(free_port())
     procs = [
         subprocess.Popen(
             [sys.executable, str(script)],

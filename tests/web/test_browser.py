@@ -21,12 +21,13 @@ from typing import Any
 
 import pytest
 
+from harness.cluster import AgentProcess
 from master.db.session import create_engine, create_session_factory, session_scope
 from master.services import agents as agent_service
 from master.services.agents import AgentRegistration, Device
 from master.services.metrics import GpuReading, MetricReading, MetricsBuffer
 from master.settings import MasterSettings, async_database_url
-from tests.e2e.agents import AgentProcess, create_experiment, trial_of, write_experiment
+from tests.e2e.agents import create_experiment, trial_of, write_experiment
 from tests.e2e.conftest import MasterProcess, unique
 from tests.web.conftest import ConsoleLog
 
@@ -133,15 +134,35 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 def page(browser: Any, cluster: Cluster) -> Iterator[Any]:
     """A signed-in page at desktop size; the test fails on any console error."""
     context = browser.new_context(viewport=DESKTOP, base_url=cluster.master.url)
-    context.set_default_timeout(20_000)
+    context.set_default_timeout(WAIT_MS)
     console = ConsoleLog()
     opened = context.new_page()
     console.watch(opened)
+    in_flight: set[Any] = set()
+
+    def started(request: Any) -> None:
+        in_flight.add(request)
+
+    def ended(request: Any) -> None:
+        in_flight.discard(request)
+
+    opened.on("request", started)
+    opened.on("requestfinished", ended)
+    opened.on("requestfailed", ended)
     sign_in(opened)
     yield opened
-    opened.wait_for_timeout(300)  # let a last poll land, so its errors count too
+    let_requests_land(opened, in_flight)
     context.close()
     assert not console.errors, "\n".join(console.errors)
+
+
+def let_requests_land(page: Any, in_flight: set[Any]) -> None:
+    """Let a last poll land, so its errors count too: a moment for one to start, then until
+    every request the page made has its answer (however slow the master is to give it)."""
+    page.wait_for_timeout(300)
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while in_flight and time.monotonic() < deadline:
+        page.wait_for_timeout(100)  # Playwright delivers the page's events meanwhile
 
 
 def sign_in(page: Any) -> None:
@@ -483,6 +504,8 @@ def test_kill_an_experiment_from_its_page(page: Any, cluster: Cluster) -> None:
 def test_agent_can_be_drained_and_enabled_from_the_cluster_page(
     page: Any, cluster: Cluster
 ) -> None:
+    from playwright.sync_api import expect  # here: the module is imported without Playwright
+
     page.goto("/ui/cluster")
     card = page.locator(f"article.agent[data-agent-id='{cluster.agent.id}']")
     # The default user is no admin: the agent's card offers no service buttons to it.
@@ -494,11 +517,12 @@ def test_agent_can_be_drained_and_enabled_from_the_cluster_page(
     page.wait_for_url("**/ui/cluster")
     card.get_by_role("button", name="Drain").click()
     page.wait_for_url("**/ui/cluster")
-    assert "draining" in card.locator(".badges").inner_text()
+    # The form posts, then comes back to this same address: wait for the page that says so.
+    expect(card.locator(".badges")).to_contain_text("draining", timeout=WAIT_MS)
     assert cluster.master.api("GET", f"/api/v1/agents/{cluster.agent.id}")["agent"]["draining"]
     card.get_by_role("button", name="Enable").click()
     page.wait_for_url("**/ui/cluster")
-    assert "enabled" in card.locator(".badges").inner_text()
+    expect(card.locator(".badges")).to_contain_text("enabled", timeout=WAIT_MS)
     agent = cluster.master.api("GET", f"/api/v1/agents/{cluster.agent.id}")["agent"]
     assert agent["enabled"] and not agent["draining"]
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from harness.cluster import AgentProcess, wait_until
 from tests.conftest import require
-from tests.e2e.agents import AgentProcess
 from tests.e2e.conftest import MasterProcess, describe_run
 
 DESKTOP = {"width": 1280, "height": 800}
@@ -57,16 +57,24 @@ def test_a_notebook_opened_through_the_proxy_runs_a_cell_on_the_agent(
         page.get_by_label("Password").fill("")
         page.get_by_role("button", name="Sign in").click()
         page.wait_for_url(f"**{path}lab**")
-        # JupyterLab's launcher: a new Python notebook.
+        # JupyterLab's launcher: a new Python notebook. Its kernel starts on the agent and
+        # the page connects to it through the proxy; on a loaded machine either takes a
+        # while, so wait for both where Jupyter itself says so before typing a key.
         page.locator(".jp-LauncherCard[title*='Python 3']").first.click()
+        kernel = wait_until(
+            "the notebook's kernel to be idle with the page connected to it",
+            lambda: _connected_idle_kernel(page, path),
+            timeout=180,
+            interval=0.5,
+        )
         cell = page.locator(".jp-Notebook .jp-Cell .cm-content").first
         code = (
             "import os; print('ran', os.environ['DET_TASK_TYPE'], 6 * 7, "
             "os.environ['DET_AGENT_ID'])"
         )
         # The editor may not take keys for a moment after the notebook opens: type until
-        # the cell holds the code (a loaded two-core machine makes that moment long).
-        for _ in range(5):
+        # the cell holds the code.
+        for _ in range(10):
             cell.click()
             page.keyboard.press("Control+A")
             page.keyboard.type(code)
@@ -76,7 +84,7 @@ def test_a_notebook_opened_through_the_proxy_runs_a_cell_on_the_agent(
         assert "DET_AGENT_ID" in cell.inner_text(), f"the cell holds {cell.inner_text()!r}"
         page.keyboard.press("Shift+Enter")
         output = page.locator(".jp-OutputArea-output").first
-        output.wait_for(timeout=120_000)
+        output.wait_for(timeout=180_000)
         text = output.inner_text()
         assert "ran NOTEBOOK 42 notebook-agent" in text, text
     except Exception:
@@ -88,3 +96,16 @@ def test_a_notebook_opened_through_the_proxy_runs_a_cell_on_the_agent(
     finally:
         context.close()
         master.det("notebook", "kill", notebook_id)
+    assert kernel["name"].startswith("python")
+
+
+def _connected_idle_kernel(page: Any, path: str) -> dict[str, Any] | None:
+    """The notebook's kernel as Jupyter's REST API reports it through the proxy (the page's
+    session cookie signs the request in), once it is idle and the page holds a connection."""
+    reply = page.request.get(f"{path}api/kernels")
+    if not reply.ok:
+        return None
+    for kernel in reply.json():
+        if kernel.get("execution_state") == "idle" and kernel.get("connections", 0) >= 1:
+            return dict(kernel)
+    return None
