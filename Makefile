@@ -90,9 +90,15 @@ SETUP := install official-client trial-venv postgres debian-packages azurite
 # Two workers, a file at a time: each file's clusters start once, and the e2e files, which
 # mostly wait on processes, overlap. PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 2
+PYTEST_ENV = DET_OFFICIAL_CLIENT=$(abspath $(DET_VENV))/bin/det DET_TRIAL_VENV=$(abspath $(TRIAL_VENV))
 pytest: $(SETUP)
-	DET_OFFICIAL_CLIENT=$(abspath $(DET_VENV))/bin/det DET_TRIAL_VENV=$(abspath $(TRIAL_VENV)) \
-		$(BIN)/pytest --numprocesses=$(PYTEST_WORKERS) --dist=loadfile --durations=25
+	$(PYTEST_ENV) $(BIN)/pytest --numprocesses=$(PYTEST_WORKERS) --dist=loadfile --durations=50
+
+# The e2e and web tests with one busy process per core (scripts/test-stress.sh): run it
+# before submitting a change to e2e, web or fault tests. ARGS narrows it (ARGS=tests/e2e/x.py).
+.PHONY: test-stress
+test-stress: $(SETUP)
+	$(PYTEST_ENV) BIN=$(BIN) PYTEST_WORKERS=$(PYTEST_WORKERS) bash scripts/test-stress.sh $(ARGS)
 
 .PHONY: setup
 setup:
