@@ -117,10 +117,11 @@ class Process:
         assert self.proc is not None, f"{self.command[0]} was never started"
         return self.proc.pid
 
-    def check_running(self, what: str) -> None:
-        """Fail at once, with the log, if the process has exited."""
+    def check_running(self, what: str, when: str = "") -> None:
+        """Fail at once, with the log, if the process has exited ("`what` exited with 2
+        `when`")."""
         if self.proc is not None and self.proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {self.proc.returncode}:\n{self.output()}")
+            raise RuntimeError(f"{what} exited with {self.proc.returncode}{when}:\n{self.output()}")
 
     def send(self, sig: int) -> None:
         """Signal the process itself, not its group."""
@@ -191,7 +192,7 @@ class MasterProcess(Process):
 
         def ready() -> bool:
             nonlocal last
-            self.check_running(f"det-master ({self.label}) while starting")
+            self.check_running(f"det-master ({self.label})", " while starting")
             try:
                 reply = httpx.get(f"{self.url}/info", timeout=2.0, verify=self.verify)
             except httpx.HTTPError as exc:
