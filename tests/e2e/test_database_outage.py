@@ -133,24 +133,24 @@ def _run_through_an_outage(
     page: httpx.Response | None = None
     probes: dict[str, httpx.Response] = {}
     while time.monotonic() - stopped_at < OUTAGE_S:
-        reply = httpx.get(f"{master.url}/api/v1/experiments", headers=headers, timeout=10)
+        reply = master.session.get("/api/v1/experiments", headers=headers, timeout=10)
         statuses.append(reply.status_code)
         if reply.status_code == 503:
             assert reply.headers.get("Retry-After") == "2", reply.headers
             assert "database is unreachable" in reply.json()["message"], reply.text
         if write is None and reply.status_code == 503:
-            write = httpx.post(
-                f"{master.url}/api/v1/templates/outage-template",
+            write = master.session.post(
+                "/api/v1/templates/outage-template",
                 headers=headers,
                 json={"name": "outage-template", "config": {"description": "x"}},
                 timeout=10,
             )
-            page = httpx.get(
-                f"{master.url}/ui/experiments", cookies={"resolute_session": token}, timeout=10
+            page = master.session.get(
+                "/ui/experiments", headers={"Cookie": f"resolute_session={token}"}, timeout=10
             )
             scrape = {"Authorization": f"Bearer {SCRAPE_TOKEN}"}
             probes = {
-                path: httpx.get(f"{master.url}{path}", headers=scrape, timeout=10)
+                path: master.session.get(f"{path}", headers=scrape, timeout=10)
                 for path in ("/health/live", "/health/ready", "/metrics")
             }
         time.sleep(0.25)
@@ -159,7 +159,7 @@ def _run_through_an_outage(
     back_at = time.monotonic()
     reply = None
     while time.monotonic() - back_at < 15:
-        reply = httpx.get(f"{master.url}/api/v1/experiments", headers=headers, timeout=10)
+        reply = master.session.get("/api/v1/experiments", headers=headers, timeout=10)
         if reply.status_code == 200:
             break
         time.sleep(0.05)
@@ -263,7 +263,7 @@ def _cut_the_database_link(
     first_503: float | None = None
     while time.monotonic() - cut_at < CUT_S:
         try:
-            reply = httpx.get(f"{master.url}/api/v1/experiments", headers=headers, timeout=30)
+            reply = master.session.get("/api/v1/experiments", headers=headers, timeout=30)
         except httpx.HTTPError:
             reply = None
         assert reply is None or reply.status_code in (200, 503), reply.text
@@ -275,7 +275,7 @@ def _cut_the_database_link(
     master.wait_for(
         "the API to answer again",
         lambda: (
-            httpx.get(f"{master.url}/api/v1/experiments", headers=headers, timeout=10).status_code
+            master.session.get("/api/v1/experiments", headers=headers, timeout=10).status_code
             == 200
         ),
         60,

@@ -18,7 +18,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
@@ -262,12 +261,12 @@ def test_the_proxy_refuses_a_notebook_of_another_user(
     cluster: tuple[MasterProcess, AgentProcess],
 ) -> None:
     master, _ = cluster
-    admin = httpx.post(
-        f"{master.url}/api/v1/auth/login", json={"username": "admin", "password": ""}, timeout=30
+    admin = master.session.post(
+        "/api/v1/auth/login", json={"username": "admin", "password": ""}, timeout=30
     ).json()["token"]
     headers = {"Authorization": f"Bearer {admin}"}
     body = {"config": {"resources": {"slots": 0}}}
-    reply = httpx.post(f"{master.url}/api/v1/shells", json=body, headers=headers, timeout=30)
+    reply = master.session.post("/api/v1/shells", json=body, headers=headers, timeout=30)
     assert reply.status_code == 200, reply.text
     shell_id = reply.json()["shell"]["id"]
     try:
@@ -293,14 +292,12 @@ def test_the_proxy_refuses_a_notebook_of_another_user(
         code, reason = asyncio.run(open_shell(f"{shell_id}/terminal", {}))
         assert code == 4401 and reason is not None and "sign in first" in reason
         command = {"config": {"entrypoint": "true", "resources": {"slots": 0}}}
-        reply = httpx.post(
-            f"{master.url}/api/v1/commands", json=command, headers=headers, timeout=60
-        )
+        reply = master.session.post("/api/v1/commands", json=command, headers=headers, timeout=60)
         for other in (reply.json()["command"]["id"], "no-such-task"):
             code, reason = asyncio.run(open_shell(f"{other}/", {}))
             assert code == 4401 and reason is not None and "sign in first" in reason
     finally:
-        httpx.post(f"{master.url}/api/v1/shells/{shell_id}/kill", headers=headers, timeout=30)
+        master.session.post(f"/api/v1/shells/{shell_id}/kill", headers=headers, timeout=30)
 
 
 def test_determineds_own_client_runs_commands_and_notebooks(

@@ -46,7 +46,7 @@ JOIN_TOKEN = "standby-test-token"
 
 def leading(master: MasterProcess) -> bool:
     try:
-        reply = httpx.get(f"{master.url}/health/ready", timeout=2)
+        reply = master.session.get("/health/ready", timeout=2)
     except httpx.HTTPError:
         return False
     return reply.status_code == 200 and reply.json()["reason"] == "ready"
@@ -55,7 +55,7 @@ def leading(master: MasterProcess) -> bool:
 def standing_by(master: MasterProcess) -> bool:
     """Whether `master` is a standby that has looked at the lease and knows the leader."""
     try:
-        reply = httpx.get(f"{master.url}/health/ready", timeout=2)
+        reply = master.session.get("/health/ready", timeout=2)
     except httpx.HTTPError:
         return False
     reason: str = reply.json().get("reason", "")
