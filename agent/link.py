@@ -95,12 +95,14 @@ class Agent:
         sampling = asyncio.create_task(self._sample_forever(), name="sampler")
         probing = asyncio.create_task(self._probe_while_away(), name="probe")
         silent_stream: asyncio.Task[None] | None = None
+        session: asyncio.Task[None] | None = None
+        heard_nothing: asyncio.Task[Any] | None = None
         attempt = 0
         try:
             while True:
                 started = time.monotonic()
                 silent = asyncio.Event()
-                session = asyncio.create_task(self._session(silent, silent_stream))
+                session = asyncio.create_task(self._session(silent, silent_stream), name="stream")
                 heard_nothing = asyncio.create_task(silent.wait())
                 await asyncio.wait([session, heard_nothing], return_when=asyncio.FIRST_COMPLETED)
                 heard_nothing.cancel()
@@ -133,12 +135,18 @@ class Agent:
                     delay = min(delay, 0.5)
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
         finally:
-            for task in (sampling, probing, silent_stream):
-                if task is None:
+            # Cancelled (the agent stops) or refused: every stream goes, the one being
+            # tried included, before the caller closes the fence.
+            for task in (sampling, probing, silent_stream, session, heard_nothing):
+                if task is None or (task is session and task.done()):  # the loop saw its end
                     continue
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
+                try:
                     await task
+                except asyncio.CancelledError:
+                    pass
+                except Exception as exc:  # a stream's end was logged where it ended
+                    log.warning("%s had ended with %s", task.get_name(), _short(exc))
 
     def _silence_limit(self) -> float:
         # Half the fence window: enough for a new stream (a resync, perhaps to a standby that
@@ -216,7 +224,7 @@ class Agent:
             tasks = [
                 asyncio.create_task(self._heartbeats(outbox, heard, silent), name="heartbeats"),
                 asyncio.create_task(self._ship_logs(), name="logs"),
-                asyncio.create_task(self._read(call, heard), name="read"),
+                asyncio.create_task(self._read(call, heard, outbox), name="read"),
             ]
             try:
                 # Whichever ends first (the master's silence, a broken stream) ends the session.
@@ -234,13 +242,15 @@ class Agent:
                         await task
                 call.cancel()
 
-    async def _read(self, call: Any, heard: list[float]) -> None:
+    async def _read(
+        self, call: Any, heard: list[float], outbox: asyncio.Queue[pb.AgentMessage | None]
+    ) -> None:
         while True:
             message = await call.read()
             if message is grpc.aio.EOF:
                 raise ConnectionError("the master closed the stream")
             heard[0] = time.monotonic()
-            await self._handle(message)
+            await self._handle(message, outbox)
 
     def _hello(self) -> pb.Hello:
         return pb.Hello(
@@ -257,7 +267,10 @@ class Agent:
             instance_id=self.instance_id,
         )
 
-    async def _handle(self, message: pb.MasterMessage) -> None:
+    async def _handle(
+        self, message: pb.MasterMessage, outbox: asyncio.Queue[pb.AgentMessage | None]
+    ) -> None:
+        """One message from the master, read from the stream whose queue is `outbox`."""
         kind = message.WhichOneof("body")
         if kind == "heartbeat_ack":
             sent = self._sent_at.pop(message.heartbeat_ack.seq, None)
@@ -268,7 +281,9 @@ class Agent:
         if kind == "prepare":
             prepare = message.prepare
             prepared = self.runner.prepare(prepare.allocation_id, prepare.extra_ports)
-            self._emit(pb.AgentMessage(prepared=prepared))
+            # The answer goes back on the stream that asked, silent or not: the master
+            # waits for it there, and no other stream carries it later.
+            outbox.put_nowait(pb.AgentMessage(prepared=prepared))
         elif kind == "start":
             self.runner.spawn_task(self.runner.start(message.start))
         elif kind == "stop":
