@@ -68,15 +68,17 @@ def stop_process(proc: subprocess.Popen[bytes] | None, grace_s: float = 20.0) ->
     (the processes here lead their own sessions, so the group is theirs alone)."""
     if proc is None:
         return
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+    finally:  # whatever the leader did, nothing of its group outlives it
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def log_tail(log: Path, chars: int = 8000) -> str:
@@ -214,6 +216,9 @@ class MasterProcess(Process):
                 f"det-master ({self.label}) not ready after {timeout:.0f} s ({last}):\n"
                 f"{self.output()}"
             ) from None
+        except RuntimeError:  # it exited while starting: what it started goes too
+            self.stop()
+            raise
 
     @property
     def agent_address(self) -> str:

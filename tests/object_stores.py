@@ -12,15 +12,13 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.cluster import free_port
+from harness.cluster import START_TIMEOUT_S, Process, free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 AZURITE = Path(os.environ.get("AZURITE_BLOB", REPO / ".azurite/node_modules/.bin/azurite-blob"))
@@ -32,25 +30,11 @@ AZURITE_KEY = (
 S3_KEYS = ("resolute-test-access", "resolute-test-secret")
 
 
-def _wait_listening(
-    host: str, port: int, process: subprocess.Popen[bytes], log: Path, what: str
-) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{what} exited with {process.returncode}: {log.read_text()[-800:]}")
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{what} did not listen on {host}:{port} within 30 s")
-
-
 @dataclass
 class StoreServer:
-    """One server process. `stop()`/`start()` take it down and bring it back on the same
-    port (for outage tests); an in-memory server comes back empty."""
+    """One server process, started and stopped through the harness (its own session, its
+    log kept, its whole group stopped). `stop()`/`start()` take it down and bring it back on
+    the same port (for outage tests); an in-memory server comes back empty."""
 
     kind: str
     argv: list[str]
@@ -58,28 +42,34 @@ class StoreServer:
     log: Path
     env: dict[str, str] = field(default_factory=dict)
     host: str = "127.0.0.1"
-    process: subprocess.Popen[bytes] | None = None
+    process: Process | None = None
 
     def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                self.argv,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **self.env},
-                start_new_session=True,
+        self.process = process = Process(self.argv, self.log, self.env)
+        process.launch()
+
+        def listening() -> bool:
+            process.check_running(self.kind)
+            try:
+                with socket.create_connection((self.host, self.port), timeout=0.5):
+                    return True
+            except OSError:
+                return False
+
+        try:
+            wait_until(
+                f"{self.kind} to listen on {self.host}:{self.port}",
+                listening,
+                START_TIMEOUT_S,
+                0.1,
+                process.output,
             )
-        _wait_listening(self.host, self.port, self.process, self.log, self.kind)
+        except AssertionError as exc:
+            raise RuntimeError(str(exc)) from None
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)
+        if self.process is not None:
+            self.process.stop(grace_s=10)
 
     def pause(self) -> None:
         """The store stops answering (SIGSTOP) but keeps what it holds."""

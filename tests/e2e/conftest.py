@@ -158,8 +158,8 @@ def running_master(
         db_url = server.new_database()
     data_dir = tmp_path_factory.mktemp(f"{label}-{backend}") / "data"
     proc = MasterProcess(data_dir, db_url, label=f"{label}-{backend}", env=env)
-    proc.start()
     try:
+        proc.start()
         yield proc
     finally:
         proc.stop()

@@ -13,7 +13,6 @@ import re
 import select
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
 from cli.terminal import attach, parse_close_reason
+from harness.cluster import free_port
 from resolute.shell_access import is_terminal_path, shell_keys
 from tests.conftest import require
 
@@ -309,12 +309,10 @@ async def test_attach_with_a_terminal_goes_raw_follows_its_size_and_restores_it(
 async def test_attach_says_why_it_could_not_connect(
     server_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with socket.socket() as sock:  # a port nobody listens on
-        sock.bind(("127.0.0.1", 0))
-        free_port = sock.getsockname()[1]
+    unused = free_port()  # a port nobody listens on
     stdin_r, stdin_w = os.pipe()
     try:
-        assert await attach(f"ws://127.0.0.1:{free_port}/", AUTH, stdin_fd=stdin_r) == 1
+        assert await attach(f"ws://127.0.0.1:{unused}/", AUTH, stdin_fd=stdin_r) == 1
         assert "connection refused" in capsys.readouterr().err
         assert await attach(server_url, {"Authorization": "token no"}, stdin_fd=stdin_r) == 1
         err = capsys.readouterr().err
