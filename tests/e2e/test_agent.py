@@ -170,7 +170,7 @@ def test_a_failing_rank_stops_the_gang_on_every_agent_and_the_trial_restarts(
     config, model = write_experiment(tmp_path, FAIL_SCRIPT, slots=4, max_restarts=1)
     started = time.monotonic()
     experiment_id = create_experiment(master, config, model)
-    trial = wait_trial_state(master, experiment_id, {"ERROR", "COMPLETED"}, timeout=300)
+    trial = wait_trial_state(master, experiment_id, {"ERROR", "COMPLETED"}, timeout=240)
     elapsed = time.monotonic() - started
     logs = trial_logs(master, trial["id"])
     assert trial["state"] == "ERROR", logs

@@ -100,7 +100,7 @@ def run_search(
     return create_experiment(master, config, model)
 
 
-def wait_done(master: MasterProcess, experiment_id: int, timeout: float = 400) -> dict[str, Any]:
+def wait_done(master: MasterProcess, experiment_id: int, timeout: float = 240) -> dict[str, Any]:
     def ended() -> dict[str, Any] | None:
         experiment = master.api("GET", f"/api/v1/experiments/{experiment_id}")["experiment"]
         ended = experiment["state"] in ("STATE_COMPLETED", "STATE_ERROR", "STATE_CANCELED")
@@ -215,7 +215,7 @@ def test_a_search_survives_a_master_killed_with_sigkill(
         closed = [t for t in trials if t["state"] == "STATE_COMPLETED"]
         return len(closed) >= 2 and len(trials) >= 4
 
-    master.wait_for("the search to be under way", decided, 300, 0.2)
+    master.wait_for("the search to be under way", decided, 240, 0.2)
     before_kill = {t["id"] for t in trials_of(master, experiment_id)}
     master.kill()  # SIGKILL: no shutdown, whatever was in flight is lost
     master.start()

@@ -18,7 +18,6 @@ import json
 import re
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any, TypeVar
 import pytest
 
 from cli.cluster import AGENT_HEADERS, JOB_HEADERS, SLOT_HEADERS, TASK_HEADERS
+from harness.cluster import wait_until
 from tests.conftest import require
 from tests.e2e.conftest import (
     BACKENDS,
@@ -55,15 +55,8 @@ WAIT_S = 60.0
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = WAIT_S) -> T:
-    """Poll until `probe` returns something other than None (the scheduler runs every 0.5 s)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.1)
+    """The harness's wait (the scheduler runs every 0.5 s), at this file's deadline."""
+    return wait_until(what, probe, timeout, interval=0.1)
 
 
 def parse_json(result: subprocess.CompletedProcess[str]) -> Any:

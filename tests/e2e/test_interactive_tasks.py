@@ -227,9 +227,17 @@ def test_a_notebook_with_an_open_kernel_is_not_idle(
     try:
         kernel = master.http("POST", f"/proxy/{notebook_id}/api/kernels", json={})
         assert kernel.status_code == 201, kernel.text
+        # A negative check needs time to pass: past the idle timeout, three checks later.
         time.sleep(3 + 3 * IDLE_CHECK_S + 2)
         notebook = task(master, "notebook", notebook_id)
         assert notebook["state"] == "STATE_RUNNING", notebook
+        # And the kernel was what kept it: shut down, the same notebook ends as idle (so the
+        # wait above was not merely shorter than a late idle check).
+        kernel_id = kernel.json()["id"]
+        gone = master.http("DELETE", f"/proxy/{notebook_id}/api/kernels/{kernel_id}")
+        assert gone.status_code == 204, gone.text
+        ended = wait_state(master, "notebook", notebook_id, "STATE_TERMINATED")
+        assert ended["endReason"].startswith("idle for 3 s (idle_timeout)"), ended
     finally:
         master.det("notebook", "kill", notebook_id)
 

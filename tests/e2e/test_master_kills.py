@@ -81,7 +81,7 @@ def _kill_while_placing(master: MasterProcess, tmp_path: Path) -> None:
         master.start()
 
     for experiment_id, ticks in runs:
-        trial = wait_trial_state(master, experiment_id, {"COMPLETED", "ERROR", "CANCELED"}, 300)
+        trial = wait_trial_state(master, experiment_id, {"COMPLETED", "ERROR", "CANCELED"}, 240)
         assert trial["state"] == "COMPLETED" and trial["restarts"] == 0, trial
         pids = {pid for _, pid in tick_rows(ticks)}
         assert len(pids) == 2, f"trial {trial['id']} ran {len(pids)} rank processes, not 2"

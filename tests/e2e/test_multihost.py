@@ -149,7 +149,7 @@ def run_allreduce(
     config, model = write_experiment(tmp_path, ALLREDUCE_SCRIPT, slots=world, extra=extra)
     before = cluster.snapshot()
     experiment_id = create_experiment(cluster.master, config, model)
-    trial = wait_trial_state(cluster.master, experiment_id, {"COMPLETED", "ERROR"}, timeout=300)
+    trial = wait_trial_state(cluster.master, experiment_id, {"COMPLETED", "ERROR"}, timeout=240)
     after = cluster.snapshot()
     logs = trial_logs(cluster.master, trial["id"])
     assert trial["state"] == "COMPLETED", f"{logs}\n{cluster.diagnostics()}"

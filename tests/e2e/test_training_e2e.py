@@ -121,7 +121,7 @@ def test_killed_on_four_slots_resumes_on_two_with_the_same_curve(
         lambda: next(
             (c for c in cluster.checkpoints(trial_id) if c["stepsCompleted"] == total // 2), None
         ),
-        300,
+        240,
         0.1,
     )
     # It must land before the last of the 20 steps left (5 s at least).
@@ -152,7 +152,7 @@ def test_agent_killed_mid_training_requeues_and_resumes_from_its_checkpoint(
     first = cluster.master.wait_for(
         "the first checkpoint",
         lambda: cluster.checkpoints(trial_id),
-        300,
+        240,
         0.1,
     )[0]
     cluster.kill_agent(1)  # host-b: ranks 2 and 3

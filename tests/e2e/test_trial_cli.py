@@ -167,7 +167,7 @@ def reported(cluster: tuple[MasterProcess, Path]) -> Reported:
     )
     experiment_id = create_experiment(master, config, model)
     started = time.monotonic()
-    waited = master.det("experiment", "wait", str(experiment_id), "--interval", "0.5", timeout=300)
+    waited = master.det("experiment", "wait", str(experiment_id), "--interval", "0.5", timeout=240)
     waited_s = time.monotonic() - started
     trials = master.api("GET", f"/api/v1/experiments/{experiment_id}/trials")["trials"]
     assert len(trials) == 1, trials
@@ -237,7 +237,7 @@ def test_wait_exits_1_on_error_paused_and_canceled_experiments(
     master, _ = cluster
     config, model = write_experiment(tmp_path / "failing", FAILING_SCRIPT)
     failing = create_experiment(master, config, model)
-    result = master.det("e", "wait", str(failing), "--interval", "0.5", timeout=300)
+    result = master.det("e", "wait", str(failing), "--interval", "0.5", timeout=240)
     assert result.returncode == 1, describe_run(result)
     assert lines(result.stdout) == [f"Experiment {failing} ended: ERROR"], describe_run(result)
 
@@ -252,7 +252,7 @@ def test_wait_exits_1_on_error_paused_and_canceled_experiments(
     ], describe_run(paused)
 
     ok(master.det("e", "kill", str(stuck)))
-    killed = master.det("e", "wait", str(stuck), "--interval", "0.2", timeout=300)
+    killed = master.det("e", "wait", str(stuck), "--interval", "0.2", timeout=240)
     assert killed.returncode == 1, describe_run(killed)
     assert lines(killed.stdout) == [f"Experiment {stuck} ended: CANCELED"], describe_run(killed)
 
