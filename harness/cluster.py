@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -244,9 +245,16 @@ class MasterProcess(Process):
 
     @property
     def session(self) -> httpx.Client:
-        """The harness's own client for this master (no token), made on first use."""
+        """The harness's own client for this master (no token), made on first use. Tests
+        share it, so it keeps no cookies: a sign-in one test makes through it must not
+        authenticate another test's request."""
         if self._client is None:
-            self._client = httpx.Client(base_url=self.url, timeout=60, verify=self.verify)
+            self._client = httpx.Client(
+                base_url=self.url,
+                timeout=60,
+                verify=self.verify,
+                cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
+            )
         return self._client
 
     def _forget_client(self) -> None:

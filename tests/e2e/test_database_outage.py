@@ -150,7 +150,7 @@ def _run_through_an_outage(
             )
             scrape = {"Authorization": f"Bearer {SCRAPE_TOKEN}"}
             probes = {
-                path: master.session.get(f"{path}", headers=scrape, timeout=10)
+                path: master.session.get(path, headers=scrape, timeout=10)
                 for path in ("/health/live", "/health/ready", "/metrics")
             }
         time.sleep(0.25)
