@@ -58,11 +58,14 @@ DEFAULT_ACCESS_TOKEN_LIFESPAN = timedelta(days=30)
 MAX_ACCESS_TOKEN_LIFESPAN = timedelta(days=3650)
 
 
-def hash_password(password: str, *, is_hashed: bool = False) -> str:
+def hash_password(
+    password: str, *, is_hashed: bool = False, iterations: int = PBKDF2_ITERATIONS
+) -> str:
+    """The stored form; it names its iterations, so a check reads them from the hash."""
     client_hash = password if is_hashed else client_side_hash(password)
     salt = secrets.token_bytes(16)
-    digest = hashlib.pbkdf2_hmac("sha256", client_hash.encode(), salt, PBKDF2_ITERATIONS)
-    return f"pbkdf2_sha256${PBKDF2_ITERATIONS}${salt.hex()}${digest.hex()}"
+    digest = hashlib.pbkdf2_hmac("sha256", client_hash.encode(), salt, iterations)
+    return f"pbkdf2_sha256${iterations}${salt.hex()}${digest.hex()}"
 
 
 def password_matches(stored: str, password: str, *, is_hashed: bool) -> bool:
@@ -125,8 +128,11 @@ async def _mint(
     return token, row
 
 
-async def ensure_default_users(session: AsyncSession, initial_password: str) -> None:
-    """Create `admin` and `determined` once; never touch them again (they may have changed)."""
+async def ensure_default_users(
+    session: AsyncSession, initial_password: str, *, iterations: int = PBKDF2_ITERATIONS
+) -> None:
+    """Create `admin` and `determined` once; never touch them again (they may have changed).
+    `iterations` is for test fixtures, which make these users before every test."""
     for username, admin in DEFAULT_USERS:
         exists = await session.scalar(select(UserModel.id).where(UserModel.username == username))
         if exists is None:
@@ -134,7 +140,7 @@ async def ensure_default_users(session: AsyncSession, initial_password: str) -> 
                 UserModel(
                     username=username,
                     admin=admin,
-                    password_hash=hash_password(initial_password),
+                    password_hash=hash_password(initial_password, iterations=iterations),
                 )
             )
             log.info("created default user %s", username)
