@@ -15,6 +15,7 @@ import pytest
 import pytest_asyncio
 from fastapi import FastAPI
 
+from harness.cluster import MasterProcess
 from master.app import create_app
 from master.db.models import Base
 from master.db.session import session_scope
@@ -32,18 +33,37 @@ POSTGRES_ADMIN_DSN = os.environ.get(
 
 
 # `make test` runs the suite on two pytest-xdist workers, a file at a time (--dist loadfile,
-# so a module's cluster starts once), handed out in collection order: the long files go
-# first (the benchmarks' smoke runs, about 2 minutes together, and the e2e files of 1-4
-# minutes each), and the many short ones after them even out the workers' ends.
-_RUN_FIRST = ("tests/test_benchmark_smoke.py", "tests/e2e/", "tests/web/", "tests/deploy/")
+# so a module's cluster starts once), handed out in the order below (--no-loadscope-reorder:
+# xdist would otherwise start the files with the most tests first, which left the long
+# e2e files of one or two tests to the end, on one worker). Longest first: the files that
+# took longest in a `--durations=0` run (20-200 s each), then the rest of the e2e, web and
+# deploy files, then the many short ones, which even out the workers' ends.
+_LONGEST_FIRST = (
+    "tests/e2e/test_determined_workloads.py",
+    "tests/e2e/test_fencing.py",
+    "tests/e2e/test_training_e2e.py",
+    "tests/e2e/test_object_store_checkpoints.py",
+    "tests/e2e/test_interactive_tasks.py",
+    "tests/test_benchmark_smoke.py",
+    "tests/e2e/test_users_cli.py",
+    "tests/e2e/test_asha_search.py",
+    "tests/e2e/test_database_outage.py",
+    "tests/e2e/test_agent.py",
+    "tests/web/test_browser.py",
+    "tests/e2e/test_standby_master.py",
+    "tests/deploy/test_install.py",
+)
+_THEN = ("tests/e2e/", "tests/web/", "tests/deploy/")
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own grouping by parametrized fixtures
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
         path = item.nodeid.split("::", 1)[0]
-        starts = [i for i, prefix in enumerate(_RUN_FIRST) if path.startswith(prefix)]
-        return starts[0] if starts else len(_RUN_FIRST)
+        if path in _LONGEST_FIRST:
+            return _LONGEST_FIRST.index(path)
+        starts = [i for i, prefix in enumerate(_THEN) if path.startswith(prefix)]
+        return len(_LONGEST_FIRST) + (starts[0] if starts else len(_THEN))
 
     items.sort(key=rank)  # stable: each file keeps its own order
 
@@ -95,6 +115,13 @@ class PostgresServer:
     def drop_all(self) -> None:
         for name in self.created:
             _admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _masters_start_from_a_migrated_schema(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """New SQLite masters copy a schema migrated once per worker, not each its own (a second
+    of CPU per master); tests/test_migrations.py and `det-master migrate` test the migrations."""
+    MasterProcess.sqlite_schema_dir = tmp_path_factory.mktemp("sqlite-schema")
 
 
 @pytest.fixture(scope="session")
@@ -169,7 +196,10 @@ async def reset_database(application: FastAPI) -> None:
         for table in reversed(Base.metadata.sorted_tables):
             await conn.execute(table.delete())
     async with session_scope(application.state.session_factory) as session:
-        await auth_service.ensure_default_users(session, "")
+        # Few PBKDF2 iterations for the default users that every test starts with, so that
+        # the reset and the fixtures' sign-ins cost microseconds, not ~100 ms of hashing
+        # each; users a test makes itself are hashed as in production.
+        await auth_service.ensure_default_users(session, "", iterations=1_000)
         await workspace_service.ensure_defaults(session)
         await allocation_service.ensure_scheduler_state(session)
     # In-memory preemption signals belong to the cleared rows, and SQLite reuses their
