@@ -7,7 +7,6 @@ proxy, so nothing on the agents needs to be reachable from the laptop.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import sys
@@ -311,6 +310,8 @@ def _attach(api: MasterClient, task: dict[str, Any]) -> int:
 
         context = ssl.create_default_context()
     headers = {"Authorization": f"Bearer {_token(api)}"}
+    import asyncio  # here: only an attached terminal needs it, and it slows every start
+
     return asyncio.run(attach(url, headers, context))
 
 
