@@ -87,18 +87,23 @@ lint: install
 # Defined before the rules that name it: make expands prerequisites as it reads them.
 SETUP := install official-client trial-venv postgres debian-packages azurite
 
-# Two workers, a file at a time: each file's clusters start once, and the e2e files, which
-# mostly wait on processes, overlap. PYTEST_WORKERS=0 runs in one process.
-PYTEST_WORKERS ?= 2
+# Three workers on two cores, a file at a time: each file's clusters start once, and the e2e
+# files spend about a quarter of their time waiting on processes (leases, restarts, outages),
+# which a third worker fills (vmstat: 24% idle with two workers, 15% with three; pytest
+# 17:20 -> 11:57 on this machine). Files in tests/conftest.py's order, longest first
+# (xdist's own reordering off). PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 3
 PYTEST_ENV = DET_OFFICIAL_CLIENT=$(abspath $(DET_VENV))/bin/det DET_TRIAL_VENV=$(abspath $(TRIAL_VENV))
 pytest: $(SETUP)
-	$(PYTEST_ENV) $(BIN)/pytest --numprocesses=$(PYTEST_WORKERS) --dist=loadfile --durations=50
+	$(PYTEST_ENV) $(BIN)/pytest --numprocesses=$(PYTEST_WORKERS) --dist=loadfile --no-loadscope-reorder --durations=50
 
-# The e2e and web tests with one busy process per core (scripts/test-stress.sh): run it
-# before submitting a change to e2e, web or fault tests. ARGS narrows it (ARGS=tests/e2e/x.py).
+# The e2e and web tests with one busy process per core (scripts/test-stress.sh), on two
+# workers: run it before submitting a change to e2e, web or fault tests. ARGS narrows it
+# (ARGS=tests/e2e/x.py).
+STRESS_WORKERS ?= 2
 .PHONY: test-stress
 test-stress: $(SETUP)
-	$(PYTEST_ENV) BIN=$(BIN) PYTEST_WORKERS=$(PYTEST_WORKERS) bash scripts/test-stress.sh $(ARGS)
+	$(PYTEST_ENV) BIN=$(BIN) PYTEST_WORKERS=$(STRESS_WORKERS) bash scripts/test-stress.sh $(ARGS)
 
 .PHONY: setup
 setup:

@@ -28,7 +28,7 @@ targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(tests/e2e tests/web)
 started=$(date +%s)
 status=0
-"$BIN/pytest" --numprocesses="$PYTEST_WORKERS" --dist=loadfile --durations=25 "${targets[@]}" \
+"$BIN/pytest" --numprocesses="$PYTEST_WORKERS" --dist=loadfile --no-loadscope-reorder --durations=25 "${targets[@]}" \
   || status=$?
 echo "test-stress: $busy busy processes throughout; pytest exited $status after $(( $(date +%s) - started )) s; load average at the end $(cut -d' ' -f1-3 /proc/loadavg)"
 exit "$status"
