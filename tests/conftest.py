@@ -32,10 +32,10 @@ POSTGRES_ADMIN_DSN = os.environ.get(
 )
 
 
-# `make test` runs the suite on two pytest-xdist workers, a file at a time (--dist loadfile,
+# `make test` runs the suite on three pytest-xdist workers, a file at a time (--dist loadfile,
 # so a module's cluster starts once), handed out in the order below (--no-loadscope-reorder:
 # xdist would otherwise start the files with the most tests first, which left the long
-# e2e files of one or two tests to the end, on one worker). Longest first: the files that
+# e2e files of one to three tests to the end of the run). Longest first: the files that
 # took longest in a `--durations=0` run (20-200 s each), then the rest of the e2e, web and
 # deploy files, then the many short ones, which even out the workers' ends.
 _LONGEST_FIRST = (
