@@ -89,8 +89,9 @@ SETUP := install official-client trial-venv postgres debian-packages azurite
 
 # Three workers on two cores, a file at a time: each file's clusters start once, and the e2e
 # files spend about a quarter of their time waiting on processes (leases, restarts, outages),
-# which a third worker fills (vmstat: 24% idle with two workers, 15% with three; pytest
-# 17:20 -> 11:57 on this machine). Files in tests/conftest.py's order, longest first
+# which a third worker fills (vmstat: 24% idle with two workers, 8-15% with three; at
+# 7ed1a19, in the same hour on this machine, pytest took 1088 s on two workers and 849 s on
+# three). Files in tests/conftest.py's order, longest first
 # (xdist's own reordering off). PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 3
 PYTEST_ENV = DET_OFFICIAL_CLIENT=$(abspath $(DET_VENV))/bin/det DET_TRIAL_VENV=$(abspath $(TRIAL_VENV))
