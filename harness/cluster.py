@@ -286,8 +286,11 @@ class MasterProcess(Process):
             client.close()
 
     def stop(self, grace_s: float = 20.0) -> None:
-        super().stop(grace_s)
+        # The client's kept-alive connection goes first: a stopping master waits for open
+        # connections, and over TLS an idle one it closes stays open until this client
+        # answers the close (it never would): 5 s of uvicorn's grace per stop.
         self._forget_client()
+        super().stop(grace_s)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         super().kill(sig)
