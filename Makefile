@@ -80,6 +80,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/python scripts/check-import-cycles.py master agent cli resolute
 	PYTHON=$(BIN)/python bash scripts/gen-protos.sh --check
 
 # The set-up steps download and install independently, so `make setup` runs them side by

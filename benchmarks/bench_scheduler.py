@@ -23,7 +23,7 @@ with CREATE DATABASE on the admin DSN and dropped at the end, each a copy (CREAT
 once, through a running master, and measurements run on copies of it, so that the batched
 and the naive variant start from the same rows. Simulated
 agents register through master.services.agents.register_agent and exit through
-master.services.allocations.release_allocation, the functions the agent protocol calls;
+master.services.release.release_allocation, the functions the agent protocol calls;
 trials come from master.services.experiments.create_experiment; the batched variant is
 master.services.scheduler.run_pass, what the scheduler loop runs. Setup (registering agents,
 creating trials, the releases between S2 passes, the checks) is timed and printed but
@@ -77,8 +77,9 @@ from master.db.models import (
 from master.db.session import session_scope
 from master.services import scheduler, states
 from master.services.agents import AgentRegistration, Device, register_agent
-from master.services.allocations import HELD_STATES, ReleaseOutcome, release_allocation
+from master.services.allocations import HELD_STATES, ReleaseOutcome
 from master.services.experiments import ExperimentRequest, activate_experiment, create_experiment
+from master.services.release import release_allocation
 from master.settings import DatabaseSettings, MasterSettings, ResourcePoolSettings
 
 DEFAULT_ADMIN_DSN = (

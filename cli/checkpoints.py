@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 import typer
 
-from cli.client import CliError
+from cli.errors import CliError
 from cli.output import cli_errors, print_json, print_table, short_time, state_name
 from cli.state import client
 from cli.trials import format_metrics, format_value

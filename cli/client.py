@@ -6,23 +6,18 @@ import contextlib
 import os
 import ssl
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
+from cli.errors import CliError
+from cli.token_store import TokenStore
 from master.core.credentials import client_side_hash
-
-if TYPE_CHECKING:
-    from cli.token_store import TokenStore
 
 DEFAULT_MASTER = "localhost:8080"
 CERT_FILE_ENV = "DET_MASTER_CERT_FILE"
 CERT_NAME_ENV = "DET_MASTER_CERT_NAME"
-
-
-class CliError(Exception):
-    """One line for stderr; the command exits 1."""
 
 
 def master_urls(master: str | None) -> list[str]:
@@ -177,8 +172,6 @@ class MasterClient:
     def token_store(self) -> TokenStore:
         """The tokens `det user login` keeps for this master."""
         if self._store is None:
-            from cli.token_store import TokenStore  # it imports CliError from here
-
             self._store = TokenStore(self.base_url)
         return self._store
 

@@ -12,7 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cli.client import CliError, MasterClient
+from cli.client import MasterClient
+from cli.errors import CliError
 from cli.output import cli_errors, print_json, stdout
 from cli.state import client
 

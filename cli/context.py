@@ -9,7 +9,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from cli.client import CliError
+from cli.errors import CliError
 
 FILE_TYPE = 48
 DIR_TYPE = 53

@@ -10,9 +10,9 @@ import typer
 import yaml
 from rich.markup import escape
 
-from cli.client import CliError
 from cli.config_overrides import ConfigOverrideError, apply_config_overrides
 from cli.context import read_model_dir
+from cli.errors import CliError
 from cli.output import (
     cli_errors,
     compact_json,

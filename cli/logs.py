@@ -12,7 +12,8 @@ from urllib.parse import quote
 import httpx
 import typer
 
-from cli.client import CliError, MasterClient, _error_message
+from cli.client import MasterClient, _error_message
+from cli.errors import CliError
 from cli.output import cli_errors
 from cli.state import Globals
 

@@ -20,8 +20,9 @@ import httpx
 import typer
 import yaml
 
-from cli.client import CliError, MasterClient
+from cli.client import MasterClient
 from cli.config_overrides import ConfigOverrideError, apply_config_overrides
+from cli.errors import CliError
 from cli.logs import _print as print_logs
 from cli.output import cli_errors, print_json, print_table, short_time, stdout
 from cli.state import client

@@ -9,7 +9,7 @@ from urllib.parse import quote
 import typer
 import yaml
 
-from cli.client import CliError
+from cli.errors import CliError
 from cli.output import cli_errors, print_json, print_table, print_yaml, stdout
 from cli.state import client
 

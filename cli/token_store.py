@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cli.client import CliError
+from cli.errors import CliError
 
 FILE_NAME = "auth.json"
 

@@ -6,7 +6,8 @@ from typing import Any
 
 import typer
 
-from cli.client import CliError, MasterClient
+from cli.client import MasterClient
+from cli.errors import CliError
 from cli.output import cli_errors, print_json, print_table, short_time, stdout
 from cli.state import client
 from cli.users import read_secret, user_by_name

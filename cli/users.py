@@ -17,7 +17,8 @@ from urllib.parse import quote
 
 import typer
 
-from cli.client import CliError, MasterClient
+from cli.client import MasterClient
+from cli.errors import CliError
 from cli.output import cli_errors, print_json, print_table, stdout, warn
 from cli.state import client
 from master.core.credentials import client_side_hash

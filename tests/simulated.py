@@ -1,7 +1,7 @@
 """Simulated agents for tests and the benchmark, until the real agent lands.
 
 They register and report exits through the SAME service functions that the agent protocol
-calls (`master.services.agents.register_agent`, `master.services.allocations.release_allocation`),
+calls (`master.services.agents.register_agent`, `master.services.release.release_allocation`),
 writing straight into a running master's database. Nothing here talks to the scheduler: the
 master's scheduler loop (a pass every <= 0.5 s) sees the change on its own, so tests poll the
 API until the state they expect appears.
@@ -20,7 +20,8 @@ from typing import Any, TypeVar
 
 from master.db.session import create_engine, create_session_factory, session_scope
 from master.services.agents import AgentRegistration, Device, register_agent
-from master.services.allocations import ReleaseOutcome, release_allocation
+from master.services.allocations import ReleaseOutcome
+from master.services.release import release_allocation
 from master.settings import (
     DatabaseSettings,
     MasterSettings,

@@ -49,7 +49,7 @@ from master.db.models import (
 from master.db.session import DatabaseHealth, is_outage, session_scope
 from master.errors import InvalidArgument
 from master.services import agents as agent_service
-from master.services import allocations, states, trial_reports
+from master.services import allocations, release, states, trial_reports
 from master.services import auth as auth_service
 from master.services import logs as log_service
 from master.services import metrics as metric_service
@@ -1162,7 +1162,7 @@ class AgentHub:
     ) -> None:
         self.gangs.pop(gang.allocation_id, None)
         self.preemption.forget(gang.allocation_id)
-        await allocations.release_allocation(
+        await release.release_allocation(
             session, gang.allocation_id, outcome, message, exit_code=_exit_code(gang)
         )
         # Exits are acked only now, with the outcome committed: until then an agent that

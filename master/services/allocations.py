@@ -2,6 +2,8 @@
 
 Everything here leaves the commit to the caller. Functions that give the scheduler new
 work call `request_scheduling`, which wakes the loop once the transaction has committed.
+What follows an allocation's end (the trial's next state, the searcher, the task) is in
+master.services.release, above the modules this one serves.
 """
 
 from __future__ import annotations
@@ -11,13 +13,12 @@ import logging
 from collections.abc import Sequence
 from typing import Any, cast
 
-from sqlalchemy import Table, delete, event, insert, select, update
+from sqlalchemy import Table, event, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from master.db.models import (
     AllocationModel,
-    AllocationSlotModel,
     AllocationState,
     ExperimentModel,
     ExperimentState,
@@ -26,8 +27,7 @@ from master.db.models import (
     TrialState,
     utcnow,
 )
-from master.errors import Conflict, NotFound
-from master.services import auth, states, trial_reports
+from master.errors import NotFound
 
 log = logging.getLogger(__name__)
 
@@ -221,129 +221,6 @@ async def acknowledge_preemption(session: AsyncSession, allocation_id: str) -> N
     preemption", not "finished". Stored, so a restarted master still knows it."""
     allocation = await get_allocation(session, allocation_id)
     allocation.preempt_acked = True
-
-
-async def release_allocation(
-    session: AsyncSession,
-    allocation_id: str,
-    outcome: ReleaseOutcome,
-    message: str = "",
-    *,
-    exit_code: int | None = None,
-) -> None:
-    """The allocation's processes have all exited: free its slots and move the trial (or
-    end the task) on. `exit_code`: the first nonzero exit of its processes, or 0.
-
-    Idempotent, because an agent may report the same exit again after a reconnect.
-    """
-    await hold_scheduler(session)
-    allocation = await get_allocation(session, allocation_id)
-    if allocation.state == AllocationState.TERMINATED:
-        return
-    if allocation.state not in HELD_STATES:
-        raise Conflict(
-            f"allocation {allocation_id} is {allocation.state}: only an allocation holding "
-            "resources can be released"
-        )
-    await session.execute(
-        delete(AllocationSlotModel).where(AllocationSlotModel.allocation_id == allocation_id)
-    )
-    allocation.state = AllocationState.TERMINATED
-    allocation.ended_at = utcnow()
-    if allocation.task_session_id is not None:
-        await auth.revoke_session(session, allocation.task_session_id)
-        allocation.task_session_id = None
-    allocation.exit_reason = f"{outcome}: {message}" if message else str(outcome)
-    if allocation.task_id is not None:
-        # Imported here: interactive queues its allocations through this module.
-        from master.services import interactive
-
-        await interactive.finish_task(session, allocation, outcome, message, exit_code)
-        request_scheduling(session)
-        log.info("allocation %s released: %s %s", allocation_id, outcome, message)
-        return
-    trial = await session.get(TrialModel, allocation.trial_id)
-    experiment = await session.get(ExperimentModel, allocation.experiment_id)
-    assert trial is not None and experiment is not None  # foreign keys guarantee both
-    _move_trial_after_release(session, trial, experiment, outcome, message)
-    await session.flush()
-    if TrialState(trial.state).is_terminal:
-        # Imported here: the searcher queues and stops trials through this module.
-        from master.services import checkpoint_gc, search
-
-        await search.on_trial_closed(session, trial, experiment)
-        await checkpoint_gc.apply_retention(session, experiment)
-    await trial_reports.refresh_experiment_progress(session, experiment.id)
-    await finish_experiment_if_done(session, experiment)
-    request_scheduling(session)
-    log.info("allocation %s released: %s %s", allocation_id, outcome, message)
-
-
-def _move_trial_after_release(
-    session: AsyncSession,
-    trial: TrialModel,
-    experiment: ExperimentModel,
-    outcome: ReleaseOutcome,
-    message: str,
-) -> None:
-    current = TrialState(trial.state)
-    reason = f"allocation ended: {outcome}" + (f" ({message})" if message else "")
-    if current.is_terminal or current in (TrialState.QUEUED, TrialState.PAUSED):
-        return
-    if current in (TrialState.STOPPING_KILLED, TrialState.STOPPING_CANCELED):
-        states.set_trial_state(session, trial, TrialState.CANCELED, reason)
-    elif current == TrialState.STOPPING_COMPLETED or outcome == ReleaseOutcome.COMPLETED:
-        states.set_trial_state(session, trial, TrialState.COMPLETED, reason)
-    elif outcome == ReleaseOutcome.KILLED:
-        states.set_trial_state(session, trial, TrialState.CANCELED, reason)
-    elif outcome == ReleaseOutcome.UNRUNNABLE:
-        trial.end_reason = message
-        states.set_trial_state(session, trial, TrialState.ERROR, reason)
-    elif outcome == ReleaseOutcome.FAILED:
-        trial.restarts += 1
-        max_restarts = int(experiment.config.get("max_restarts", 5))
-        if trial.restarts > max_restarts:
-            trial.end_reason = f"{message}; max_restarts={max_restarts} used"
-            states.set_trial_state(
-                session, trial, TrialState.ERROR, f"{reason}; max_restarts={max_restarts} used"
-            )
-        else:
-            _requeue(session, trial, experiment, reason)
-    else:  # preempted or agent lost: transient, no restart counted
-        _requeue(session, trial, experiment, reason)
-
-
-def _requeue(
-    session: AsyncSession, trial: TrialModel, experiment: ExperimentModel, reason: str
-) -> None:
-    if ExperimentState(experiment.state) == ExperimentState.PAUSED:
-        states.set_trial_state(session, trial, TrialState.PAUSED, reason)
-        return
-    states.set_trial_state(session, trial, TrialState.QUEUED, reason)
-    enqueue_trial(session, trial, experiment)
-
-
-async def finish_experiment_if_done(session: AsyncSession, experiment: ExperimentModel) -> None:
-    """When every trial has ended, the experiment ends too."""
-    current = ExperimentState(experiment.state)
-    if current.is_terminal:
-        return
-    trial_states = (
-        await session.scalars(
-            select(TrialModel.state).where(TrialModel.experiment_id == experiment.id)
-        )
-    ).all()
-    if not all(TrialState(s).is_terminal for s in trial_states):
-        return
-    if current in (ExperimentState.STOPPING_KILLED, ExperimentState.STOPPING_CANCELED):
-        final = ExperimentState.CANCELED
-    elif any(TrialState(s) == TrialState.COMPLETED for s in trial_states):
-        final = ExperimentState.COMPLETED
-    else:
-        final = ExperimentState.ERROR
-    if final == ExperimentState.COMPLETED:
-        experiment.progress = 1.0  # as Determined sets it when a search completes
-    states.set_experiment_state(session, experiment, final, "every trial has ended")
 
 
 async def enqueue_orphaned_trials(session: AsyncSession) -> int:

@@ -29,7 +29,7 @@ from master.db.models import (
     utcnow,
 )
 from master.errors import Conflict, InvalidArgument, NotFound, PermissionDenied
-from master.services import access, auth
+from master.services import access, auth, logs
 from resolute.storage import checkpoint_location
 
 log = logging.getLogger(__name__)
@@ -306,9 +306,6 @@ class AlertReport:
 async def report_alert(session: AsyncSession, user: UserModel, alert: AlertReport) -> None:
     """Context.alert(): Determined hands it to the experiment's webhooks; resolute has none,
     so it becomes a line of the trial's logs, at its level."""
-    # Here, not at the top: logs imports allocations, which imports this module.
-    from master.services import logs
-
     word = ALERT_LEVELS.get(alert.level)
     if word is None:
         raise InvalidArgument(

@@ -23,6 +23,7 @@ from master.services import agents as agent_service
 from master.services import allocations as allocation_service
 from master.services import scheduler, states
 from master.services.allocations import ReleaseOutcome
+from master.services.release import release_allocation
 from master.settings import MasterSettings, ResourcePoolSettings, SchedulerSettings
 
 SINGLE = """\
@@ -63,7 +64,7 @@ async def schedule(app: FastAPI) -> scheduler.PassStats:
 
 async def release(app: FastAPI, allocation_id: str, outcome: ReleaseOutcome) -> None:
     async with session_scope(app.state.session_factory) as session:
-        await allocation_service.release_allocation(session, allocation_id, outcome)
+        await release_allocation(session, allocation_id, outcome)
 
 
 async def submit(api: httpx.AsyncClient, text: str) -> dict[str, Any]:

@@ -20,7 +20,8 @@ from pydantic import ValidationError
 
 from agent import bootstrap
 from agent.settings import AgentSettings
-from cli.client import CliError, MasterClient
+from cli.client import MasterClient
+from cli.errors import CliError
 from master import certs
 from master.main import announce_transport
 from master.settings import MasterSettings, TlsSettings

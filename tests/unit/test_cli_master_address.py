@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cli.client import CliError, canonical_master_url
+from cli.client import canonical_master_url
+from cli.errors import CliError
 
 
 @pytest.mark.parametrize(

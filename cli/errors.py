@@ -1,0 +1,6 @@
+"""The one error every `det` command turns into a line on stderr and exit status 1. Kept
+apart from cli.client so that modules the client itself uses (the token store) can raise it."""
+
+
+class CliError(Exception):
+    """One line for stderr; the command exits 1."""
