@@ -927,7 +927,7 @@ async def naive_comparison(params: Params, tmp: Path) -> dict[str, Any]:
     from master.db.migrate import upgrade_to_head
     from master.db.models import AgentMetricModel
     from master.db.session import create_engine, create_session_factory, session_scope
-    from master.services.agent_link import _reading
+    from master.services.agent_protos import reading_of
     from master.services.metrics import MetricsBuffer, MetricsLoop
     from master.settings import MasterSettings
 
@@ -965,7 +965,7 @@ async def naive_comparison(params: Params, tmp: Path) -> dict[str, Any]:
                             session.add(naive_row(AgentMetricModel, agent_id, sample))
             else:
                 for n, (agent_id, heartbeat) in enumerate(heartbeats, 1):
-                    buffer.add(agent_id, [_reading(s) for s in heartbeat.samples])
+                    buffer.add(agent_id, [reading_of(s) for s in heartbeat.samples])
                     if n % params.agents == 0 or n == len(heartbeats):
                         await loop.write_pending()  # once per second's worth of heartbeats
             cpu = time.process_time() - cpu0

@@ -47,7 +47,8 @@ from master.services import allocations as allocation_service
 from master.services import auth as auth_service
 from master.services import interactive
 from master.services import workspaces as workspace_service
-from master.services.agent_link import AgentHub, HubLoop, read_or_create_join_token
+from master.services.agent_enrolment import read_or_create_join_token
+from master.services.agent_link import AgentHub, HubLoop
 from master.services.checkpoint_gc import CheckpointDeleter
 from master.services.leadership import Leadership, install_fence
 from master.services.loops import DatabaseWatch, Loop

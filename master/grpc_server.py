@@ -11,7 +11,8 @@ from typing import Any
 import grpc
 
 from master.db.session import is_outage
-from master.services.agent_link import AgentHub, Refusal, StateMessageFailed
+from master.services.agent_enrolment import Refusal
+from master.services.agent_link import AgentHub, StateMessageFailed
 from master.settings import AgentLinkSettings
 from resolute_proto.agent.v1 import agent_pb2 as pb
 from resolute_proto.agent.v1 import agent_pb2_grpc

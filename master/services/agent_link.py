@@ -6,6 +6,10 @@ allocations, pass on stop requests and declare silent agents lost. Database chan
 through the same services the REST API uses (register_agent, release_allocation, states),
 each in its own short transaction.
 
+The hub is the state machine; its neighbours hold the rest of the link: who may join
+(agent_enrolment), what a launch sends (agent_launch) and the messages' conversions to and
+from the master's types (agent_protos).
+
 Allocation lifecycle on the agents (AllocationModel.state, written only here after the
 scheduler's ASSIGNED): ASSIGNED -> PULLING (the chief reserves the rendezvous port) ->
 STARTING (every agent was sent its ranks) -> RUNNING (every agent started them) ->
@@ -16,9 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
-import secrets
 import time
 import uuid
 from collections import deque
@@ -30,35 +32,37 @@ from typing import Any
 from sqlalchemy import or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from master.core import launch, task_config
-from master.core.credentials import new_token
-from master.core.interfaces import InterfaceChoice, choose_interface
+from master.core import launch
 from master.db.models import (
     AgentModel,
     AllocationModel,
     AllocationSlotModel,
     AllocationState,
     ExperimentModel,
-    ModelDefinitionModel,
-    SlotModel,
-    TaskModel,
     TrialModel,
     TrialState,
-    UserModel,
 )
 from master.db.session import DatabaseHealth, is_outage, session_scope
 from master.errors import InvalidArgument
+from master.services import (
+    agent_enrolment,
+    agent_protos,
+    allocations,
+    release,
+    states,
+    trial_reports,
+)
 from master.services import agents as agent_service
-from master.services import allocations, release, states, trial_reports
-from master.services import auth as auth_service
 from master.services import logs as log_service
 from master.services import metrics as metric_service
+from master.services.agent_enrolment import Refusal
+from master.services.agent_launch import LaunchAssembler
 from master.services.allocations import HELD_STATES, ReleaseOutcome
 from master.services.leadership import Leadership
 from master.services.loops import Loop
 from master.services.preemption import PreemptionSignals
 from master.services.prometheus import ROUND_TRIP_BUCKETS_S, Histogram
-from master.settings import MasterSettings, TaskContainerDefaults
+from master.settings import MasterSettings
 from resolute_proto.agent.v1 import agent_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -151,18 +155,6 @@ class StateMessageFailed(Exception):
     """Handling an agent's prepared/started/exited message failed; the stream must end."""
 
 
-def _digest(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
-
-
-def _exit_ack(allocation_id: str) -> pb.MasterMessage:
-    return pb.MasterMessage(exit_ack=pb.ExitAck(allocation_id=allocation_id))
-
-
-class Refusal(Exception):
-    """The agent may not join; the reason is sent to it before the stream closes."""
-
-
 class AgentHub:
     def __init__(
         self,
@@ -210,6 +202,7 @@ class AgentHub:
         # loss declaration each run alone, so none acts on a gang another is changing.
         # Heartbeats and logs stay outside it.
         self._lock = asyncio.Lock()
+        self.launches = LaunchAssembler(settings, cluster_id=cluster_id, master_id=master_id)
 
     @contextlib.asynccontextmanager
     async def _transaction(self) -> AsyncIterator[AsyncSession]:
@@ -264,23 +257,7 @@ class AgentHub:
     async def open(self, hello: pb.Hello, peer: str = "") -> tuple[Connection, pb.Welcome]:
         """Authenticate and register the agent, reconcile what it runs; raise Refusal.
         `peer`: gRPC's name of the stream's other end ("ipv4:198.18.0.2:40112")."""
-        registration = agent_service.AgentRegistration(
-            id=hello.agent_id,
-            resource_pool=hello.resource_pool or self.settings.default_compute_pool,
-            devices=tuple(
-                agent_service.Device(
-                    slot_id=d.slot_id,
-                    type=d.type,
-                    brand=d.brand,
-                    uuid=d.uuid,
-                    memory_bytes=d.memory_bytes or None,
-                )
-                for d in hello.devices
-            ),
-            addresses=tuple(sorted({a for i in hello.interfaces for a in i.ipv4})),
-            version=hello.version,
-            hostname=hello.hostname,
-        )
+        registration = agent_protos.registration_of(hello, self.settings.default_compute_pool)
         old = self.connections.get(hello.agent_id)
         if (
             old is not None
@@ -293,7 +270,7 @@ class AgentHub:
             )
         async with self._lock:
             connection, welcome = await self._open(hello, registration)
-        connection.peer_host = peer_host(peer)
+        connection.peer_host = agent_enrolment.peer_host(peer)
         return connection, welcome
 
     async def _open(
@@ -307,14 +284,11 @@ class AgentHub:
                 # before this reads the row (refused here), or it waits for this commit and
                 # then finds this connection to close.
                 await allocations.hold_scheduler(session)
-                issued = await self._authenticate(session, hello)
+                issued = await agent_enrolment.authenticate(session, hello, self.join_token)
                 agent = await agent_service.register_agent(session, self.settings, registration)
                 if issued:
-                    agent.credential_hash = _digest(issued)
-                    agent.credential_confirmed = False
-                agent.interfaces = [
-                    {"name": i.name, "ipv4": list(i.ipv4)} for i in hello.interfaces
-                ]
+                    agent_enrolment.enroll(agent, issued)
+                agent.interfaces = agent_protos.interfaces_of(hello)
                 stop_ids = await self._reconcile(session, hello)
         except InvalidArgument as exc:
             raise Refusal(str(exc)) from None
@@ -346,51 +320,10 @@ class AgentHub:
         )
         return connection, welcome
 
-    async def _authenticate(self, session: AsyncSession, hello: pb.Hello) -> str | None:
-        """An enrolled agent id admits only its own secret; an id not seen before is
-        enrolled with the join token and gets a secret of its own (returned, to be sent in
-        the Welcome). So one node holding the join token cannot pass for another enrolled
-        node, a revoked id stays out, and the join token can be rotated without touching
-        the enrolled agents. Until the agent has shown its secret back once, the join token
-        still enrolls it afresh: a Welcome lost on the way must not lock the id out.
-        Raises Refusal."""
-        agent = await session.get(AgentModel, hello.agent_id, populate_existing=True)
-        if agent is not None and agent.revoked_at is not None:
-            raise Refusal(
-                f"agent id {hello.agent_id!r} was revoked (det agent revoke); "
-                "start this node under a new --id"
-            )
-        if agent is not None and agent.credential_hash is not None:
-            if hello.agent_secret and secrets.compare_digest(
-                _digest(hello.agent_secret), agent.credential_hash
-            ):
-                agent.credential_confirmed = True
-                return None
-            if agent.credential_confirmed:
-                raise Refusal(
-                    f"the credential does not match agent id {hello.agent_id!r}: that id is "
-                    "enrolled and admits only its own secret (its agent-credential file)"
-                )
-        if not secrets.compare_digest(hello.join_token.encode(), self.join_token.encode()):
-            raise Refusal("join token missing or wrong; start the agent with --join-token-file")
-        if agent is not None and agent.credential_hash is None:
-            log.warning(
-                "agent %s was registered before agents had credentials: enrolled it now with "
-                "the join token (revoke it if that was not the node you know)",
-                hello.agent_id,
-            )
-        else:
-            log.info("agent %s enrolled with the join token", hello.agent_id)
-        return new_token()
-
     async def _confirm_credential(self, connection: Connection) -> None:
         try:
             async with self._transaction() as session:
-                await session.execute(
-                    update(AgentModel)
-                    .where(AgentModel.id == connection.agent_id)
-                    .values(credential_confirmed=True)
-                )
+                await agent_enrolment.confirm_credential(session, connection.agent_id)
         except Exception as exc:
             connection.unconfirmed_credential = True  # the next heartbeat tries again
             log.warning("agent %s: could not confirm its credential: %s", connection.agent_id, exc)
@@ -557,20 +490,14 @@ class AgentHub:
         if self.leadership is not None and not self.leadership.valid():
             return  # no acknowledgement: see Leadership
         if heartbeat.samples:
-            readings = [_reading(s) for s in heartbeat.samples]
+            readings = [agent_protos.reading_of(s) for s in heartbeat.samples]
             self.metrics.add(connection.agent_id, readings)
             self.latest_reading[connection.agent_id] = readings[-1]
         if heartbeat.last_round_trip_micros:
             seconds = heartbeat.last_round_trip_micros / 1e6
             self.round_trips.observe(seconds)
             self.last_round_trip_s[connection.agent_id] = seconds
-        connection.send(
-            pb.MasterMessage(
-                heartbeat_ack=pb.HeartbeatAck(
-                    seq=heartbeat.seq, sent_unix_nanos=heartbeat.sent_unix_nanos
-                )
-            )
-        )
+        connection.send(agent_protos.heartbeat_ack(heartbeat))
 
     async def on_logs(self, connection: Connection, batch: pb.LogBatch) -> None:
         lines = [
@@ -637,7 +564,7 @@ class AgentHub:
             allocation = await session.get(AllocationModel, allocation_id)
             if allocation is None or allocation.state not in HELD_STATES:
                 self.gangs.pop(allocation_id, None)
-                self._send(session, agent_id, _exit_ack(allocation_id))
+                self._send(session, agent_id, agent_protos.exit_ack(allocation_id))
                 return
             gang = self.gangs.get(allocation_id) or await self._gang_from_db(session, allocation_id)
             if agent_id not in gang.agent_ids:
@@ -816,7 +743,9 @@ class AgentHub:
             await self._prepare_task(session, gang, allocation)
             return
         experiment = await session.get(ExperimentModel, allocation.experiment_id)
-        choice = await self._choose_interface(session, gang, allocation, experiment)
+        choice = await self.launches.choose_interface(
+            session, gang.agent_ids, allocation.resource_pool, experiment
+        )
         if choice.name is None:
             if allocation.pending_code != NO_COMMON_INTERFACE:
                 allocation.pending_code = NO_COMMON_INTERFACE
@@ -834,19 +763,7 @@ class AgentHub:
         gang.phase = "preparing"
         gang.prepare_sent_at = time.monotonic()
         gang.addresses = tuple(choice.addresses[a] for a in gang.agent_ids)
-        layout = launch.stored_layout(experiment.config) if experiment else launch.PER_SLOT
-        per_agent = layout == launch.PER_AGENT
-        self._send(
-            session,
-            gang.chief,
-            pb.MasterMessage(
-                prepare=pb.PrepareAllocation(
-                    allocation_id=gang.allocation_id,
-                    # Determined's ZMQ broadcast listens on two more ports of the chief.
-                    extra_ports=2 if per_agent else 0,
-                )
-            ),
-        )
+        self._send(session, gang.chief, self.launches.prepare(gang.allocation_id, experiment))
 
     async def _prepare_task(
         self, session: AsyncSession, gang: Gang, allocation: AllocationModel
@@ -860,36 +777,7 @@ class AgentHub:
         allocation.state = AllocationState.PULLING
         gang.phase = "preparing"
         gang.prepare_sent_at = time.monotonic()
-        self._send(
-            session,
-            gang.chief,
-            pb.MasterMessage(prepare=pb.PrepareAllocation(allocation_id=gang.allocation_id)),
-        )
-
-    async def _choose_interface(
-        self,
-        session: AsyncSession,
-        gang: Gang,
-        allocation: AllocationModel,
-        experiment: ExperimentModel | None,
-    ) -> InterfaceChoice:
-        environment = (experiment.config.get("environment") if experiment else None) or {}
-        explicit = (
-            environment.get("dtrain_network_interface")
-            or self._container_defaults(allocation.resource_pool).dtrain_network_interface
-        )
-        rows = (
-            await session.execute(
-                select(AgentModel.id, AgentModel.interfaces).where(
-                    AgentModel.id.in_(gang.agent_ids)
-                )
-            )
-        ).all()
-        reported = {
-            agent_id: {i["name"]: list(i.get("ipv4", [])) for i in interfaces or []}
-            for agent_id, interfaces in rows
-        }
-        return choose_interface({a: reported.get(a, {}) for a in gang.agent_ids}, explicit)
+        self._send(session, gang.chief, self.launches.prepare_task(gang.allocation_id))
 
     async def _start(
         self,
@@ -902,195 +790,27 @@ class AgentHub:
         if allocation is None:
             return  # stopped meanwhile: the next tick releases it
         if allocation.task_id is not None:
-            await self._start_task(session, gang, allocation, master_port)
-            return
-        # What the launch needs, in one statement rather than four.
-        found = (
-            await session.execute(
-                select(TrialModel, ExperimentModel, ModelDefinitionModel, UserModel)
-                .join(ExperimentModel, ExperimentModel.id == TrialModel.experiment_id)
-                .outerjoin(
-                    ModelDefinitionModel,
-                    ModelDefinitionModel.experiment_id == ExperimentModel.id,
+            agent_id, message = await self.launches.task_start(
+                session, allocation, gang.members, master_port
+            )
+            messages = [(agent_id, message)]
+        else:
+            try:
+                found = await self.launches.trial_start(
+                    session, allocation, gang.members, gang.addresses, master_port, extra_ports
                 )
-                .outerjoin(UserModel, UserModel.id == ExperimentModel.owner_id)
-                .where(TrialModel.id == allocation.trial_id)
-            )
-        ).one()  # foreign keys: the trial and its experiment exist
-        trial, experiment, model_definition, owner = found
-        token, allocation.task_session_id = await auth_service.issue_task_token(
-            session, experiment.owner_id, TASK_TOKEN_TTL, trial.id
-        )
-        resume = await trial_reports.resume_point(session, trial, experiment)
-        steps_completed = await trial_reports.start_run_from(session, trial, resume)
-        info = launch.TrialInfo(
-            experiment_id=experiment.id,
-            trial_id=trial.id,
-            run_id=trial.run_id,
-            task_id=allocations.task_id(trial),
-            allocation_id=allocation.id,
-            seed=trial.seed,
-            hparams=trial.hparams,
-            config=experiment.config,
-            steps_completed=steps_completed,
-            latest_checkpoint=resume.uuid if resume is not None else "",
-            user=owner.username if owner else "",
-            session_token=token,
-        )
-        device_type = await _device_type(session, gang)
-        layout = launch.stored_layout(experiment.config)
-        if layout == launch.PER_AGENT and len(extra_ports) < 2:
-            gang.phase = "assigned"  # an answer to an older prepare: ask again
-            return
-        try:
-            argv = launch.entrypoint_argv(experiment.config)
-            launches = launch.build_launches(
-                gang.members,
-                info,
-                launch.Rendezvous(
-                    allocation.network_interface,
-                    allocation.chief_address,
-                    master_port,
-                    addresses=gang.addresses,
-                    comm_ports=extra_ports,
-                ),
-                master_url=self.settings.master_url,
-                cluster_id=self.cluster_id,
-                master_id=self.master_id,
-                device_type=device_type,
-                layout=layout,
-                default_variables=self._default_variables(allocation.resource_pool, device_type),
-            )
-        except launch.LaunchError as exc:
-            await self._fail_gang(session, gang.allocation_id, ReleaseOutcome.FAILED, str(exc))
-            return
+            except launch.LaunchError as exc:
+                await self._fail_gang(session, gang.allocation_id, ReleaseOutcome.FAILED, str(exc))
+                return
+            if found is None:
+                gang.phase = "assigned"  # an answer to an older prepare: ask again
+                return
+            messages = found
         allocation.master_port = master_port
         allocation.state = AllocationState.STARTING
         gang.phase = "starting"
-        archive = model_definition.archive if model_definition else b""
-        for agent_launch in launches:
-            self._send(
-                session,
-                agent_launch.agent_id,
-                pb.MasterMessage(
-                    start=pb.StartAllocation(
-                        allocation_id=allocation.id,
-                        trial_id=trial.id,
-                        experiment_id=experiment.id,
-                        ranks=[
-                            pb.RankSpec(rank=r.rank, local_rank=r.local_rank, slot_ids=r.slot_ids)
-                            for r in agent_launch.ranks
-                        ],
-                        argv=argv,
-                        env=agent_launch.env,
-                        model_definition=archive,
-                        stop_grace_s=self.link.stop_grace_s,
-                        layout=(
-                            pb.LAUNCH_LAYOUT_PER_AGENT
-                            if layout == launch.PER_AGENT
-                            else pb.LAUNCH_LAYOUT_PER_SLOT
-                        ),
-                        info_files=agent_launch.info_files,
-                        shared_fs_host_path=launch.shared_fs_host_path(experiment.config),
-                    )
-                ),
-            )
-        log.info(
-            "allocation %s starting (%s): %d processes on %s, rendezvous %s:%d over %s",
-            allocation.id,
-            layout,
-            sum(len(x.ranks) for x in launches),
-            ", ".join(gang.agent_ids),
-            allocation.chief_address,
-            master_port,
-            allocation.network_interface,
-        )
-
-    async def _start_task(
-        self, session: AsyncSession, gang: Gang, allocation: AllocationModel, port: int
-    ) -> None:
-        found = (
-            await session.execute(
-                select(TaskModel, UserModel)
-                .join(UserModel, UserModel.id == TaskModel.owner_id)
-                .where(TaskModel.id == allocation.task_id)
-            )
-        ).one()  # foreign keys: the task and its owner exist
-        task, owner = found
-        # The owner's own API access, as Determined gives a notebook (`det` inside it acts
-        # as the user); revoked when the task ends.
-        token, allocation.task_session_id = await auth_service.issue_interactive_token(
-            session, owner.id, TASK_TOKEN_TTL, f"{task.type.lower()} {task.uuid}"
-        )
-        config = task_config.validate_task_config(task.config, task.type)
-        device_type = await _device_type(session, gang)
-        info = launch.TaskInfo(
-            task_id=task.uuid,
-            task_type=task.type,
-            allocation_id=allocation.id,
-            config=task.config,
-            argv=tuple(
-                task_config.task_argv(
-                    task.type,
-                    config,
-                    task_uuid=task.uuid,
-                    port=port,
-                    experiment_ids=task.experiment_ids,
-                    trial_ids=task.trial_ids,
-                )
-            ),
-            port=port,
-            secret=task.secret,
-            user=owner.username,
-            session_token=token,
-        )
-        agent_launch = launch.build_task_launch(
-            gang.members[0],
-            info,
-            master_url=self.settings.master_url,
-            cluster_id=self.cluster_id,
-            master_id=self.master_id,
-            device_type=device_type,
-            default_variables=self._default_variables(allocation.resource_pool, device_type),
-        )
-        allocation.master_port = port
-        allocation.state = AllocationState.STARTING
-        gang.phase = "starting"
-        self._send(
-            session,
-            agent_launch.agent_id,
-            pb.MasterMessage(
-                start=pb.StartAllocation(
-                    allocation_id=allocation.id,
-                    ranks=[
-                        pb.RankSpec(rank=r.rank, local_rank=r.local_rank, slot_ids=r.slot_ids)
-                        for r in agent_launch.ranks
-                    ],
-                    argv=list(info.argv),
-                    env=agent_launch.env,
-                    stop_grace_s=self.link.stop_grace_s,
-                    layout=pb.LAUNCH_LAYOUT_PER_SLOT,
-                )
-            ),
-        )
-        log.info(
-            "%s %s starting on %s (port %d): %s",
-            task.type.lower(),
-            task.uuid,
-            agent_launch.agent_id,
-            port,
-            " ".join(info.argv)[:200],
-        )
-
-    def _container_defaults(self, pool_name: str) -> TaskContainerDefaults:
-        """task_container_defaults: the pool's own, else the master's."""
-        pool = self.settings.pool(pool_name)
-        own = pool.task_container_defaults if pool else None
-        return own or self.settings.task_container_defaults
-
-    def _default_variables(self, pool_name: str, device_type: str) -> dict[str, str]:
-        defaults = self._container_defaults(pool_name).environment_variables
-        return launch.runtime_variables(defaults, device_type)
+        for agent_id, message in messages:
+            self._send(session, agent_id, message)
 
     # -- stopping, failing, releasing --------------------------------------------------------
 
@@ -1101,13 +821,7 @@ class AgentHub:
                 self._send(
                     session,
                     agent_id,
-                    pb.MasterMessage(
-                        stop=pb.StopAllocation(
-                            allocation_id=gang.allocation_id,
-                            reason=reason,
-                            grace_s=self.link.stop_grace_s,
-                        )
-                    ),
+                    agent_protos.stop(gang.allocation_id, reason, self.link.stop_grace_s),
                 )
 
     async def _fail_gang(
@@ -1163,13 +877,17 @@ class AgentHub:
         self.gangs.pop(gang.allocation_id, None)
         self.preemption.forget(gang.allocation_id)
         await release.release_allocation(
-            session, gang.allocation_id, outcome, message, exit_code=_exit_code(gang)
+            session,
+            gang.allocation_id,
+            outcome,
+            message,
+            exit_code=agent_protos.exit_code(list(gang.exits.values())),
         )
         # Exits are acked only now, with the outcome committed: until then an agent that
         # reconnects (or a restarted master) hears them again, so a recorded failure is
         # never mistaken for lost ranks.
         for agent_id in gang.exits:
-            self._send(session, agent_id, _exit_ack(gang.allocation_id))
+            self._send(session, agent_id, agent_protos.exit_ack(gang.allocation_id))
         self.wake_scheduler()
 
     async def _declare_lost(self) -> None:
@@ -1231,52 +949,6 @@ class AgentHub:
         return gang
 
 
-def peer_host(peer: str) -> str:
-    """The host of gRPC's peer name: "ipv4:10.0.0.5:4242" -> "10.0.0.5",
-    "ipv6:[::1]:4242" -> "::1"; anything else (a unix socket) -> ""."""
-    kind, _, rest = peer.partition(":")
-    if kind == "ipv4":
-        return rest.rpartition(":")[0]
-    if kind == "ipv6":
-        return rest.rpartition(":")[0].strip("[]").replace("%25", "%")
-    return ""
-
-
-def _exit_code(gang: Gang) -> int | None:
-    """The first nonzero exit code of the gang's processes, else 0; None if none exited
-    (a lost agent, a start that never happened)."""
-    codes = [e.exit_code for exited in gang.exits.values() for e in exited.exits]
-    if not codes:
-        return None
-    return next((c for c in codes if c != 0), 0)
-
-
-def _reading(sample: pb.MetricSample) -> metric_service.MetricReading:
-    return metric_service.MetricReading(
-        unix_millis=sample.unix_millis,
-        cpu_util_simple=sample.cpu_util_simple,
-        memory_free=sample.memory_free,
-        memory_used=sample.memory_used,
-        disk_throughput_read=sample.disk_throughput_read,
-        disk_throughput_write=sample.disk_throughput_write,
-        disk_iops=sample.disk_iops,
-        net_throughput_sent=sample.net_throughput_sent,
-        net_throughput_recv=sample.net_throughput_recv,
-        gpus=tuple(
-            metric_service.GpuReading(
-                index=g.index,
-                uuid=g.uuid,
-                gpu_util=g.gpu_util,
-                gpu_memory_used=g.gpu_memory_used,
-                gpu_free_memory=g.gpu_free_memory,
-                temperature_c=g.temperature_c,
-                power_w=g.power_w,
-            )
-            for g in sample.gpus
-        ),
-    )
-
-
 async def _still(
     session: AsyncSession, allocation_id: str, *states: AllocationState
 ) -> AllocationModel | None:
@@ -1326,19 +998,6 @@ async def _agents_holding_allocations(session: AsyncSession) -> set[str]:
     return {a for a in on_slots.all()} | {a for a in zero.all() if a is not None}
 
 
-async def _device_type(session: AsyncSession, gang: Gang) -> str:
-    for member in gang.members:
-        if member.slot_ids:
-            device_type = await session.scalar(
-                select(SlotModel.device_type).where(
-                    SlotModel.agent_id == member.agent_id,
-                    SlotModel.slot_id == member.slot_ids[0],
-                )
-            )
-            return device_type or "cpu"
-    return "cpu"
-
-
 class HubLoop(Loop):
     """Drives `AgentHub.tick`: launches, stop requests, lost agents."""
 
@@ -1350,22 +1009,3 @@ class HubLoop(Loop):
 
     async def run_once(self) -> None:
         await self.hub.tick()
-
-
-def read_or_create_join_token(settings: MasterSettings) -> str:
-    """The configured token, or one generated once and kept in the data dir (mode 0600)."""
-    if settings.agent_link.join_token:
-        return settings.agent_link.join_token
-    path = settings.data_dir / "agent_join_token"
-    try:
-        token = path.read_text().strip()
-        if token:
-            return token
-    except FileNotFoundError:
-        pass
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    token = new_token()
-    path.touch(mode=0o600)
-    path.write_text(token + "\n")
-    log.info("generated the agent join token in %s", path)
-    return token

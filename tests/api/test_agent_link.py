@@ -14,7 +14,8 @@ from fastapi import FastAPI
 
 from master.db.session import session_scope
 from master.services import agent_link, counters, scheduler
-from master.services.agent_link import AgentHub, Connection, Refusal
+from master.services.agent_enrolment import Refusal
+from master.services.agent_link import AgentHub, Connection
 from resolute_proto.agent.v1 import agent_pb2 as pb
 
 CONFIG = """

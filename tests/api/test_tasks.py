@@ -17,7 +17,8 @@ from sqlalchemy import func, select
 from master.db.models import AllocationSlotModel, TaskModel, utcnow
 from master.db.session import session_scope
 from master.services import interactive, scheduler
-from master.services.agent_link import AgentHub, Connection, peer_host
+from master.services.agent_enrolment import peer_host
+from master.services.agent_link import AgentHub, Connection
 from resolute_proto.agent.v1 import agent_pb2 as pb
 from tests.api.test_agent_link import connect, hub_of, of_kind, sent
 
