@@ -2,7 +2,7 @@
 back, on real processes, beside Ray's placement groups on the same cluster shape.
 
     .venv/bin/python -m benchmarks.bench_gangs [--quick | --smoke] [--rounds N]
-        [--postgres DSN] [--no-ray] [--out PATH]
+        [--clients N] [--postgres DSN] [--no-ray] [--out PATH]
 
 Prints one JSON document on stdout (progress on stderr): the machine, the parameters, the
 figures per scenario, the ratios ours / Ray and the issue's targets.
@@ -18,7 +18,10 @@ import, so the interpreter starts in a few ms and no user imports count).
 
 Four scenarios. In the issue's three, every round fills the cluster with gangs submitted
 back to back on one kept-alive connection, waits for every rank, then kills every gang back
-to back (POST /api/v1/experiments/{id}/kill) and waits for every slot to be free:
+to back (POST /api/v1/experiments/{id}/kill) and waits for every slot to be free. With
+`--clients N` the submits are pipelined, as Ray's driver pipelines placement-group creation:
+N clients, each on its own connection, post their shares of the round (client i: gangs i,
+i+N, ...) in order, all at once; the kills likewise:
 - one_agent_gangs: gangs of one agent's slots (8), one per agent (8 per round);
 - two_agent_gangs: gangs of two agents' slots (16), so each spans two agents (4 per round);
 - single_slot_trials: 1-slot trials (64 per round).
@@ -341,6 +344,9 @@ class OurCluster:
     listener: CommitListener
     start_s: float
     processes: list[psutil.Process] = field(default_factory=list)
+    # The submitting clients, each on a kept-alive connection of its own: one posts back to
+    # back; several (--clients) post their shares of a round at once, each in order.
+    submitters: list[httpx.Client] = field(default_factory=list)
 
     def server_processes(self) -> list[psutil.Process]:
         return self.processes
@@ -352,7 +358,9 @@ class OurCluster:
 
 
 @contextlib.contextmanager
-def our_cluster(tmp: Path, params: Params, database_url: str) -> Iterator[OurCluster]:
+def our_cluster(
+    tmp: Path, params: Params, database_url: str, clients: int = 1
+) -> Iterator[OurCluster]:
     started = time.perf_counter()
     with contextlib.ExitStack() as stack:
         master = MasterProcess(tmp / "master-data", db_url=database_url)
@@ -392,6 +400,9 @@ def our_cluster(tmp: Path, params: Params, database_url: str) -> Iterator[OurClu
             round(time.perf_counter() - started, 2),
         )
         cluster.processes = [psutil.Process(p.pid) for p in (master, *agents)]
+        cluster.submitters = [client] + [
+            stack.enter_context(master.client()) for _ in range(clients - 1)
+        ]
         yield cluster
 
 
@@ -484,6 +495,38 @@ def wait_for_ranks(cluster: OurCluster, rank_dir: Path, ranks: int) -> None:
     wait_until(f"{ranks} ranks to start", every_rank, ROUND_TIMEOUT_S, RANK_POLL_S)
 
 
+def post_all(
+    clients: list[httpx.Client], requests: list[tuple[str, dict[str, Any] | None]]
+) -> list[tuple[int, float, httpx.Response]]:
+    """POST each (path, body); with several clients, client i sends requests i, i+n, ... in
+    order, all clients at once (threads, each its own connection). Per request, in the
+    order given: time.time_ns() just before it was sent, its seconds, its reply."""
+    results: list[tuple[int, float, httpx.Response] | None] = [None] * len(requests)
+
+    def send(offset: int) -> None:
+        client = clients[offset]
+        for index in range(offset, len(requests), len(clients)):
+            path, body = requests[index]
+            at = time.time_ns()
+            reply = client.post(path, json=body) if body is not None else client.post(path)
+            results[index] = (at, (time.time_ns() - at) / 1e9, reply)
+
+    if len(clients) == 1:
+        send(0)
+    else:
+        threads = [
+            threading.Thread(target=send, args=(i,), daemon=True)
+            for i in range(min(len(clients), len(requests)))
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    if any(result is None for result in results):
+        raise RuntimeError("a submitting client failed (its exception is above)")
+    return [result for result in results if result is not None]
+
+
 def our_round(cluster: OurCluster, scenario: Scenario, label: str) -> dict[str, Any]:
     client, listener = cluster.client, cluster.listener
     gangs = scenario.gangs_per_round
@@ -495,13 +538,13 @@ def our_round(cluster: OurCluster, scenario: Scenario, label: str) -> dict[str, 
     client_cpu_before = time.process_time()
     mark = listener.mark()
 
-    # Submit back to back.
+    # Submit back to back (several clients: each its share, at once).
     sent: dict[int, int] = {}
     post_s: list[float] = []
-    for body in bodies:
-        at = time.time_ns()
-        reply = client.post("/api/v1/experiments", json=body)
-        post_s.append((time.time_ns() - at) / 1e9)
+    for at, seconds, reply in post_all(
+        cluster.submitters, [("/api/v1/experiments", body) for body in bodies]
+    ):
+        post_s.append(seconds)
         if reply.status_code != 200:
             raise RuntimeError(f"POST /api/v1/experiments -> {reply.status_code}: {reply.text}")
         sent[reply.json()["experiment"]["id"]] = at
@@ -524,10 +567,11 @@ def our_round(cluster: OurCluster, scenario: Scenario, label: str) -> dict[str, 
     mark = listener.mark()
     killed: dict[int, int] = {}
     kill_s: list[float] = []
-    for experiment in sent:
-        at = time.time_ns()
-        reply = client.post(f"/api/v1/experiments/{experiment}/kill")
-        kill_s.append((time.time_ns() - at) / 1e9)
+    kills = [(f"/api/v1/experiments/{experiment}/kill", None) for experiment in sent]
+    for experiment, (at, seconds, reply) in zip(
+        sent, post_all(cluster.submitters, kills), strict=True
+    ):
+        kill_s.append(seconds)
         if reply.status_code != 200:
             raise RuntimeError(f"kill {experiment} -> {reply.status_code}: {reply.text}")
         killed[experiment] = at
@@ -940,7 +984,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="resolute-bench-gangs-")))
         database_url = stack.enter_context(fresh_database(args.postgres))
         facts["postgres"]["database"] = database_url.rsplit("/", 1)[1]
-        ours = stack.enter_context(our_cluster(tmp, params, database_url))
+        ours = stack.enter_context(our_cluster(tmp, params, database_url, args.clients))
         progress(f"our cluster up in {ours.start_s} s ({params.agents} agents)")
         ray = stack.enter_context(ray_cluster(params)) if with_ray else None
         if ray is not None:
@@ -999,7 +1043,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "started_at": started_at,
         "total_seconds": round(seconds_since_start(), 1),
         "machine": facts,
-        "parameters": asdict(params) | {"ray": ray_note},
+        "parameters": asdict(params)
+        | {"ray": ray_note, "submitting_clients": args.clients, "pipelined": args.clients > 1},
         "clusters": clusters,
         "scenarios": results,
         "random_search": search,
@@ -1135,6 +1180,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, help="measured rounds per scenario (default 3)")
     parser.add_argument("--postgres", default=DEFAULT_POSTGRES, help="admin DSN of the server")
     parser.add_argument("--no-ray", action="store_true", help="skip Ray even if installed")
+    parser.add_argument(
+        "--clients",
+        type=int,
+        default=1,
+        help="submitting clients, each on its own connection posting its share of a round "
+        "in order, all at once (the kills too); default 1: back to back on one connection",
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON document here")
     parser.add_argument(
         "--profile",
@@ -1145,6 +1197,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.rounds is not None and args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    if args.clients < 1:
+        parser.error(f"--clients must be at least 1, not {args.clients}")
     return args
 
 
