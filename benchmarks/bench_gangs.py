@@ -496,7 +496,7 @@ def wait_for_ranks(cluster: OurCluster, rank_dir: Path, ranks: int) -> None:
 
 
 def post_all(
-    clients: list[httpx.Client], requests: list[tuple[str, dict[str, Any] | None]]
+    clients: list[httpx.Client], requests: Sequence[tuple[str, dict[str, Any] | None]]
 ) -> list[tuple[int, float, httpx.Response]]:
     """POST each (path, body); with several clients, client i sends requests i, i+n, ... in
     order, all clients at once (threads, each its own connection). Per request, in the
