@@ -50,6 +50,9 @@ def test_smoke_scheduler_benchmark_places_every_gang_whole(postgres: PostgresSer
     s1, s2 = report["s1"], report["s2"]
     assert s1["a_committed_placements"]["db_check_violations"] == 0
     assert s1["d_naive_one_transaction_per_placement"]["db_check_violations"] == 0
+    # The pass on the loop's in-memory view ran on the full cluster without loading it again.
+    in_memory = s1["b_scheduling_pass"]["view_pass_full_cluster"]
+    assert in_memory["n"] > 0 and in_memory["first_pass_loading_the_view_ms"] > 0
     capacity = report["scale"]["agents"] * report["scale"]["slots_per_agent"]
     assert s1["d_naive_one_transaction_per_placement"]["placed"] == capacity
     for variant in ("batched", "naive_one_transaction_per_placement"):

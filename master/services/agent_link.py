@@ -668,6 +668,7 @@ class AgentHub:
                     log.exception("allocation %s: advancing it failed", allocation.id)
                     self.gangs.pop(allocation.id, None)
                     del session.info[_SENDS][sends:]
+                    allocations.forget_described_changes(session)
 
     async def _advance(self, session: AsyncSession, allocation: AllocationModel) -> None:
         state = AllocationState(allocation.state)

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, event, insert, select, update
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy import Engine, Table, event, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
+from master.core import cluster_view
 from master.db.models import (
     AllocationModel,
     AllocationState,
@@ -57,47 +60,107 @@ class ReleaseOutcome(enum.StrEnum):
     UNRUNNABLE = "unrunnable"
 
 
+# What a transaction changed for the scheduler, for the leader's in-memory view
+# (master.core.cluster_view): the changes it described, or Unknown among them.
+_CHANGES = "scheduler_changes"
+_EPOCH_BUMPED = "scheduler_epoch_bumped"  # the epoch this transaction's bump wrote
+_UNKNOWN = cluster_view.Unknown()
+# The view each engine's commits are told about (the scheduler loop registers its own).
+_VIEWS: weakref.WeakKeyDictionary[Engine, cluster_view.ClusterView] = weakref.WeakKeyDictionary()
+
+
 def request_scheduling(session: AsyncSession) -> None:
-    """Mark the transaction as a change for the scheduler: its commit bumps the epoch
-    (seen by every master) and wakes this master's loop."""
+    """Mark the transaction as a change for the scheduler whose details it does not give:
+    its commit bumps the epoch (seen by every master), wakes this master's loop, and makes
+    the in-memory view load afresh before the next pass."""
+    note_change(session, _UNKNOWN)
+
+
+def note_change(session: AsyncSession, change: cluster_view.Change) -> None:
+    """A change for the scheduler, described: its commit bumps the epoch and wakes the
+    loop, and the view applies `change` instead of loading everything again. A transaction
+    must describe every such change it makes, or call request_scheduling."""
     session.info[WAKE_SCHEDULER] = True
+    session.info.setdefault(_CHANGES, []).append(change)
+
+
+def watch_commits(engine: AsyncEngine, view: cluster_view.ClusterView) -> None:
+    """Tell `view` of every committed change to the scheduling state made through `engine`."""
+    _VIEWS[engine.sync_engine] = view
 
 
 _BUMP_EPOCH = (
     update(SchedulerStateModel)
     .where(SchedulerStateModel.id == 1)
     .values(epoch=SchedulerStateModel.epoch + 1)
+    .returning(SchedulerStateModel.epoch)
 )
 
 
 @event.listens_for(Session, "before_commit")
 def _bump_scheduler_epoch(session: Session) -> None:
-    if session.info.get(WAKE_SCHEDULER) and not session.info.get(_EPOCH_BUMPED):
-        session.info[_EPOCH_BUMPED] = True
-        session.execute(_BUMP_EPOCH)
+    if session.info.get(WAKE_SCHEDULER) and _EPOCH_BUMPED not in session.info:
+        session.info[_EPOCH_BUMPED] = session.execute(_BUMP_EPOCH).scalar()
+
+
+_ON_OUTCOME = "scheduler_view_on_outcome"
+
+
+def on_outcome(
+    session: AsyncSession, committed: Callable[[], None], rolled_back: Callable[[], None]
+) -> None:
+    """Run `committed` right after this transaction commits, before any later commit is
+    told to the view (the event runs in the same step as the commit, with no await between),
+    or `rolled_back` if it does not commit."""
+    session.info.setdefault(_ON_OUTCOME, []).append((committed, rolled_back))
 
 
 @event.listens_for(Session, "after_commit")
+def _tell_the_view(session: Session) -> None:
+    for committed, _ in session.info.pop(_ON_OUTCOME, ()):
+        committed()
+    epoch = session.info.pop(_EPOCH_BUMPED, None)
+    changes = session.info.pop(_CHANGES, None)
+    if epoch is None or changes is None:
+        return
+    bind = session.get_bind()
+    view = _VIEWS.get(bind) if isinstance(bind, Engine) else None
+    if view is not None:
+        view.committed(int(epoch), changes)
+
+
 @event.listens_for(Session, "after_rollback")
-def _reset_epoch_flag(session: Session) -> None:
+def _forget_changes(session: Session) -> None:
+    for _, rolled_back in session.info.pop(_ON_OUTCOME, ()):
+        rolled_back()
     session.info.pop(_EPOCH_BUMPED, None)
+    session.info.pop(_CHANGES, None)
 
 
-_EPOCH_BUMPED = "scheduler_epoch_bumped"
+def forget_described_changes(session: AsyncSession) -> None:
+    """Part of the transaction was rolled back (a savepoint): what it described may not
+    have happened, so the view must load afresh."""
+    if session.info.get(_CHANGES):
+        session.info[_CHANGES].append(_UNKNOWN)
 
 
-async def hold_scheduler(session: AsyncSession) -> None:
+async def hold_scheduler(session: AsyncSession, *, described: bool = False) -> None:
     """Serialise this transaction with scheduling passes; call it before reading anything
     a pass may change (trial and allocation states, agents, priorities).
 
     It writes the scheduler_state row at once (bumping the epoch), so a pass in flight
     finishes and commits before this transaction reads, and a pass that starts later waits
     for this commit. Without it, a kill could read a trial as QUEUED while a pass placed it.
+    `described`: the caller describes each change it makes (note_change); otherwise the
+    in-memory view loads afresh after this commit.
     """
-    request_scheduling(session)
-    if not session.info.get(_EPOCH_BUMPED):
-        session.info[_EPOCH_BUMPED] = True
-        await session.execute(_BUMP_EPOCH)
+    if described:
+        session.info[WAKE_SCHEDULER] = True
+        session.info.setdefault(_CHANGES, [])
+    else:
+        request_scheduling(session)
+    if _EPOCH_BUMPED not in session.info:
+        session.info[_EPOCH_BUMPED] = await session.scalar(_BUMP_EPOCH)
 
 
 async def hold_scheduler_for_pass(session: AsyncSession) -> int:
@@ -129,7 +192,9 @@ def task_id(trial: TrialModel) -> str:
     return f"{trial.experiment_id}.{trial.request_id}"
 
 
-def _pending_allocation(trial_id: int, run_id: int, experiment: ExperimentModel) -> dict[str, Any]:
+def _pending_allocation(
+    trial_id: int, run_id: int, experiment: ExperimentModel, registered_at: datetime
+) -> dict[str, Any]:
     resources = experiment.config.get("resources") or {}
     return {
         "id": f"{trial_id}.{run_id}",
@@ -139,16 +204,33 @@ def _pending_allocation(trial_id: int, run_id: int, experiment: ExperimentModel)
         "resource_pool": experiment.resource_pool,
         "slots_needed": int(resources.get("slots_per_trial", 1)),
         "single_node": bool(resources.get("is_single_node", False)),
+        "registered_at": registered_at,
         "pending_code": FIRST_PENDING_CODE,
         "pending_reason": FIRST_PENDING_REASON,
     }
 
 
+def _queued(row: dict[str, Any], priority: int) -> cluster_view.PendingEntry:
+    """What the in-memory view holds of a new pending allocation (as the pass loads it)."""
+    return cluster_view.PendingEntry(
+        id=row["id"],
+        trial_id=row["trial_id"],
+        job_id=row["experiment_id"],
+        slots=row["slots_needed"],
+        single_node=row["single_node"],
+        pool=row["resource_pool"],
+        priority=priority,
+        order=(row["registered_at"].timestamp(), row["trial_id"]),
+        reason=(FIRST_PENDING_CODE, FIRST_PENDING_REASON, None),
+    )
+
+
 def enqueue_trial(session: AsyncSession, trial: TrialModel, experiment: ExperimentModel) -> None:
     """A new PENDING allocation for a QUEUED trial."""
     trial.run_id += 1
-    session.add(AllocationModel(**_pending_allocation(trial.id, trial.run_id, experiment)))
-    request_scheduling(session)
+    row = _pending_allocation(trial.id, trial.run_id, experiment, utcnow())
+    session.add(AllocationModel(**row))
+    note_change(session, cluster_view.Enqueued((_queued(row, experiment.priority),)))
 
 
 async def enqueue_new_trials(
@@ -158,16 +240,18 @@ async def enqueue_new_trials(
     if not trial_ids:
         return
     now = utcnow()
-    rows = [_pending_allocation(i, 1, experiment) | {"registered_at": now} for i in trial_ids]
+    rows = [_pending_allocation(i, 1, experiment, now) for i in trial_ids]
     await session.execute(insert(cast(Table, AllocationModel.__table__)), rows)
-    request_scheduling(session)
+    entries = tuple(_queued(row, experiment.priority) for row in rows)
+    note_change(session, cluster_view.Enqueued(entries))
 
 
 async def cancel_pending(session: AsyncSession, trial_ids: Sequence[int], reason: str) -> None:
     """Take trials out of the queue (pause, kill)."""
     if not trial_ids:
         return
-    request_scheduling(session)  # the head of the queue may have left
+    # The head of the queue may have left.
+    note_change(session, cluster_view.Cancelled(frozenset(trial_ids)))
     await session.execute(
         update(AllocationModel)
         .where(
@@ -197,7 +281,7 @@ async def ask_to_stop(
     Returns the allocations asked."""
     held = await held_allocations(session, trial_ids)
     if held:
-        request_scheduling(session)
+        note_change(session, cluster_view.StopAsked(frozenset(a.id for a in held)))
         session.info[WAKE_HUB] = True
     for allocation in held:
         allocation.preempt_requested = True

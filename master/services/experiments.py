@@ -440,7 +440,7 @@ async def _trials_of(session: AsyncSession, experiment_id: int) -> list[TrialMod
 
 async def kill_experiment(session: AsyncSession, experiment_id: int, actor: str) -> None:
     """Stop every trial now. Killing a finished experiment changes nothing, as in Determined."""
-    await allocations.hold_scheduler(session)
+    await allocations.hold_scheduler(session, described=True)
     view = await get_experiment(session, experiment_id)
     experiment = view.experiment
     if ExperimentState(experiment.state).is_terminal:

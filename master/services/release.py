@@ -11,6 +11,7 @@ import logging
 from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from master.core import cluster_view
 from master.db.models import (
     AllocationSlotModel,
     AllocationState,
@@ -48,7 +49,7 @@ async def release_allocation(
 
     Idempotent, because an agent may report the same exit again after a reconnect.
     """
-    await allocations.hold_scheduler(session)
+    await allocations.hold_scheduler(session, described=True)
     allocation = await allocations.get_allocation(session, allocation_id)
     if allocation.state == AllocationState.TERMINATED:
         return
@@ -60,6 +61,7 @@ async def release_allocation(
     await session.execute(
         delete(AllocationSlotModel).where(AllocationSlotModel.allocation_id == allocation_id)
     )
+    allocations.note_change(session, cluster_view.Released(allocation_id))
     allocation.state = AllocationState.TERMINATED
     allocation.ended_at = utcnow()
     if allocation.task_session_id is not None:
@@ -81,7 +83,6 @@ async def release_allocation(
         await checkpoint_gc.apply_retention(session, experiment)
     await trial_reports.refresh_experiment_progress(session, experiment.id)
     await finish_experiment_if_done(session, experiment)
-    allocations.request_scheduling(session)
     log.info("allocation %s released: %s %s", allocation_id, outcome, message)
 
 

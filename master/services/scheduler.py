@@ -21,7 +21,8 @@ from typing import cast
 from sqlalchemy import Table, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from master.core import placement
+from master.core import cluster_view, placement
+from master.core.cluster_view import PendingEntry
 from master.db.models import (
     AgentModel,
     AllocationModel,
@@ -35,7 +36,13 @@ from master.db.models import (
 )
 from master.db.session import session_scope
 from master.services import states
-from master.services.allocations import HELD_STATES, hold_scheduler_for_pass, scheduler_epoch
+from master.services.allocations import (
+    HELD_STATES,
+    hold_scheduler_for_pass,
+    on_outcome,
+    scheduler_epoch,
+    watch_commits,
+)
 from master.services.loops import Loop
 from master.services.prometheus import PASS_BUCKETS_S, Histogram
 from master.settings import MasterSettings, ResourcePoolSettings
@@ -70,6 +77,7 @@ class PassStats:
     core_seconds: float = 0.0
     skipped: bool = False
     epoch: int = 0
+    loaded_view: bool = False  # the in-memory view was loaded from the database first
     by_pool: dict[str, int] = field(default_factory=dict)
 
 
@@ -80,31 +88,6 @@ def policy_of(pool: ResourcePoolSettings) -> placement.PoolPolicy:
         preemption=pool.scheduler.preemption,
         max_zero_slot_per_agent=pool.max_aux_containers_per_agent,
     )
-
-
-@dataclass
-class _PendingRow:
-    id: str
-    trial_id: int | None
-    job_id: int
-    slots: int
-    single_node: bool
-    pool: str
-    priority: int
-    order: tuple[float, int]
-    reason: tuple[str, str, int | None]
-    label: str = ""
-
-    def request(self) -> placement.Request:
-        return placement.Request(
-            id=self.id,
-            job_id=self.job_id,
-            slots=self.slots,
-            priority=self.priority,
-            order=self.order,
-            single_node=self.single_node,
-            label=self.label,
-        )
 
 
 def _job_of(experiment_id: int | None, task_id: int | None) -> int:
@@ -173,7 +156,7 @@ async def load_agent_states(
     return by_pool
 
 
-async def _load_pending(session: AsyncSession) -> list[_PendingRow]:
+async def _load_pending(session: AsyncSession) -> list[PendingEntry]:
     conn = await session.connection()
     a = _ALLOCATIONS.c
     query = (
@@ -199,7 +182,7 @@ async def _load_pending(session: AsyncSession) -> list[_PendingRow]:
         .where(a.state == AllocationState.PENDING)
     )
     return [
-        _PendingRow(
+        PendingEntry(
             id=r[0],
             trial_id=r[1],
             job_id=_job_of(r[2], r[3]),
@@ -299,13 +282,46 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-async def run_pass(session: AsyncSession, settings: MasterSettings) -> PassStats:
-    """One scheduling pass in the caller's transaction (the caller commits)."""
+async def run_pass(
+    session: AsyncSession,
+    settings: MasterSettings,
+    view: cluster_view.ClusterView | None = None,
+) -> PassStats:
+    """One scheduling pass in the caller's transaction (the caller commits). With `view`
+    (the scheduler loop's), the pass reads the queue, the agents and what is held from it,
+    loading it first only when it is not exact at the epoch the pass locked; without, it
+    reads them from the database."""
     with _gc_paused():
-        return await _run_pass(session, settings)
+        return await _run_pass(session, settings, view)
 
 
-async def _run_pass(session: AsyncSession, settings: MasterSettings) -> PassStats:
+async def load_view(session: AsyncSession, view: cluster_view.ClusterView, epoch: int) -> None:
+    """Fill `view` from the database, as of `epoch` (under the scheduler's lock)."""
+    pending = await _load_pending(session)
+    agents = await load_agent_states(session, with_usage=False)
+    running = await _load_running(session)
+    view.load(
+        epoch,
+        pending,
+        (
+            cluster_view.AgentEntry(
+                a.id,
+                pool,
+                a.slot_ids,
+                enabled=a.enabled,
+                draining=a.draining,
+                connected=a.connected,
+            )
+            for pool, pool_agents in agents.items()
+            for a in pool_agents
+        ),
+        (cluster_view.HeldEntry(r, pool) for pool, held in running.items() for r in held),
+    )
+
+
+async def _run_pass(
+    session: AsyncSession, settings: MasterSettings, view: cluster_view.ClusterView | None
+) -> PassStats:
     started = time.perf_counter()
     stats = PassStats()
     if not await _try_lock(session):
@@ -314,18 +330,28 @@ async def _run_pass(session: AsyncSession, settings: MasterSettings) -> PassStat
     # Lock first (see allocations.hold_scheduler): what this pass reads cannot change
     # under it, and the epoch recorded is the one its plan is based on.
     stats.epoch = await hold_scheduler_for_pass(session)
-    pending = await _load_pending(session)
+    # Running work matters to the core only for preemption; without it, the slots it holds
+    # (in the agents' used slots) are all the pass needs.
+    preempting = any(p.scheduler.preemption for p in settings.resource_pools)
+    if view is not None:
+        if not view.exact_at(stats.epoch):
+            await load_view(session, view, stats.epoch)
+            stats.loaded_view = True
+        pending = list(view.pending.values())
+    else:
+        pending = await _load_pending(session)
     stats.pending = len(pending)
     if not pending:
         # Nothing to place, explain or preempt for (preemption only ever makes room for
         # pending work): the pass after a release or a kill on a drained queue ends here.
         stats.seconds = time.perf_counter() - started
         return stats
-    agents = await load_agent_states(session)
-    # Running work matters to the core only for preemption; without it, the slots it holds
-    # (in the agents' used slots) are all the pass needs.
-    preempting = any(p.scheduler.preemption for p in settings.resource_pools)
-    running = await _load_running(session) if preempting else {}
+    if view is not None:
+        agents = view.agent_states()
+        running = view.running_by_pool() if preempting else {}
+    else:
+        agents = await load_agent_states(session)
+        running = await _load_running(session) if preempting else {}
 
     requests_by_pool: dict[str, list[placement.Request]] = defaultdict(list)
     for row in pending:
@@ -355,6 +381,14 @@ async def _run_pass(session: AsyncSession, settings: MasterSettings) -> PassStat
     await _write_assignments(session, assignments, by_id)
     stats.placed = len(assignments)
     stats.reasons_written = await _write_reasons(session, new_reasons, by_id)
+    if view is not None:
+        # Applied as the pass commits (allocations.on_outcome): a change committed right
+        # after it, to what it placed, finds it in the view.
+        on_outcome(
+            session,
+            lambda: view.placed(assignments, new_reasons, preempt),
+            view.invalidate,
+        )
     if preempt:
         await session.execute(
             update(AllocationModel)
@@ -377,7 +411,7 @@ async def _run_pass(session: AsyncSession, settings: MasterSettings) -> PassStat
 
 
 async def _write_assignments(
-    session: AsyncSession, assignments: list[placement.Assignment], by_id: dict[str, _PendingRow]
+    session: AsyncSession, assignments: list[placement.Assignment], by_id: dict[str, PendingEntry]
 ) -> None:
     if not assignments:
         return
@@ -433,7 +467,7 @@ async def _write_assignments(
 async def _write_reasons(
     session: AsyncSession,
     new_reasons: dict[str, tuple[str, str, int | None]],
-    by_id: dict[str, _PendingRow],
+    by_id: dict[str, PendingEntry],
 ) -> int:
     """Write only reasons that changed, one statement per distinct reason."""
     changed: dict[tuple[str, str, int | None], list[str]] = defaultdict(list)
@@ -458,7 +492,10 @@ class SchedulerLoop(Loop):
     """Runs a pass when woken (a submit, a release, an agent change committed here) and
     checks at least every `scheduler_interval_s` whether any master committed a change
     since the last pass (the scheduler epoch); an unchanged cluster costs one small read.
-    A full pass still runs every FULL_PASS_S, as a safety net."""
+
+    Its passes read the in-memory view (master.core.cluster_view), which this master's
+    commits keep exact; a pass loads it from the database when they could not (a change
+    not described, another master's commit), and every FULL_PASS_S as a safety net."""
 
     name = "scheduler"
     FULL_PASS_S = 10.0
@@ -472,6 +509,10 @@ class SchedulerLoop(Loop):
         self.pass_times = Histogram(PASS_BUCKETS_S)  # for the metrics endpoint
         self._woken = True
         self._last_full = 0.0
+        self.view = cluster_view.ClusterView()
+        engine = factory.kw.get("bind")
+        if engine is not None:
+            watch_commits(engine, self.view)
         # Called once a pass that placed or preempted something has committed, so the
         # agent hub launches (or signals) at once rather than on its next tick.
         self.after_commit: Callable[[], None] = lambda: None
@@ -487,9 +528,11 @@ class SchedulerLoop(Loop):
             async with self.factory() as session:
                 if await scheduler_epoch(session) == self.last.epoch:
                     return
+        if due:
+            self.view.invalidate()
         try:
             async with session_scope(self.factory) as session:
-                self.last = await run_pass(session, self.settings)
+                self.last = await run_pass(session, self.settings, self.view)
             self.passes += 1
             if self.last.placed or self.last.preempted:
                 self.after_commit()

@@ -1,0 +1,240 @@
+"""The leader's picture of what the scheduling pass needs, kept in memory between passes:
+the queue, the agents and their slots, and what each placed allocation holds.
+
+Pure: no I/O. master.services.scheduler loads it from the database (at start, after a
+takeover, and whenever it is not sure) and then keeps it exact by applying, in commit order,
+the changes each committed transaction describes. Every transaction that changes what a pass
+sees moves the scheduler epoch (master.services.allocations) by one, under the scheduler's
+row lock, so commits are numbered without gaps: the view applies the change numbered
+`epoch + 1` and nothing else. A change it is not told the details of (Unknown), a gap in the
+numbers, or a pass that finds another epoch than the view's, makes it load afresh, so a view
+can be out of date only until the next pass, never wrong in a pass.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+
+from master.core import placement
+
+# (pending code, message, blocking job): a pending allocation's stored reason.
+Reason = tuple[str, str, int | None]
+
+
+@dataclass(frozen=True)
+class PendingEntry:
+    """A PENDING allocation, as the pass asks the placement core about it."""
+
+    id: str
+    trial_id: int | None
+    job_id: int
+    slots: int
+    single_node: bool
+    pool: str
+    priority: int
+    order: tuple[float, int]
+    reason: Reason
+    label: str = ""
+
+    def request(self) -> placement.Request:
+        return placement.Request(
+            id=self.id,
+            job_id=self.job_id,
+            slots=self.slots,
+            priority=self.priority,
+            order=self.order,
+            single_node=self.single_node,
+            label=self.label,
+        )
+
+
+@dataclass(frozen=True)
+class AgentEntry:
+    id: str
+    pool: str
+    slot_ids: tuple[int, ...]  # enabled slots
+    enabled: bool = True
+    draining: bool = False
+    connected: bool = True
+
+
+@dataclass(frozen=True)
+class HeldEntry:
+    """A placed allocation (ASSIGNED to TERMINATING) and what it holds."""
+
+    running: placement.Running
+    pool: str
+
+    @property
+    def id(self) -> str:
+        return self.running.id
+
+
+# --- the changes a committed transaction describes ------------------------------------------
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    entries: tuple[PendingEntry, ...]
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """Queued trials taken out of the queue (kill, pause): their pending allocations."""
+
+    trial_ids: frozenset[int]
+
+
+@dataclass(frozen=True)
+class StopAsked:
+    """Placed allocations asked to stop: their slots count as coming free for preemption."""
+
+    allocation_ids: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Released:
+    allocation_id: str
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """A change the view is not told the details of: it must load afresh."""
+
+
+Change = Enqueued | Cancelled | StopAsked | Released | Unknown
+
+
+@dataclass
+class ClusterView:
+    # The epoch the view is exact at; None: load it before the next pass.
+    epoch: int | None = None
+    pending: dict[str, PendingEntry] = field(default_factory=dict)
+    agents: dict[str, AgentEntry] = field(default_factory=dict)
+    held: dict[str, HeldEntry] = field(default_factory=dict)
+    # Changes committed out of turn, kept until the ones before them arrive.
+    _early: dict[int, tuple[Change, ...]] = field(default_factory=dict)
+    loads: int = 0  # for the metrics and tests: how often it had to load
+
+    # -- loading and trust ------------------------------------------------------------------
+
+    def load(
+        self,
+        epoch: int,
+        pending: Iterable[PendingEntry],
+        agents: Iterable[AgentEntry],
+        held: Iterable[HeldEntry],
+    ) -> None:
+        self.epoch = epoch
+        self.pending = {p.id: p for p in pending}
+        self.agents = {a.id: a for a in agents}
+        self.held = {h.id: h for h in held}
+        self._early = {k: v for k, v in self._early.items() if k > epoch}
+        self.loads += 1
+        self._catch_up()
+
+    def invalidate(self) -> None:
+        self.epoch = None
+        self._early.clear()
+
+    def exact_at(self, epoch: int) -> bool:
+        return self.epoch == epoch
+
+    def committed(self, epoch: int, changes: Sequence[Change]) -> None:
+        """A transaction committed the change numbered `epoch`, described by `changes`."""
+        if self.epoch is None or epoch <= self.epoch:
+            return  # to be loaded anyway, or already in what was loaded
+        self._early[epoch] = tuple(changes)
+        self._catch_up()
+
+    def _catch_up(self) -> None:
+        while self.epoch is not None and (self.epoch + 1) in self._early:
+            changes = self._early.pop(self.epoch + 1)
+            if any(isinstance(c, Unknown) for c in changes):
+                self.invalidate()
+                return
+            for change in changes:
+                self._apply(change)
+            self.epoch += 1
+
+    def _apply(self, change: Change) -> None:
+        if isinstance(change, Enqueued):
+            for entry in change.entries:
+                self.pending[entry.id] = entry
+        elif isinstance(change, Cancelled):
+            for allocation_id in [
+                p.id for p in self.pending.values() if p.trial_id in change.trial_ids
+            ]:
+                del self.pending[allocation_id]
+        elif isinstance(change, StopAsked):
+            for allocation_id in change.allocation_ids:
+                held = self.held.get(allocation_id)
+                if held is not None:
+                    self.held[allocation_id] = replace(
+                        held, running=replace(held.running, stopping=True)
+                    )
+        elif isinstance(change, Released):
+            self.held.pop(change.allocation_id, None)
+            self.pending.pop(change.allocation_id, None)
+
+    # -- what a pass reads, and what it wrote ---------------------------------------------
+
+    def agent_states(self) -> dict[str, list[placement.AgentState]]:
+        """Agents by pool with the slots their allocations hold (as load_agent_states)."""
+        used: dict[str, set[int]] = defaultdict(set)
+        zero_used: dict[str, int] = defaultdict(int)
+        for held in self.held.values():
+            for agent_id, slot_ids in held.running.slots:
+                used[agent_id].update(slot_ids)
+            if held.running.zero_slot_agent is not None:
+                zero_used[held.running.zero_slot_agent] += 1
+        by_pool: dict[str, list[placement.AgentState]] = defaultdict(list)
+        for agent in self.agents.values():
+            by_pool[agent.pool].append(
+                placement.AgentState(
+                    id=agent.id,
+                    slot_ids=agent.slot_ids,
+                    used_slot_ids=frozenset(used.get(agent.id, ())),
+                    enabled=agent.enabled,
+                    draining=agent.draining,
+                    connected=agent.connected,
+                    zero_slot_used=zero_used.get(agent.id, 0),
+                )
+            )
+        return by_pool
+
+    def running_by_pool(self) -> dict[str, list[placement.Running]]:
+        by_pool: dict[str, list[placement.Running]] = defaultdict(list)
+        for held in self.held.values():
+            by_pool[held.pool].append(held.running)
+        return by_pool
+
+    def placed(
+        self,
+        assignments: Sequence[placement.Assignment],
+        reasons: dict[str, Reason],
+        preempted: Iterable[str],
+    ) -> None:
+        """What a pass committed (at the view's epoch: a pass does not move it)."""
+        for assignment in assignments:
+            entry = self.pending.pop(assignment.request_id, None)
+            if entry is None:
+                continue
+            zero_agent = assignment.slots[0][0] if entry.slots == 0 else None
+            running = placement.Running(
+                id=entry.id,
+                job_id=entry.job_id,
+                priority=entry.priority,
+                order=entry.order,
+                slots=tuple((a, tuple(sorted(ids))) for a, ids in sorted(assignment.slots) if ids),
+                zero_slot_agent=zero_agent,
+                preemptible=entry.trial_id is not None,
+            )
+            self.held[entry.id] = HeldEntry(running, entry.pool)
+        for allocation_id, reason in reasons.items():
+            entry = self.pending.get(allocation_id)
+            if entry is not None and entry.reason != reason:
+                self.pending[allocation_id] = replace(entry, reason=reason)
+        self._apply(StopAsked(frozenset(preempted)))
