@@ -205,6 +205,21 @@ class ClusterView:
             )
         return by_pool
 
+    def idle_agent_states(self, pool: str) -> list[placement.AgentState]:
+        """A pool's agents pictured idle (enough for feasibility: load_agent_states
+        without usage)."""
+        return [
+            placement.AgentState(
+                id=a.id,
+                slot_ids=a.slot_ids,
+                enabled=a.enabled,
+                draining=a.draining,
+                connected=a.connected,
+            )
+            for a in self.agents.values()
+            if a.pool == pool
+        ]
+
     def running_by_pool(self) -> dict[str, list[placement.Running]]:
         by_pool: dict[str, list[placement.Running]] = defaultdict(list)
         for held in self.held.values():

@@ -89,6 +89,15 @@ def watch_commits(engine: AsyncEngine, view: cluster_view.ClusterView) -> None:
     _VIEWS[engine.sync_engine] = view
 
 
+def current_view(session: AsyncSession) -> cluster_view.ClusterView | None:
+    """The in-memory view this session's engine keeps, if it is loaded: as of the last
+    commit told to it, so good for what is said at submit time, not for decisions (a pass
+    decides under the lock, from a view exact at the epoch it locked)."""
+    bind = session.sync_session.get_bind()
+    view = _VIEWS.get(bind) if isinstance(bind, Engine) else None
+    return view if view is not None and view.epoch is not None else None
+
+
 _BUMP_EPOCH = (
     update(SchedulerStateModel)
     .where(SchedulerStateModel.id == 1)

@@ -234,9 +234,14 @@ async def capacity_problem_now(
     session: AsyncSession, pool: ResourcePoolSettings, slots: int, single_node: bool
 ) -> placement.Pending | None:
     """Why a trial cannot fit the pool as it is now, said at submit time (Determined only
-    logs this at debug level). The trial is still queued: agents may join later."""
-    by_pool = await load_agent_states(session, pool.pool_name, with_usage=False)
-    agents = by_pool.get(pool.pool_name, [])
+    logs this at debug level). The trial is still queued: agents may join later. Read from
+    the scheduler's in-memory view when it is loaded, else from the database."""
+    view = allocations.current_view(session)
+    if view is not None:
+        agents = view.idle_agent_states(pool.pool_name)
+    else:
+        by_pool = await load_agent_states(session, pool.pool_name, with_usage=False)
+        agents = by_pool.get(pool.pool_name, [])
     return placement.feasibility(policy_of(pool), agents, slots, single_node)
 
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 import random
 
 import httpx
+import pytest
 from fastapi import FastAPI
 from sqlalchemy import select
 
 from master.core.cluster_view import ClusterView
 from master.db.models import AllocationModel, AllocationState
 from master.db.session import session_scope
-from master.services import scheduler
+from master.services import experiments, scheduler
 from master.services.allocations import HELD_STATES, ReleaseOutcome, hold_scheduler_for_pass
 from master.services.release import release_allocation
 from tests.api.test_scheduling import config, register, submit
@@ -110,3 +111,31 @@ async def test_the_view_matches_the_database_after_every_step(
     # Most passes used the view as the commits left it; the loads are the pauses'.
     passes = STEPS + actions.count("pass")
     assert passes_with_a_load <= actions.count("pause") + passes // 10, (passes_with_a_load, passes)
+
+
+async def test_a_submit_says_why_it_cannot_fit_from_the_loaded_view(
+    api: httpx.AsyncClient, app: FastAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the loop's view is loaded, a submit's capacity warning reads the agents from it
+    (no query), and says what the database would."""
+    await register(app, "w1", 2)
+    loop = scheduler.SchedulerLoop(app.state.session_factory, app.state.settings)
+    await loop.run_once()  # loads the view
+    assert loop.view.epoch is not None
+
+    async def no_query(*_args: object, **_kwargs: object) -> object:
+        raise AssertionError("the agents were read from the database")
+
+    monkeypatch.setattr(experiments, "load_agent_states", no_query)
+    body = await submit(api, config(4, name="too-big"))
+    [warning] = body["warningMessages"]
+    assert "cannot run yet" in warning and "(the pool has 1)" in warning, warning
+    assert "LAUNCH_WARNING_CURRENT_SLOTS_EXCEEDED" in body["warnings"]
+    monkeypatch.undo()
+
+    # An agent change is not described to the view: until a pass loads it again, a submit
+    # reads the database, and sees the new agent.
+    await register(app, "w2", 4)
+    assert loop.view.epoch is None
+    body = await submit(api, config(4, name="fits-now"))
+    assert not any("cannot run yet" in w for w in body["warningMessages"])
