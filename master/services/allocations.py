@@ -89,12 +89,16 @@ def watch_commits(engine: AsyncEngine, view: cluster_view.ClusterView) -> None:
     _VIEWS[engine.sync_engine] = view
 
 
+def _view_of(session: Session) -> cluster_view.ClusterView | None:
+    bind = session.get_bind()
+    return _VIEWS.get(bind) if isinstance(bind, Engine) else None
+
+
 def current_view(session: AsyncSession) -> cluster_view.ClusterView | None:
     """The in-memory view this session's engine keeps, if it is loaded: as of the last
     commit told to it, so good for what is said at submit time, not for decisions (a pass
     decides under the lock, from a view exact at the epoch it locked)."""
-    bind = session.sync_session.get_bind()
-    view = _VIEWS.get(bind) if isinstance(bind, Engine) else None
+    view = _view_of(session.sync_session)
     return view if view is not None and view.epoch is not None else None
 
 
@@ -132,8 +136,7 @@ def _tell_the_view(session: Session) -> None:
     changes = session.info.pop(_CHANGES, None)
     if epoch is None or changes is None:
         return
-    bind = session.get_bind()
-    view = _VIEWS.get(bind) if isinstance(bind, Engine) else None
+    view = _view_of(session)
     if view is not None:
         view.committed(int(epoch), changes)
 
@@ -187,6 +190,10 @@ async def ensure_scheduler_state(session: AsyncSession) -> None:
     if await session.get(SchedulerStateModel, 1) is None:
         session.add(SchedulerStateModel(id=1, epoch=0))
         await session.flush()
+        # The epochs start again from 0: a view exact at a later one is of another database.
+        view = _view_of(session.sync_session)
+        if view is not None:
+            view.invalidate()
 
 
 async def scheduler_epoch(session: AsyncSession) -> int:

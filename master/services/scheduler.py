@@ -533,13 +533,18 @@ class SchedulerLoop(Loop):
         try:
             async with session_scope(self.factory) as session:
                 self.last = await run_pass(session, self.settings, self.view)
-            self.passes += 1
-            if self.last.placed or self.last.preempted:
-                self.after_commit()
-            if not self.last.skipped:
-                self.pass_times.observe(self.last.seconds)
-            if due:
-                self._last_full = time.monotonic()
         except StaleSnapshot as exc:
+            self.view.invalidate()
             log.info("scheduling pass rolled back (%s); running again", exc)
             self.wake()
+            return
+        except BaseException:
+            self.view.invalidate()  # the pass failed: what it read is in doubt
+            raise
+        self.passes += 1
+        if self.last.placed or self.last.preempted:
+            self.after_commit()
+        if not self.last.skipped:
+            self.pass_times.observe(self.last.seconds)
+        if due:
+            self._last_full = time.monotonic()

@@ -18,6 +18,7 @@ from master.services import experiments, scheduler
 from master.services.allocations import HELD_STATES, ReleaseOutcome, hold_scheduler_for_pass
 from master.services.release import release_allocation
 from tests.api.test_scheduling import config, register, submit
+from tests.conftest import reset_database
 
 STEPS = 60
 SEED = 20261127
@@ -139,3 +140,32 @@ async def test_a_submit_says_why_it_cannot_fit_from_the_loaded_view(
     assert loop.view.epoch is None
     body = await submit(api, config(4, name="fits-now"))
     assert not any("cannot run yet" in w for w in body["warningMessages"])
+
+
+async def test_a_failed_pass_or_a_database_started_afresh_makes_the_view_load(
+    api: httpx.AsyncClient, app: FastAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await register(app, "f1", 2)
+    await submit(api, config(1, name="first"))
+    loop = scheduler.SchedulerLoop(app.state.session_factory, app.state.settings)
+    await loop.run_once()
+    assert loop.view.epoch is not None and loop.view.held
+
+    await submit(api, config(1, name="second"))
+
+    async def broken(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("the write failed")
+
+    monkeypatch.setattr(scheduler, "_write_assignments", broken)
+    loop.wake()
+    with pytest.raises(RuntimeError, match="the write failed"):
+        await loop.run_once()
+    assert loop.view.epoch is None  # what it planned on is in doubt
+    monkeypatch.undo()
+    loop.wake()
+    await loop.run_once()
+    assert loop.last is not None and loop.last.loaded_view and loop.last.placed == 1
+
+    # A database whose scheduler state starts again (epoch 0): the view was of another one.
+    await reset_database(app)
+    assert loop.view.epoch is None
