@@ -265,7 +265,6 @@ class Agent:
             running=self.runner.running(),
             exited=list(self.runner.unacked.values()),
             instance_id=self.instance_id,
-            picks_master_port=True,
         )
 
     async def _handle(

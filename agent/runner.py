@@ -155,15 +155,7 @@ class Runner:
             per_agent=start.layout == pb.LAUNCH_LAYOUT_PER_AGENT,
         )
         self.runs[allocation_id] = run
-        picked = 0
         try:
-            if start.pick_master_port and not run.per_agent:
-                # The whole gang is here: the rendezvous port is ours to pick (no prepare).
-                prepared = self.prepare(allocation_id)
-                if prepared.error:
-                    raise OSError(prepared.error)
-                picked = prepared.master_port
-                start.env["MASTER_PORT"] = str(picked)
             if self.rank_uids is not None:
                 run.rank = self.rank_uids.take(allocation_id)
             # Beside the allocation's directory, not in it: that is the ranks' cwd.
@@ -207,9 +199,7 @@ class Runner:
         self.emit(
             pb.AgentMessage(
                 started=pb.AllocationStarted(
-                    allocation_id=allocation_id,
-                    pids=[p.pid for p in run.processes.values()],
-                    master_port=picked,
+                    allocation_id=allocation_id, pids=[p.pid for p in run.processes.values()]
                 )
             )
         )

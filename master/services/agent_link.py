@@ -100,8 +100,6 @@ class Connection:
     # Enrolled on this stream: its first heartbeat shows the agent has read (and stored)
     # the secret, which then becomes the only way in for this id.
     unconfirmed_credential: bool = False
-    # It picks a one-agent gang's rendezvous port itself (Hello.picks_master_port).
-    picks_master_port: bool = False
 
     def send(self, message: pb.MasterMessage) -> None:
         if not self.closed:
@@ -299,7 +297,6 @@ class AgentHub:
             old.close()
         connection = Connection(hello.agent_id, str(uuid.uuid4()), hello.instance_id)
         connection.unconfirmed_credential = issued is not None
-        connection.picks_master_port = hello.picks_master_port
         self.connections[hello.agent_id] = connection
         self.absent_since.pop(hello.agent_id, None)
         self.wake_scheduler()
@@ -535,11 +532,9 @@ class AgentHub:
             return
         gang.started.add(connection.agent_id)
         async with self._transaction() as session:
-            await self._mark_running_if_started(session, gang, started.master_port)
+            await self._mark_running_if_started(session, gang)
 
-    async def _mark_running_if_started(
-        self, session: AsyncSession, gang: Gang, picked_port: int = 0
-    ) -> None:
+    async def _mark_running_if_started(self, session: AsyncSession, gang: Gang) -> None:
         if not gang.started >= set(gang.agent_ids):
             return
         # The scheduler's lock first, in the same order as kill and pause take it. Without
@@ -548,8 +543,6 @@ class AgentHub:
         allocation = await session.get(AllocationModel, gang.allocation_id, populate_existing=True)
         if allocation is None or allocation.state != AllocationState.STARTING:
             return
-        if picked_port and allocation.master_port == 0:
-            allocation.master_port = picked_port  # the port the agent picked
         allocation.state = AllocationState.RUNNING
         gang.phase = "running"
         if allocation.trial_id is None:
@@ -768,25 +761,10 @@ class AgentHub:
         allocation.network_interface = choice.name
         allocation.chief_address = choice.addresses[gang.chief]
         allocation.state = AllocationState.PULLING
-        gang.addresses = tuple(choice.addresses[a] for a in gang.agent_ids)
-        if self._agent_picks_the_port(gang, experiment):
-            # The prepare round trip only asks the chief for a free port; an agent that
-            # holds the whole gang picks it itself as it starts the ranks.
-            await self._launch(session, gang, allocation, 0, pick_master_port=True)
-            return
         gang.phase = "preparing"
         gang.prepare_sent_at = time.monotonic()
+        gang.addresses = tuple(choice.addresses[a] for a in gang.agent_ids)
         self._send(session, gang.chief, self.launches.prepare(gang.allocation_id, experiment))
-
-    def _agent_picks_the_port(self, gang: Gang, experiment: ExperimentModel | None) -> bool:
-        connection = self.connections.get(gang.chief)
-        return (
-            len(gang.members) == 1
-            and connection is not None
-            and connection.picks_master_port
-            and experiment is not None
-            and launch.stored_layout(experiment.config) == launch.PER_SLOT
-        )
 
     async def _prepare_task(
         self, session: AsyncSession, gang: Gang, allocation: AllocationModel
@@ -812,21 +790,6 @@ class AgentHub:
         allocation = await _still(session, gang.allocation_id, AllocationState.PULLING)
         if allocation is None:
             return  # stopped meanwhile: the next tick releases it
-        await self._launch(session, gang, allocation, master_port, extra_ports)
-
-    async def _launch(
-        self,
-        session: AsyncSession,
-        gang: Gang,
-        allocation: AllocationModel,
-        master_port: int,
-        extra_ports: tuple[int, ...] = (),
-        *,
-        pick_master_port: bool = False,
-    ) -> None:
-        """Send each agent its StartAllocation. With `pick_master_port` (a gang on one
-        agent, no prepare), the agent picks the port; 0 is stored until it says which,
-        so the allocation reads as started (ranks may run) from this commit on."""
         if allocation.task_id is not None:
             agent_id, message = await self.launches.task_start(
                 session, allocation, gang.members, master_port
@@ -848,7 +811,6 @@ class AgentHub:
         allocation.state = AllocationState.STARTING
         gang.phase = "starting"
         for agent_id, message in messages:
-            message.start.pick_master_port = pick_master_port
             self._send(session, agent_id, message)
 
     # -- stopping, failing, releasing --------------------------------------------------------

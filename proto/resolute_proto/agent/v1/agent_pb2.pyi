@@ -78,7 +78,7 @@ class RunningAllocation(_message.Message):
     def __init__(self, allocation_id: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("agent_id", "resource_pool", "version", "hostname", "join_token", "devices", "interfaces", "running", "exited", "instance_id", "agent_secret", "picks_master_port")
+    __slots__ = ("agent_id", "resource_pool", "version", "hostname", "join_token", "devices", "interfaces", "running", "exited", "instance_id", "agent_secret")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_POOL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -90,7 +90,6 @@ class Hello(_message.Message):
     EXITED_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_SECRET_FIELD_NUMBER: _ClassVar[int]
-    PICKS_MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     resource_pool: str
     version: str
@@ -102,8 +101,7 @@ class Hello(_message.Message):
     exited: _containers.RepeatedCompositeFieldContainer[AllocationExited]
     instance_id: str
     agent_secret: str
-    picks_master_port: bool
-    def __init__(self, agent_id: _Optional[str] = ..., resource_pool: _Optional[str] = ..., version: _Optional[str] = ..., hostname: _Optional[str] = ..., join_token: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., interfaces: _Optional[_Iterable[_Union[NetworkInterface, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningAllocation, _Mapping]]] = ..., exited: _Optional[_Iterable[_Union[AllocationExited, _Mapping]]] = ..., instance_id: _Optional[str] = ..., agent_secret: _Optional[str] = ..., picks_master_port: _Optional[bool] = ...) -> None: ...
+    def __init__(self, agent_id: _Optional[str] = ..., resource_pool: _Optional[str] = ..., version: _Optional[str] = ..., hostname: _Optional[str] = ..., join_token: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., interfaces: _Optional[_Iterable[_Union[NetworkInterface, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningAllocation, _Mapping]]] = ..., exited: _Optional[_Iterable[_Union[AllocationExited, _Mapping]]] = ..., instance_id: _Optional[str] = ..., agent_secret: _Optional[str] = ...) -> None: ...
 
 class GpuSample(_message.Message):
     __slots__ = ("index", "uuid", "gpu_util", "gpu_memory_used", "gpu_free_memory", "temperature_c", "power_w")
@@ -172,14 +170,12 @@ class AllocationPrepared(_message.Message):
     def __init__(self, allocation_id: _Optional[str] = ..., master_port: _Optional[int] = ..., error: _Optional[str] = ..., extra_ports: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AllocationStarted(_message.Message):
-    __slots__ = ("allocation_id", "pids", "master_port")
+    __slots__ = ("allocation_id", "pids")
     ALLOCATION_ID_FIELD_NUMBER: _ClassVar[int]
     PIDS_FIELD_NUMBER: _ClassVar[int]
-    MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
     allocation_id: str
     pids: _containers.RepeatedScalarFieldContainer[int]
-    master_port: int
-    def __init__(self, allocation_id: _Optional[str] = ..., pids: _Optional[_Iterable[int]] = ..., master_port: _Optional[int] = ...) -> None: ...
+    def __init__(self, allocation_id: _Optional[str] = ..., pids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RankExit(_message.Message):
     __slots__ = ("rank", "exit_code")
@@ -292,7 +288,7 @@ class RankSpec(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., slot_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StartAllocation(_message.Message):
-    __slots__ = ("allocation_id", "trial_id", "experiment_id", "ranks", "argv", "env", "model_definition", "stop_grace_s", "layout", "info_files", "shared_fs_host_path", "pick_master_port")
+    __slots__ = ("allocation_id", "trial_id", "experiment_id", "ranks", "argv", "env", "model_definition", "stop_grace_s", "layout", "info_files", "shared_fs_host_path")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -318,7 +314,6 @@ class StartAllocation(_message.Message):
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     INFO_FILES_FIELD_NUMBER: _ClassVar[int]
     SHARED_FS_HOST_PATH_FIELD_NUMBER: _ClassVar[int]
-    PICK_MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
     allocation_id: str
     trial_id: int
     experiment_id: int
@@ -330,8 +325,7 @@ class StartAllocation(_message.Message):
     layout: LaunchLayout
     info_files: _containers.ScalarMap[str, str]
     shared_fs_host_path: str
-    pick_master_port: bool
-    def __init__(self, allocation_id: _Optional[str] = ..., trial_id: _Optional[int] = ..., experiment_id: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankSpec, _Mapping]]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., model_definition: _Optional[bytes] = ..., stop_grace_s: _Optional[float] = ..., layout: _Optional[_Union[LaunchLayout, str]] = ..., info_files: _Optional[_Mapping[str, str]] = ..., shared_fs_host_path: _Optional[str] = ..., pick_master_port: _Optional[bool] = ...) -> None: ...
+    def __init__(self, allocation_id: _Optional[str] = ..., trial_id: _Optional[int] = ..., experiment_id: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankSpec, _Mapping]]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., model_definition: _Optional[bytes] = ..., stop_grace_s: _Optional[float] = ..., layout: _Optional[_Union[LaunchLayout, str]] = ..., info_files: _Optional[_Mapping[str, str]] = ..., shared_fs_host_path: _Optional[str] = ...) -> None: ...
 
 class StopAllocation(_message.Message):
     __slots__ = ("allocation_id", "reason", "grace_s")
