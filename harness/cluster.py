@@ -148,6 +148,13 @@ class Process:
         return log_tail(self.log, tail)
 
 
+# uvicorn closes a connection idle for 5 s (timeout_keep_alive); httpx keeps one for 5 s
+# too, so a request sent just then met a connection the master was closing ("Server
+# disconnected without sending a response", seen once in a CI run). The harness's clients
+# let idle connections go well before the master does.
+KEEP_ALIVE_LIMITS = httpx.Limits(keepalive_expiry=2.0)
+
+
 class MasterProcess(Process):
     """One `det-master` on free ports over `data_dir` (SQLite there, or `db_url`)."""
 
@@ -277,6 +284,7 @@ class MasterProcess(Process):
                 timeout=60,
                 verify=self.verify,
                 cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
+                limits=KEEP_ALIVE_LIMITS,
             )
         return self._client
 
@@ -321,6 +329,7 @@ class MasterProcess(Process):
     def client(self, token: str | None = None, **kwargs: Any) -> httpx.Client:
         """A kept-alive client signed in as `determined` (or with `token`)."""
         token = token or self.login()
+        kwargs.setdefault("limits", KEEP_ALIVE_LIMITS)
         return httpx.Client(
             base_url=self.url,
             verify=self.verify,
