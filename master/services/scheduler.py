@@ -1,10 +1,12 @@
-"""The scheduling pass: load the queue and the agents, ask the placement core, write it all.
+"""The scheduling pass: take the queue and the agents, ask the placement core, write it all.
 
 One pass is one transaction: every placement, pending reason and preemption request of
 the pass commits together or not at all, so no trial ever holds part of its gang, and the
 (agent, slot) primary key of allocation_slots makes a slot given twice fail the commit.
-The pass keeps no state between runs: after a master restart the next pass rebuilds
-everything from the database.
+The loop's passes read the queue and the agents from its in-memory view
+(master.core.cluster_view), which the commits keep exact and which is loaded from the
+database whenever it may not be: after a master restart or a takeover the first pass loads
+everything.
 """
 
 from __future__ import annotations
