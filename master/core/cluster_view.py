@@ -116,7 +116,6 @@ class ClusterView:
     held: dict[str, HeldEntry] = field(default_factory=dict)
     # Changes committed out of turn, kept until the ones before them arrive.
     _early: dict[int, tuple[Change, ...]] = field(default_factory=dict)
-    loads: int = 0  # for the metrics and tests: how often it had to load
 
     # -- loading and trust ------------------------------------------------------------------
 
@@ -132,7 +131,6 @@ class ClusterView:
         self.agents = {a.id: a for a in agents}
         self.held = {h.id: h for h in held}
         self._early = {k: v for k, v in self._early.items() if k > epoch}
-        self.loads += 1
         self._catch_up()
 
     def invalidate(self) -> None:
