@@ -38,7 +38,8 @@ is measured from its first missed heartbeat (when it went silent; the target is 
 this) and from its last heartbeat sent (lost_after_s plus the hub's 0.25 s tick and a
 commit); the moment the master closed that stream, as the agent saw it, is reported too.
 
-Two baselines, in the same run:
+Two baselines, in the same run (`--smoke`, which judges no timing: both while the silent
+agent waits to be declared lost, which is otherwise idle):
 - The gRPC floor, once the master has stopped: the same agents against a bare grpc.aio
   server in a process of its own (started beside the master, idle until then; EchoService:
   parse each heartbeat, answer its ack in the stream's coroutine; no hub, queue or
@@ -71,7 +72,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -653,7 +654,11 @@ async def stop_workers(workers: list[WorkerProcess]) -> dict[str, Any]:
 # --- the master under load -----------------------------------------------------------------
 
 
-async def against_master(params: Params, tmp: Path) -> dict[str, Any]:
+async def against_master(
+    params: Params, tmp: Path, while_silent: Awaitable[Any] | None = None
+) -> dict[str, Any]:
+    """The master's figures. `while_silent` (the smoke shape's gRPC floor) runs during the
+    silent agent's wait, which is otherwise idle, and is awaited before the master stops."""
     env = {"DET_MASTER_LOG_LEVEL": "INFO"}
     if params.lost_after_s is not None:
         env["DET_MASTER_AGENT_LINK__LOST_AFTER_S"] = str(params.lost_after_s)
@@ -680,7 +685,15 @@ async def against_master(params: Params, tmp: Path) -> dict[str, Any]:
             progress(f"warm-up {params.warmup_s:.0f} s")
             await asyncio.sleep(params.warmup_s)
             result["window"] = await measure_window(params.window_s, proc, workers, params)
-            result["silent_agent"] = await silent_agent(params, workers[0], client)
+            side = asyncio.ensure_future(while_silent) if while_silent is not None else None
+            try:
+                result["silent_agent"] = await silent_agent(params, workers[0], client)
+            except BaseException:
+                if side is not None:
+                    side.cancel()
+                raise
+            if side is not None:
+                result["while_silent"] = await side
             progress("stopping the clients")
             totals = await stop_workers(workers)
             progress("waiting for the metrics loop to flush")
@@ -1115,13 +1128,25 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     progress(f"{common.mode_of(args)} run: {params}")
     floor: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory(prefix="resolute-bench-hb-") as tmp:
-        if params.floor_window_s > 0:
+        if common.mode_of(args) == "smoke":
+            # No timing is judged in the smoke shape: both baselines fill the silent agent's
+            # wait, which is otherwise idle.
             async with echo_server(params) as echo:
-                result = await against_master(params, Path(tmp))
-                floor = await grpc_floor(params, echo)
+
+                async def baselines() -> tuple[dict[str, Any] | None, dict[str, Any]]:
+                    bare = await grpc_floor(params, echo) if params.floor_window_s > 0 else None
+                    return bare, await naive_comparison(params, Path(tmp))
+
+                result = await against_master(params, Path(tmp), baselines())
+                floor, naive = result.pop("while_silent")
         else:
-            result = await against_master(params, Path(tmp))
-        naive = await naive_comparison(params, Path(tmp))
+            if params.floor_window_s > 0:
+                async with echo_server(params) as echo:
+                    result = await against_master(params, Path(tmp))
+                    floor = await grpc_floor(params, echo)
+            else:
+                result = await against_master(params, Path(tmp))
+            naive = await naive_comparison(params, Path(tmp))
     return {
         "benchmark": "resolute agent heartbeats: simulated agents, 8-GPU metrics at 1 Hz",
         "mode": common.mode_of(args),

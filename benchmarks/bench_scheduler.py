@@ -19,7 +19,7 @@ Prints one JSON document on stdout (progress goes to stderr): the machine it ran
   workload with one transaction per placement.
 
 Every measurement runs on a database of its own on the server behind --postgres, created
-with CREATE DATABASE on the admin DSN and dropped at the end, each a copy (CREATE DATABASE
+with CREATE DATABASE on the admin DSN and dropped when the run ends, each a copy (CREATE DATABASE
 ... TEMPLATE) of one that a master migrated and seeded once; a scenario's setup is built
 once, through a running master, and measurements run on copies of it, so that the batched
 and the naive variant start from the same rows. Simulated
@@ -201,9 +201,23 @@ async def _admin(admin_dsn: str, sql: str) -> None:
         await conn.close()
 
 
+# Databases used and done with, dropped together when the run ends (drop_databases): under
+# load a DROP DATABASE can wait over a second on the server, and none is measured.
+FINISHED_DATABASES: list[str] = []
+
+
+async def drop_databases(admin_dsn: str) -> None:
+    names = list(FINISHED_DATABASES)
+    FINISHED_DATABASES.clear()
+    await asyncio.gather(
+        *(_admin(admin_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)') for name in names)
+    )
+
+
 @asynccontextmanager
 async def database(admin_dsn: str, label: str, template: str | None = None) -> AsyncIterator[str]:
-    """A new database (a copy of `template`'s URL if given), dropped at the end."""
+    """A new database (a copy of `template`'s URL if given), unused after the block and
+    dropped by drop_databases."""
     name = f"resolute_bench_{os.getpid()}_{label}_{uuid.uuid4().hex[:6]}"
     create = f'CREATE DATABASE "{name}"'
     if template is not None:
@@ -219,7 +233,7 @@ async def database(admin_dsn: str, label: str, template: str | None = None) -> A
     try:
         yield f"{admin_dsn.rsplit('/', 1)[0]}/{name}"
     finally:
-        await _admin(admin_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        FINISHED_DATABASES.append(name)
 
 
 @asynccontextmanager
@@ -1111,11 +1125,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"cannot use PostgreSQL at {args.postgres}: {exc}") from exc
     if facts["postgres"]["fsync"] != "on":
         raise SystemExit(f"PostgreSQL has fsync={facts['postgres']['fsync']}; it must be on")
-    async with database(args.postgres, "base") as base_url:
-        async with master(base_url):
-            pass  # migrated and seeded once, as a new det-master leaves a database
-        s1_result = await s1(args.postgres, base_url, scale, args.seed)
-        s2_result = await s2(args.postgres, base_url, scale, args.seed)
+    try:
+        async with database(args.postgres, "base") as base_url:
+            async with master(base_url):
+                pass  # migrated and seeded once, as a new det-master leaves a database
+            s1_result = await s1(args.postgres, base_url, scale, args.seed)
+            s2_result = await s2(args.postgres, base_url, scale, args.seed)
+    finally:
+        await drop_databases(args.postgres)
     return {
         "benchmark": "resolute scheduler, issue 3 (S1, S2)",
         "mode": mode,

@@ -92,9 +92,9 @@ class Params:
 FULL = Params(5, 2000, 200, 8, 5.0, 0.01)
 QUICK = Params(2, 200, 40, 4, 1.5, 0.01)
 # The least that runs every path: one round, a few requests, two login clients; windows of
-# 0.6 s, so that a loaded machine still completes logins inside each (a login under the
+# 0.4 s, so that a loaded machine still completes logins inside each (a login under the
 # suite's load: about 0.1 s).
-SMOKE = Params(1, 10, 5, 2, 0.6, 0.01)
+SMOKE = Params(1, 10, 5, 2, 0.4, 0.01)
 
 
 def params_of(args: argparse.Namespace) -> Params:
@@ -525,7 +525,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     common.add_shape_flags(
         parser,
         quick="a small run, under ~30 s",
-        smoke="1 round of a few requests, 2 login clients, 0.75 s windows",
+        smoke="1 round of a few requests, 2 login clients, 0.4 s windows",
     )
     parser.add_argument(
         "--rounds", type=int, help="alternating rounds (default 5; quick 2; smoke 1)"
