@@ -253,13 +253,23 @@ async def enqueue_new_trials(
     session: AsyncSession, trial_ids: Sequence[int], experiment: ExperimentModel
 ) -> None:
     """enqueue_trial for trials just inserted with run_id 1: one statement for them all."""
-    if not trial_ids:
-        return
+    await enqueue_new_trials_of(session, [(trial_ids, experiment)])
+
+
+async def enqueue_new_trials_of(
+    session: AsyncSession, new: Sequence[tuple[Sequence[int], ExperimentModel]]
+) -> None:
+    """enqueue_new_trials for the trials of several experiments, in one statement."""
     now = utcnow()
-    rows = [_pending_allocation(i, 1, experiment, now) for i in trial_ids]
-    await session.execute(insert(cast(Table, AllocationModel.__table__)), rows)
-    entries = tuple(_queued(row, experiment.priority) for row in rows)
-    note_change(session, cluster_view.Enqueued(entries))
+    rows = [
+        (_pending_allocation(i, 1, experiment, now), experiment.priority)
+        for trial_ids, experiment in new
+        for i in trial_ids
+    ]
+    if not rows:
+        return
+    await session.execute(insert(cast(Table, AllocationModel.__table__)), [r for r, _ in rows])
+    note_change(session, cluster_view.Enqueued(tuple(_queued(r, p) for r, p in rows)))
 
 
 async def cancel_pending(session: AsyncSession, trial_ids: Sequence[int], reason: str) -> None:

@@ -6,12 +6,12 @@ import asyncio
 import logging
 import secrets
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import yaml
-from sqlalchemy import Select, func, or_, select
+from sqlalchemy import Select, Table, bindparam, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from master.core import asha, launch, placement
@@ -37,6 +37,7 @@ from master.db.models import (
     TrialModel,
     TrialState,
     UserModel,
+    utcnow,
 )
 from master.errors import Conflict, InvalidArgument, NotFound
 from master.services import allocations, checkpoint_gc, search, states, trial_reports
@@ -245,17 +246,50 @@ async def capacity_problem_now(
     return placement.feasibility(policy_of(pool), agents, slots, single_node)
 
 
+@dataclass
+class NewExperiment:
+    """An experiment ready to store: its row (every column but the id) and its trials."""
+
+    row: dict[str, Any]
+    model_definition: PackedModelDefinition
+    plans: list[tuple[int | None, TrialPlan]]
+    username: str
+    warnings: list[str]
+    template: str | None
+
+
+# Stores new experiments in the caller's transaction; the master's is a GroupCommit.
+ExperimentStore = Callable[[NewExperiment], Awaitable[ExperimentView]]
+
+
 async def create_experiment(
     session: AsyncSession,
     request: ExperimentRequest,
     owner: UserModel,
     settings: MasterSettings,
+    store: ExperimentStore | None = None,
 ) -> tuple[ExperimentView | None, PreparedExperiment]:
-    """Store the experiment and its planned trials; nothing is stored with validate_only."""
+    """Store the experiment and its planned trials; nothing is stored with validate_only.
+    `session` reads; `store` writes (in `session`'s own transaction without one)."""
     prepared = await prepare_experiment(session, request, settings)
     if request.validate_only:
         return None, prepared
     project = await resolve_project(session, request.project_id)
+    new = new_experiment(request, prepared, owner, project.id)
+    if store is None:
+        [view] = await store_experiments(session, [new])
+    else:
+        # The reads are done: the connection goes back to the pool before the wait, or
+        # enough waiting submits would hold every connection the writer needs.
+        await session.commit()
+        view = await store(new)
+    return view, prepared
+
+
+def new_experiment(
+    request: ExperimentRequest, prepared: PreparedExperiment, owner: UserModel, project_id: int
+) -> NewExperiment:
+    """The rows of a prepared experiment, with its trials planned (no I/O)."""
     effective = prepared.effective_config
     searcher_state: dict[str, Any] | None = None
     try:
@@ -273,52 +307,93 @@ async def create_experiment(
             ]
     except ConfigError as exc:  # count_trials accepted it, so this is a core bug
         raise InvalidArgument(f"invalid experiment config: {exc}") from exc
+    row = {
+        "name": effective.get("name") or "",
+        "description": effective.get("description") or "",
+        "state": ExperimentState.ACTIVE if request.activate else ExperimentState.PAUSED,
+        "config": effective,
+        "original_config": prepared.original_config,
+        "template_name": request.template,
+        "template_config": prepared.template_config,
+        "experiment_seed": prepared.seed,
+        "searcher_type": effective["searcher"]["name"],
+        "resource_pool": prepared.resource_pool,
+        "priority": prepared.priority,
+        "owner_id": owner.id,
+        "project_id": project_id,
+        "job_id": str(uuid.uuid4()),
+        "archived": False,
+        "progress": None,
+        "end_time": None,
+        "launch_reason": prepared.launch_reason,
+        "searcher_state": searcher_state,
+    }
+    return NewExperiment(
+        row=row,
+        model_definition=prepared.model_definition,
+        plans=plans,
+        username=owner.username,
+        warnings=prepared.warnings,
+        template=request.template,
+    )
 
-    state = ExperimentState.ACTIVE if request.activate else ExperimentState.PAUSED
-    experiment = ExperimentModel(
-        name=effective.get("name") or "",
-        description=effective.get("description") or "",
-        state=state,
-        config=effective,
-        original_config=prepared.original_config,
-        template_name=request.template,
-        template_config=prepared.template_config,
-        experiment_seed=prepared.seed,
-        searcher_type=effective["searcher"]["name"],
-        resource_pool=prepared.resource_pool,
-        priority=prepared.priority,
-        launch_reason=prepared.launch_reason,
-        searcher_state=searcher_state,
-        owner_id=owner.id,
-        project_id=project.id,
-        job_id=str(uuid.uuid4()),
-    )
-    session.add(experiment)
-    await session.flush()
-    if not experiment.name:
-        experiment.name = f"Experiment {experiment.id}"
-        experiment.config = {**effective, "name": experiment.name}
-    states.record_initial_state(session, "experiment", experiment.id, state)
-    session.add(
-        ModelDefinitionModel(
-            experiment_id=experiment.id,
-            archive=prepared.model_definition.archive,
-            size_bytes=prepared.model_definition.size_bytes,
-            file_count=prepared.model_definition.file_count,
+
+async def store_experiments(
+    session: AsyncSession, news: Sequence[NewExperiment]
+) -> list[ExperimentView]:
+    """Store experiments, their model definitions, trials and queued allocations with a few
+    statements for them all, whatever their number (Core, not the ORM's per-object work):
+    what a GroupCommit of concurrent submits writes in one transaction."""
+    if not news:
+        return []
+    now = utcnow()
+    table = cast(Table, ExperimentModel.__table__)
+    rows = [new.row | {"start_time": now} for new in news]
+    ids = (
+        await session.scalars(
+            insert(table).returning(table.c.id, sort_by_parameter_order=True), rows
         )
+    ).all()
+    experiments = [ExperimentModel(id=i, **row) for i, row in zip(ids, rows, strict=True)]
+    unnamed = [e for e in experiments if not e.name]
+    for experiment in unnamed:
+        experiment.name = f"Experiment {experiment.id}"
+        experiment.config = {**experiment.config, "name": experiment.name}
+    if unnamed:
+        await session.execute(
+            update(table)
+            .where(table.c.id == bindparam("b_id"))
+            .values(name=bindparam("b_name"), config=bindparam("b_config")),
+            [{"b_id": e.id, "b_name": e.name, "b_config": e.config} for e in unnamed],
+        )
+    await session.execute(
+        insert(cast(Table, ModelDefinitionModel.__table__)),
+        [
+            {
+                "experiment_id": experiment.id,
+                "archive": new.model_definition.archive,
+                "size_bytes": new.model_definition.size_bytes,
+                "file_count": new.model_definition.file_count,
+            }
+            for experiment, new in zip(experiments, news, strict=True)
+        ],
     )
-    trial_ids = await search.add_trials(session, experiment, plans)
-    await session.flush()
-    log.info(
-        "created experiment %s (%s trials, seed %s, template %s) for %s",
-        experiment.id,
-        len(trial_ids),
-        prepared.seed,
-        request.template or "-",
-        owner.username,
+    created = [("experiment", e.id, e.state) for e in experiments]
+    trial_ids = await search.add_trials_of(
+        session, [(e, new.plans) for e, new in zip(experiments, news, strict=True)], created
     )
-    view = ExperimentView(experiment, owner.username, len(trial_ids), prepared.warnings)
-    return view, prepared
+    views = []
+    for experiment, new, trials in zip(experiments, news, trial_ids, strict=True):
+        log.info(
+            "created experiment %s (%s trials, seed %s, template %s) for %s",
+            experiment.id,
+            len(trials),
+            experiment.experiment_seed,
+            new.template or "-",
+            new.username,
+        )
+        views.append(ExperimentView(experiment, new.username, len(trials), new.warnings))
+    return views
 
 
 def _views_query() -> Select[ExperimentModel, str, int]:

@@ -11,7 +11,7 @@ reports of one search are decided one after the other on SQLite and Postgres ali
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -316,43 +316,65 @@ async def add_trials(
     session: AsyncSession, experiment: ExperimentModel, plans: list[tuple[int | None, TrialPlan]]
 ) -> list[int]:
     """Store planned trials: QUEUED with an allocation, or PAUSED in a paused experiment.
-
-    Three statements whatever the count (trials, their state records, their allocations),
-    not the ORM's per-object work: a 1,000-trial search is stored by the POST that
-    creates it (issue 16). Returns the new trials' ids, in the plans' order."""
-    if not plans:
-        return []
-    queued = ExperimentState(experiment.state) != ExperimentState.PAUSED
-    trial_state = TrialState.QUEUED if queued else TrialState.PAUSED
-    rows = [
-        {
-            "experiment_id": experiment.id,
-            "request_id": str(plan.request_id),
-            "state": trial_state,
-            "hparams": plan.hparams,
-            "seed": plan.seed,
-            "searcher_bracket": bracket,
-            "searcher_rung": None if bracket is None else 0,
-            # A queued trial's first allocation is "<trial id>.1" (enqueue_new_trials).
-            "run_id": 1 if queued else 0,
-        }
-        for bracket, plan in plans
-    ]
+    Returns the new trials' ids, in the plans' order."""
     # Core statements do not flush the session: what it holds (the experiment's own state
     # record) goes first, in the order it was added.
     await session.flush()
-    table = cast(Table, TrialModel.__table__)
-    ids = list(
-        (
-            await session.scalars(
-                insert(table).returning(table.c.id, sort_by_parameter_order=True), rows
-            )
-        ).all()
-    )
-    await states.record_initial_states(session, "trial", ids, trial_state)
-    if queued:
-        await allocations.enqueue_new_trials(session, ids, experiment)
+    [ids] = await add_trials_of(session, [(experiment, plans)])
     return ids
+
+
+async def add_trials_of(
+    session: AsyncSession,
+    planned: Sequence[tuple[ExperimentModel, Sequence[tuple[int | None, TrialPlan]]]],
+    created: Sequence[tuple[str, int, str]] = (),
+) -> list[list[int]]:
+    """The trials of several experiments (a GroupCommit's new ones), in three statements
+    whatever their count (trials, the state records of the trials and of `created`, the
+    queued allocations), not the ORM's per-object work: a 1,000-trial search is stored by
+    the POST that creates it (issue 16). The new trials' ids, per experiment, in order."""
+    rows = []
+    for experiment, plans in planned:
+        queued = ExperimentState(experiment.state) != ExperimentState.PAUSED
+        rows += [
+            {
+                "experiment_id": experiment.id,
+                "request_id": str(plan.request_id),
+                "state": TrialState.QUEUED if queued else TrialState.PAUSED,
+                "hparams": plan.hparams,
+                "seed": plan.seed,
+                "searcher_bracket": bracket,
+                "searcher_rung": None if bracket is None else 0,
+                # A queued trial's first allocation is "<trial id>.1" (enqueue_new_trials).
+                "run_id": 1 if queued else 0,
+            }
+            for bracket, plan in plans
+        ]
+    table = cast(Table, TrialModel.__table__)
+    ids: list[int] = []
+    if rows:
+        ids = list(
+            (
+                await session.scalars(
+                    insert(table).returning(table.c.id, sort_by_parameter_order=True), rows
+                )
+            ).all()
+        )
+    trial_states = [("trial", i, cast(str, row["state"])) for i, row in zip(ids, rows, strict=True)]
+    await states.record_created(session, [*created, *trial_states])
+    per_experiment: list[list[int]] = []
+    for _, plans in planned:
+        per_experiment.append(ids[: len(plans)])
+        del ids[: len(plans)]
+    await allocations.enqueue_new_trials_of(
+        session,
+        [
+            (trial_ids, experiment)
+            for (experiment, _), trial_ids in zip(planned, per_experiment, strict=True)
+            if ExperimentState(experiment.state) != ExperimentState.PAUSED
+        ],
+    )
+    return per_experiment
 
 
 # --- progress and views --------------------------------------------------------------------

@@ -106,6 +106,26 @@ async def record_initial_states(
         await _insert_changes(session, entity, entity_ids, None, state, "created", utcnow())
 
 
+async def record_created(session: AsyncSession, created: Sequence[tuple[str, int, str]]) -> None:
+    """New rows of any entities, as (entity, id, state): one statement for them all."""
+    if created:
+        at = utcnow()
+        await session.execute(
+            insert(cast(Table, StateChangeModel.__table__)),
+            [
+                {
+                    "entity": entity,
+                    "entity_id": entity_id,
+                    "from_state": None,
+                    "to_state": state,
+                    "reason": "created",
+                    "at": at,
+                }
+                for entity, entity_id, state in created
+            ],
+        )
+
+
 async def _insert_changes(
     session: AsyncSession,
     entity: str,

@@ -67,7 +67,11 @@ async def preview_hp_search(body: PreviewSearchRequest, _user: CurrentUser) -> d
 
 @router.post("/experiments")
 async def create_experiment(
-    body: ExperimentCreate, session: SessionDep, settings: SettingsDep, user: CurrentUser
+    body: ExperimentCreate,
+    session: SessionDep,
+    settings: SettingsDep,
+    user: CurrentUser,
+    http: Request,
 ) -> CreateExperimentResponse:
     if body.unmanaged:
         raise InvalidArgument("unmanaged: unmanaged experiments are not supported")
@@ -81,7 +85,9 @@ async def create_experiment(
         validate_only=bool(body.validate_only),
         project_id=body.project_id,
     )
-    view, prepared = await experiments.create_experiment(session, request, user, settings)
+    view, prepared = await experiments.create_experiment(
+        session, request, user, settings, store=http.app.state.experiment_writes.write
+    )
     return CreateExperimentResponse(
         experiment=Experiment.of(view) if view is not None else None,
         config=view.experiment.config if view is not None else prepared.effective_config,
