@@ -4,7 +4,8 @@ One `AgentHub` per master process. The gRPC servicer (master/grpc_server.py) han
 stream's messages; `HubLoop` calls `tick()` a few times a second to launch assigned
 allocations, pass on stop requests and declare silent agents lost. Database changes go
 through the same services the REST API uses (register_agent, release_allocation, states),
-each in its own short transaction.
+in short transactions; the prepared/started/exited messages of agents that arrive together
+share one (group commit: one commit, one epoch bump, for a round of kills' exits).
 
 The hub is the state machine; its neighbours hold the rest of the link: who may join
 (agent_enrolment), what a launch sends (agent_launch) and the messages' conversions to and
@@ -155,6 +156,37 @@ class StateMessageFailed(Exception):
     """Handling an agent's prepared/started/exited message failed; the stream must end."""
 
 
+# The most agent messages handled in one transaction.
+MAX_STATE_BATCH = 64
+
+
+@dataclass
+class StateMessage:
+    """A prepared/started/exited message waiting for its batch; `done` when committed."""
+
+    connection: Connection
+    message: pb.AgentMessage
+    done: asyncio.Future[None]
+
+
+def _allocation_of(message: pb.AgentMessage) -> str:
+    body = getattr(message, message.WhichOneof("body") or "")
+    return str(body.allocation_id)
+
+
+def _fail(waiting: StateMessage, error: Exception) -> None:
+    """An outage as it is (the caller keeps the message for later); anything else ends the
+    stream, so the agent resyncs and repeats what it reported."""
+    if waiting.done.done():
+        return
+    if not is_outage(error):
+        kind = waiting.message.WhichOneof("body")
+        failure = StateMessageFailed(f"{kind} for {_allocation_of(waiting.message)}")
+        failure.__cause__ = error
+        error = failure
+    waiting.done.set_exception(error)
+
+
 class AgentHub:
     def __init__(
         self,
@@ -202,6 +234,14 @@ class AgentHub:
         # loss declaration each run alone, so none acts on a gang another is changing.
         # Heartbeats and logs stay outside it.
         self._lock = asyncio.Lock()
+        # Prepared/started/exited messages of several agents are handled in one transaction
+        # (group commit, issue 27): those that arrive while a batch is being handled wait
+        # and go together in the next one. `_batch_session`: the batch being handled.
+        self._state_waiting: list[StateMessage] = []
+        self._state_worker: asyncio.Task[None] | None = None
+        self._batch_session: AsyncSession | None = None
+        self.state_transactions = 0  # committed batches, and the messages in them
+        self.state_messages = 0
         self.launches = LaunchAssembler(settings, cluster_id=cluster_id, master_id=master_id)
 
     @contextlib.asynccontextmanager
@@ -214,6 +254,16 @@ class AgentHub:
             yield session
         for connection, message in sends:
             connection.send(message)
+
+    @contextlib.asynccontextmanager
+    async def _state_transaction(self) -> AsyncIterator[AsyncSession]:
+        """The transaction of a prepared/started/exited message: the batch's, when the
+        message is handled in one (its sends go out once the batch commits)."""
+        if self._batch_session is not None:
+            yield self._batch_session
+            return
+        async with self._transaction() as session:
+            yield session
 
     def _send(self, session: AsyncSession, agent_id: str, message: pb.MasterMessage) -> None:
         connection = self.connections.get(agent_id)
@@ -467,20 +517,73 @@ class AgentHub:
         if kind not in ("prepared", "started", "exited"):
             log.warning("agent %s sent an unexpected %s message", connection.agent_id, kind)
             return
-        body = getattr(message, kind)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._state_waiting.append(StateMessage(connection, message, done))
+        if self._state_worker is None or self._state_worker.done():
+            self._state_worker = asyncio.create_task(
+                self._handle_state_messages(), name="hub-state-messages"
+            )
+        await done
+
+    async def _handle_state_messages(self) -> None:
+        batch: list[StateMessage] = []
+        try:
+            while self._state_waiting:
+                batch = self._state_waiting[:MAX_STATE_BATCH]
+                del self._state_waiting[:MAX_STATE_BATCH]
+                # A stream that closed before its message's batch began: the agent repeats
+                # the message on its next stream (nothing of it was acknowledged).
+                batch = [m for m in batch if not m.done.cancelled()]
+                if batch:
+                    await self._handle_batch(batch)
+        except BaseException:  # cancelled at shutdown: nobody may wait forever
+            for waiting in batch + self._state_waiting:
+                if not waiting.done.done():
+                    waiting.done.set_exception(StateMessageFailed("the master is stopping"))
+            self._state_waiting.clear()
+            raise
+
+    async def _handle_batch(self, batch: list[StateMessage]) -> None:
+        """The messages in one transaction, in order; if it fails for a reason other than
+        an outage, each again alone, so one bad message fails only its own stream."""
         async with self._lock:
             try:
-                if kind == "prepared":
-                    await self.on_prepared(connection, body)
-                elif kind == "started":
-                    await self.on_started(connection, body)
-                else:
-                    await self.on_exited(connection, body)
+                async with self._transaction() as session:
+                    self._batch_session = session
+                    try:
+                        for one in batch:
+                            await self._dispatch(one.connection, one.message)
+                    finally:
+                        self._batch_session = None
             except Exception as exc:
-                self.gangs.pop(body.allocation_id, None)
-                if is_outage(exc):
-                    raise
-                raise StateMessageFailed(f"{kind} for {body.allocation_id}") from exc
+                for one in batch:
+                    # What memory held of these gangs may be ahead of the database now.
+                    self.gangs.pop(_allocation_of(one.message), None)
+                if len(batch) > 1 and not is_outage(exc):
+                    log.info("a batch of %d agent messages failed; each again alone", len(batch))
+                else:
+                    for one in batch:
+                        _fail(one, exc)
+                    return
+            else:
+                self.state_transactions += 1
+                self.state_messages += len(batch)
+                for one in batch:
+                    if not one.done.done():
+                        one.done.set_result(None)
+                return
+        for one in batch:
+            await self._handle_batch([one])
+
+    async def _dispatch(self, connection: Connection, message: pb.AgentMessage) -> None:
+        kind = message.WhichOneof("body")
+        body = getattr(message, kind)
+        if kind == "prepared":
+            await self.on_prepared(connection, body)
+        elif kind == "started":
+            await self.on_started(connection, body)
+        else:
+            await self.on_exited(connection, body)
 
     def on_heartbeat(self, connection: Connection, heartbeat: pb.Heartbeat) -> None:
         connection.last_heartbeat = time.monotonic()
@@ -517,7 +620,7 @@ class AgentHub:
         gang = self.gangs.get(prepared.allocation_id)
         if gang is None or gang.phase != "preparing" or connection.agent_id != gang.chief:
             return
-        async with self._transaction() as session:
+        async with self._state_transaction() as session:
             if prepared.error:
                 gang.failure = f"agent {connection.agent_id}: {prepared.error}"
                 await self._fail_gang(
@@ -531,7 +634,7 @@ class AgentHub:
         if gang is None or connection.agent_id not in gang.agent_ids:
             return
         gang.started.add(connection.agent_id)
-        async with self._transaction() as session:
+        async with self._state_transaction() as session:
             await self._mark_running_if_started(session, gang)
 
     async def _mark_running_if_started(self, session: AsyncSession, gang: Gang) -> None:
@@ -560,7 +663,7 @@ class AgentHub:
         agent_id = connection.agent_id
         allocation_id = exited.allocation_id
         newly_fenced = False
-        async with self._transaction() as session:
+        async with self._state_transaction() as session:
             allocation = await session.get(AllocationModel, allocation_id)
             if allocation is None or allocation.state not in HELD_STATES:
                 self.gangs.pop(allocation_id, None)

@@ -677,3 +677,91 @@ async def test_an_agent_writes_only_the_logs_of_its_own_allocations(
     assert counters.foreign_agent_messages["logs"] == before + 1
     scrape = (await api.get("/metrics")).text
     assert f'resolute_foreign_agent_messages_total{{kind="logs"}} {before + 1}' in scrape
+
+
+SINGLE = CONFIG.replace("slots_per_trial: 2", "slots_per_trial: 1")
+
+
+async def running_singles(
+    app: FastAPI, api: httpx.AsyncClient, agents: list[str]
+) -> tuple[AgentHub, list[tuple[Connection, str, int]]]:
+    """One one-slot trial running on each of `agents`, then killed and its stop sent:
+    (connection, allocation id, experiment id) per agent."""
+    hub = hub_of(app)
+    connections = [await connect(hub, agent) for agent in agents]
+    experiments = []
+    for _ in agents:
+        reply = await api.post("/api/v1/experiments", json={"config": SINGLE, "activate": True})
+        assert reply.status_code == 200, reply.text
+        experiments.append(reply.json()["experiment"]["id"])
+    by_trial = {(await trial_of(api, e))["id"]: e for e in experiments}
+    async with session_scope(app.state.session_factory) as session:
+        assert (await scheduler.run_pass(session, app.state.settings)).placed == len(agents)
+    await hub.tick()
+    running = []
+    for connection in connections:
+        (prepare,) = of_kind(sent(connection), "prepare")
+        allocation_id = prepare.allocation_id
+        prepared = pb.AllocationPrepared(allocation_id=allocation_id, master_port=29500)
+        await hub.on_message(connection, pb.AgentMessage(prepared=prepared))
+        assert of_kind(sent(connection), "start")
+        started = pb.AllocationStarted(allocation_id=allocation_id)
+        await hub.on_message(connection, pb.AgentMessage(started=started))
+        experiment_id = by_trial[int(allocation_id.split(".")[0])]
+        running.append((connection, allocation_id, experiment_id))
+    for experiment_id in experiments:
+        assert (await api.post(f"/api/v1/experiments/{experiment_id}/kill")).status_code == 200
+    await hub.tick()
+    for connection, _, _ in running:
+        assert of_kind(sent(connection), "stop")
+    return hub, running
+
+
+async def test_exits_arriving_together_from_several_agents_share_one_transaction(
+    app: FastAPI, api: httpx.AsyncClient
+) -> None:
+    hub, running = await running_singles(app, api, ["agent-a", "agent-b", "agent-c", "agent-d"])
+    transactions, messages = hub.state_transactions, hub.state_messages
+    await asyncio.gather(
+        *(
+            hub.on_message(connection, exited(allocation_id, pb.EXIT_KIND_STOPPED, "killed"))
+            for connection, allocation_id, _ in running
+        )
+    )
+    assert (hub.state_transactions - transactions, hub.state_messages - messages) == (1, 4)
+    for connection, allocation_id, experiment_id in running:
+        assert [a.allocation_id for a in of_kind(sent(connection), "exit_ack")] == [allocation_id]
+        assert (await trial_of(api, experiment_id))["state"] == "STATE_CANCELED"
+
+
+async def test_a_message_that_fails_in_a_batch_fails_only_its_own_stream(
+    app: FastAPI, api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hub, running = await running_singles(app, api, ["agent-a", "agent-b", "agent-c"])
+    _, broken, broken_experiment = running[1]
+    release_allocation = agent_link.release.release_allocation
+
+    async def failing_for_one(session: Any, allocation_id: str, *args: Any, **kw: Any) -> Any:
+        if allocation_id == broken:
+            raise RuntimeError("a bug in the release of one allocation")
+        return await release_allocation(session, allocation_id, *args, **kw)
+
+    monkeypatch.setattr(agent_link.release, "release_allocation", failing_for_one)
+    results = await asyncio.gather(
+        *(
+            hub.on_message(connection, exited(allocation_id, pb.EXIT_KIND_STOPPED, "killed"))
+            for connection, allocation_id, _ in running
+        ),
+        return_exceptions=True,
+    )
+    assert results[0] is None and results[2] is None
+    assert isinstance(results[1], agent_link.StateMessageFailed)
+    for index, (connection, allocation_id, experiment_id) in enumerate(running):
+        acks = [a.allocation_id for a in of_kind(sent(connection), "exit_ack")]
+        state = (await trial_of(api, experiment_id))["state"]
+        if index == 1:
+            # Not acknowledged, so the agent says it again on its next stream.
+            assert acks == [] and state != "STATE_CANCELED"
+        else:
+            assert acks == [allocation_id] and state == "STATE_CANCELED"
+    assert (await trial_of(api, broken_experiment))["state"] == "STATE_STOPPING_KILLED"
