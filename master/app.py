@@ -205,12 +205,18 @@ def create_app(settings: MasterSettings) -> FastAPI:
         hub_loop = HubLoop(hub)
         app.state.hub_loop = hub_loop
         scheduler.after_commit = hub_loop.wake
-        # Concurrent submits share transactions (issue 27).
+        # Concurrent submits, and concurrent kills, share transactions (issue 27).
         app.state.experiment_writes = GroupCommit(
             app.state.session_factory,
             experiment_service.store_experiments,
             after_commit=functools.partial(wake_loops, app.state),
             name="submits",
+        )
+        app.state.experiment_kills = GroupCommit(
+            app.state.session_factory,
+            experiment_service.kill_experiments,
+            after_commit=functools.partial(wake_loops, app.state),
+            name="kills",
         )
         loops: list[Loop] = [
             DatabaseWatch(app.state.session_factory, db_health),
@@ -269,6 +275,7 @@ def create_app(settings: MasterSettings) -> FastAPI:
             for server in servers:
                 await server.stop(grace=2.0)
             await app.state.experiment_writes.close()
+            await app.state.experiment_kills.close()
             await app.state.proxy_pool.aclose()
             await engine.dispose()
 

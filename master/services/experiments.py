@@ -518,6 +518,19 @@ async def _trials_of(session: AsyncSession, experiment_id: int) -> list[TrialMod
     return list((await session.scalars(query.order_by(TrialModel.id))).all())
 
 
+@dataclass(frozen=True)
+class Kill:
+    experiment_id: int
+    actor: str
+
+
+async def kill_experiments(session: AsyncSession, kills: Sequence[Kill]) -> list[None]:
+    """Several kills in one transaction (what a GroupCommit of concurrent kills writes)."""
+    for kill in kills:
+        await kill_experiment(session, kill.experiment_id, kill.actor)
+    return [None] * len(kills)
+
+
 async def kill_experiment(session: AsyncSession, experiment_id: int, actor: str) -> None:
     """Stop every trial now. Killing a finished experiment changes nothing, as in Determined."""
     await allocations.hold_scheduler(session, described=True)

@@ -135,3 +135,25 @@ async def test_experiments_without_a_name_are_named_after_their_own_id(
         stored = (await api.get(f"/api/v1/experiments/{experiment['id']}")).json()
         assert stored["experiment"]["name"] == experiment["name"]
         assert stored["experiment"]["config"]["name"] == experiment["name"]
+
+
+async def test_concurrent_kills_share_transactions_and_each_experiment_ends(
+    api: httpx.AsyncClient, app: FastAPI
+) -> None:
+    replies = [await create_experiment(api) for _ in range(8)]
+    ids = [r.json()["experiment"]["id"] for r in replies]
+    kills: GroupCommit[object, object] = app.state.experiment_kills
+    transactions, items = kills.transactions, kills.items
+    answers = await asyncio.gather(*(api.post(f"/api/v1/experiments/{i}/kill") for i in ids))
+    assert [a.status_code for a in answers] == [200] * len(ids), answers[0].text
+    assert kills.items - items == len(ids)
+    assert kills.transactions - transactions < len(ids)
+    for experiment_id in ids:
+        experiment = (await api.get(f"/api/v1/experiments/{experiment_id}")).json()["experiment"]
+        assert experiment["state"] == "STATE_CANCELED"
+        trials = (await api.get(f"/api/v1/experiments/{experiment_id}/trials")).json()["trials"]
+        assert {t["state"] for t in trials} == {"STATE_CANCELED"}
+    assert await count(app, AllocationModel, AllocationModel.state == "PENDING") == 0
+    # Killing a missing experiment is refused before anything is handed over.
+    missing = await api.post("/api/v1/experiments/999999/kill")
+    assert missing.status_code == 404 and kills.items - items == len(ids)

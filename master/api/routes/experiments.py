@@ -140,9 +140,13 @@ async def get_experiment(
 
 
 @router.post("/experiments/{experiment_id}/kill")
-async def kill_experiment(experiment_id: ObjectId, session: SessionDep, user: CurrentUser) -> Empty:
+async def kill_experiment(
+    experiment_id: ObjectId, session: SessionDep, user: CurrentUser, http: Request
+) -> Empty:
     await access.require_experiment_owner(session, Actor.of(user), experiment_id, "kill it")
-    await experiments.kill_experiment(session, experiment_id, user.username)
+    # Concurrent kills share a transaction (a round of kills: a few commits, not one each).
+    await session.commit()  # the reads are done: its connection goes back to the pool
+    await http.app.state.experiment_kills.write(experiments.Kill(experiment_id, user.username))
     return Empty()
 
 
