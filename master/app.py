@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import gc
 import ipaddress
 import logging
@@ -20,7 +19,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from master import web
-from master.api.deps import wake_loops
 from master.api.errors import error_response, install_error_handlers
 from master.api.proxy import ProxyPool
 from master.api.routes import (
@@ -47,13 +45,11 @@ from master.db.session import (
 from master.grpc_server import start_server
 from master.services import allocations as allocation_service
 from master.services import auth as auth_service
-from master.services import experiments as experiment_service
 from master.services import interactive
 from master.services import workspaces as workspace_service
 from master.services.agent_enrolment import read_or_create_join_token
 from master.services.agent_link import AgentHub, HubLoop
 from master.services.checkpoint_gc import CheckpointDeleter
-from master.services.group_commit import GroupCommit
 from master.services.leadership import Leadership, install_fence
 from master.services.loops import DatabaseWatch, Loop
 from master.services.metrics import MetricsBuffer, MetricsLoop
@@ -205,19 +201,6 @@ def create_app(settings: MasterSettings) -> FastAPI:
         hub_loop = HubLoop(hub)
         app.state.hub_loop = hub_loop
         scheduler.after_commit = hub_loop.wake
-        # Concurrent submits, and concurrent kills, share transactions (issue 27).
-        app.state.experiment_writes = GroupCommit(
-            app.state.session_factory,
-            experiment_service.store_experiments,
-            after_commit=functools.partial(wake_loops, app.state),
-            name="submits",
-        )
-        app.state.experiment_kills = GroupCommit(
-            app.state.session_factory,
-            experiment_service.kill_experiments,
-            after_commit=functools.partial(wake_loops, app.state),
-            name="kills",
-        )
         loops: list[Loop] = [
             DatabaseWatch(app.state.session_factory, db_health),
             scheduler,
@@ -274,8 +257,6 @@ def create_app(settings: MasterSettings) -> FastAPI:
                 await loop.stop()
             for server in servers:
                 await server.stop(grace=2.0)
-            await app.state.experiment_writes.close()
-            await app.state.experiment_kills.close()
             await app.state.proxy_pool.aclose()
             await engine.dispose()
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, Path, Request
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -36,20 +36,15 @@ async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
         yield session
     for action in session.info.get(AFTER_COMMIT, ()):
         action()
-    wake_loops(request.app.state, session.info)
-
-
-def wake_loops(state: Any, info: dict[Any, Any]) -> None:
-    """After a commit: wake the loops its changes concern (`info`: the session's)."""
-    if info.get(WAKE_HUB):
+    if session.info.get(WAKE_HUB):
         # A kill or a pause reaches the ranks' agents now rather than on the hub's tick
         # (woken first: the pass a stop asks for has nothing to place until slots free).
-        hub_loop = getattr(state, "hub_loop", None)
+        hub_loop = getattr(request.app.state, "hub_loop", None)
         if hub_loop is not None:
             hub_loop.wake()
-    if info.get(WAKE_SCHEDULER):
+    if session.info.get(WAKE_SCHEDULER):
         # Only now is the new work visible to the scheduler's own transaction.
-        state.scheduler.wake()
+        request.app.state.scheduler.wake()
 
 
 def after_commit(session: AsyncSession, action: Callable[[], None]) -> None:

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import secrets
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -258,31 +258,20 @@ class NewExperiment:
     template: str | None
 
 
-# Stores new experiments in the caller's transaction; the master's is a GroupCommit.
-ExperimentStore = Callable[[NewExperiment], Awaitable[ExperimentView]]
-
-
 async def create_experiment(
     session: AsyncSession,
     request: ExperimentRequest,
     owner: UserModel,
     settings: MasterSettings,
-    store: ExperimentStore | None = None,
 ) -> tuple[ExperimentView | None, PreparedExperiment]:
-    """Store the experiment and its planned trials; nothing is stored with validate_only.
-    `session` reads; `store` writes (in `session`'s own transaction without one)."""
+    """Store the experiment and its planned trials; nothing is stored with validate_only."""
     prepared = await prepare_experiment(session, request, settings)
     if request.validate_only:
         return None, prepared
     project = await resolve_project(session, request.project_id)
-    new = new_experiment(request, prepared, owner, project.id)
-    if store is None:
-        [view] = await store_experiments(session, [new])
-    else:
-        # The reads are done: the connection goes back to the pool before the wait, or
-        # enough waiting submits would hold every connection the writer needs.
-        await session.commit()
-        view = await store(new)
+    [view] = await store_experiments(
+        session, [new_experiment(request, prepared, owner, project.id)]
+    )
     return view, prepared
 
 
@@ -342,8 +331,7 @@ async def store_experiments(
     session: AsyncSession, news: Sequence[NewExperiment]
 ) -> list[ExperimentView]:
     """Store experiments, their model definitions, trials and queued allocations with a few
-    statements for them all, whatever their number (Core, not the ORM's per-object work):
-    what a GroupCommit of concurrent submits writes in one transaction."""
+    statements for them all, whatever their number (Core, not the ORM's per-object work)."""
     if not news:
         return []
     now = utcnow()
@@ -516,19 +504,6 @@ async def get_trial(session: AsyncSession, trial_id: int) -> TrialModel:
 async def _trials_of(session: AsyncSession, experiment_id: int) -> list[TrialModel]:
     query = select(TrialModel).where(TrialModel.experiment_id == experiment_id)
     return list((await session.scalars(query.order_by(TrialModel.id))).all())
-
-
-@dataclass(frozen=True)
-class Kill:
-    experiment_id: int
-    actor: str
-
-
-async def kill_experiments(session: AsyncSession, kills: Sequence[Kill]) -> list[None]:
-    """Several kills in one transaction (what a GroupCommit of concurrent kills writes)."""
-    for kill in kills:
-        await kill_experiment(session, kill.experiment_id, kill.actor)
-    return [None] * len(kills)
 
 
 async def kill_experiment(session: AsyncSession, experiment_id: int, actor: str) -> None:

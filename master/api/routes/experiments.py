@@ -67,11 +67,7 @@ async def preview_hp_search(body: PreviewSearchRequest, _user: CurrentUser) -> d
 
 @router.post("/experiments")
 async def create_experiment(
-    body: ExperimentCreate,
-    session: SessionDep,
-    settings: SettingsDep,
-    user: CurrentUser,
-    http: Request,
+    body: ExperimentCreate, session: SessionDep, settings: SettingsDep, user: CurrentUser
 ) -> CreateExperimentResponse:
     if body.unmanaged:
         raise InvalidArgument("unmanaged: unmanaged experiments are not supported")
@@ -85,9 +81,7 @@ async def create_experiment(
         validate_only=bool(body.validate_only),
         project_id=body.project_id,
     )
-    view, prepared = await experiments.create_experiment(
-        session, request, user, settings, store=http.app.state.experiment_writes.write
-    )
+    view, prepared = await experiments.create_experiment(session, request, user, settings)
     return CreateExperimentResponse(
         experiment=Experiment.of(view) if view is not None else None,
         config=view.experiment.config if view is not None else prepared.effective_config,
@@ -140,13 +134,9 @@ async def get_experiment(
 
 
 @router.post("/experiments/{experiment_id}/kill")
-async def kill_experiment(
-    experiment_id: ObjectId, session: SessionDep, user: CurrentUser, http: Request
-) -> Empty:
+async def kill_experiment(experiment_id: ObjectId, session: SessionDep, user: CurrentUser) -> Empty:
     await access.require_experiment_owner(session, Actor.of(user), experiment_id, "kill it")
-    # Concurrent kills share a transaction (a round of kills: a few commits, not one each).
-    await session.commit()  # the reads are done: its connection goes back to the pool
-    await http.app.state.experiment_kills.write(experiments.Kill(experiment_id, user.username))
+    await experiments.kill_experiment(session, experiment_id, user.username)
     return Empty()
 
 
