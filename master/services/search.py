@@ -329,7 +329,7 @@ async def add_trials_of(
     planned: Sequence[tuple[ExperimentModel, Sequence[tuple[int | None, TrialPlan]]]],
     created: Sequence[tuple[str, int, str]] = (),
 ) -> list[list[int]]:
-    """The trials of several experiments (a GroupCommit's new ones), in three statements
+    """The trials of several new experiments (store_experiments'), in three statements
     whatever their count (trials, the state records of the trials and of `created`, the
     queued allocations), not the ORM's per-object work: a 1,000-trial search is stored by
     the POST that creates it (issue 16). The new trials' ids, per experiment, in order."""
