@@ -94,36 +94,12 @@ def _record(
     )
 
 
-def record_initial_state(session: AsyncSession, entity: str, entity_id: int, state: str) -> None:
-    _record(session, entity, entity_id, None, state, "created")
-
-
-async def record_initial_states(
-    session: AsyncSession, entity: str, entity_ids: Sequence[int], state: str
-) -> None:
-    """The bulk twin of record_initial_state: one statement for many new rows."""
-    if entity_ids:
-        await _insert_changes(session, entity, entity_ids, None, state, "created", utcnow())
-
-
 async def record_created(session: AsyncSession, created: Sequence[tuple[str, int, str]]) -> None:
     """New rows of any entities, as (entity, id, state): one statement for them all."""
-    if created:
-        at = utcnow()
-        await session.execute(
-            insert(cast(Table, StateChangeModel.__table__)),
-            [
-                {
-                    "entity": entity,
-                    "entity_id": entity_id,
-                    "from_state": None,
-                    "to_state": state,
-                    "reason": "created",
-                    "at": at,
-                }
-                for entity, entity_id, state in created
-            ],
-        )
+    at = utcnow()
+    await _insert_rows(
+        session, [(entity, i, None, state, "created", at) for entity, i, state in created]
+    )
 
 
 async def _insert_changes(
@@ -136,6 +112,15 @@ async def _insert_changes(
     at: datetime,
 ) -> None:
     """One transition of many rows, recorded in one statement."""
+    await _insert_rows(session, [(entity, i, old, new, reason, at) for i in entity_ids])
+
+
+async def _insert_rows(
+    session: AsyncSession, rows: Sequence[tuple[str, int, str | None, str, str, datetime]]
+) -> None:
+    """State changes as (entity, id, from, to, reason, at), in one statement."""
+    if not rows:
+        return
     await session.execute(
         insert(cast(Table, StateChangeModel.__table__)),
         [
@@ -147,7 +132,7 @@ async def _insert_changes(
                 "reason": reason,
                 "at": at,
             }
-            for entity_id in entity_ids
+            for entity, entity_id, old, new, reason, at in rows
         ],
     )
 
