@@ -99,6 +99,17 @@ class AgentSettings(BaseSettings):
     def credential_path(self) -> Path:
         return self.credential_file or self.work_dir / "agent-credential"
 
+    @field_validator(
+        "work_dir", "join_token_file", "master_cert_file", "credential_file", mode="before"
+    )
+    @classmethod
+    def _absolute(cls, value: object) -> object:
+        """Paths as given, made absolute against the directory the agent started in: a
+        relative work dir reaches mount(8) and the ranks, which run elsewhere."""
+        if isinstance(value, str | Path) and str(value):
+            return Path(value).expanduser().absolute()
+        return value
+
     @field_validator("master")
     @classmethod
     def _host_port(cls, value: str) -> str:

@@ -57,6 +57,11 @@ class TlsSettings(BaseModel):
     def enabled(self) -> bool:
         return self.cert_file is not None
 
+    @field_validator("cert_file", "key_file", mode="before")
+    @classmethod
+    def _absolute(cls, value: object) -> object:
+        return absolute_path(value)
+
     @field_validator("cert_file", "key_file")
     @classmethod
     def _readable_pem(cls, value: Path | None, info: ValidationInfo) -> Path | None:
@@ -367,6 +372,11 @@ class MasterSettings(BaseSettings):
             return dict(self.checkpoint_storage)
         return {"type": "shared_fs", "host_path": str(self.data_dir.resolve() / "checkpoints")}
 
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _absolute_data_dir(cls, value: object) -> object:
+        return absolute_path(value)
+
     @field_validator("log_level")
     @classmethod
     def _known_level(cls, value: str) -> str:
@@ -438,6 +448,14 @@ class MasterSettings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Priority: explicit arguments (CLI flags) > environment > YAML file.
         return (init_settings, env_settings, YamlFileSource(settings_cls, CONFIG_FILE_ENV))
+
+
+def absolute_path(value: object) -> object:
+    """A path setting made absolute against the directory the master started in, so what
+    it hands on (checkpoint host paths, task files) means the same from anywhere."""
+    if isinstance(value, str | Path) and str(value):
+        return Path(value).expanduser().absolute()
+    return value
 
 
 def async_database_url(url: str, data_dir: Path) -> str:

@@ -180,3 +180,24 @@ def test_a_bad_default_variable_in_the_environment_is_refused(
     monkeypatch.setenv(name, '["PATH=/x/bin", "oops"]')
     with pytest.raises(ValidationError, match="'oops' is not KEY=VALUE"):
         MasterSettings()
+
+
+def test_relative_paths_become_absolute_against_the_start_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`make run` passes `--work-dir data/agent-work`: the agent hands the path to mount(8)
+    and to ranks that run in other directories, so it must be absolute (issue 28)."""
+    from agent.settings import AgentSettings
+
+    monkeypatch.delenv("DET_MASTER_CONFIG_FILE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    agent = AgentSettings(work_dir=Path("data/agent-work"), join_token="t", credential_file="c")
+    assert agent.work_dir == tmp_path / "data" / "agent-work"
+    assert agent.credential_path == tmp_path / "c"
+    assert AgentSettings(join_token="t").work_dir == tmp_path / "agent-work"
+    master = MasterSettings(data_dir=Path("data"))
+    assert master.data_dir == tmp_path / "data"
+    assert MasterSettings().data_dir == tmp_path / "data"
+    assert master.default_checkpoint_storage()["host_path"] == str(tmp_path / "data/checkpoints")
+    # Absolute ones are kept as given.
+    assert AgentSettings(work_dir=tmp_path / "w", join_token="t").work_dir == tmp_path / "w"
