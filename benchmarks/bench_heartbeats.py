@@ -657,8 +657,9 @@ async def stop_workers(workers: list[WorkerProcess]) -> dict[str, Any]:
 async def against_master(
     params: Params, tmp: Path, while_silent: Awaitable[Any] | None = None
 ) -> dict[str, Any]:
-    """The master's figures. `while_silent` (the smoke shape's gRPC floor) runs during the
-    silent agent's wait, which is otherwise idle, and is awaited before the master stops."""
+    """The master's figures. `while_silent` (the smoke shape's two baselines) runs during
+    the silent agent's wait, which is otherwise idle, and is awaited before the master
+    stops; its result is under "while_silent"."""
     env = {"DET_MASTER_LOG_LEVEL": "INFO"}
     if params.lost_after_s is not None:
         env["DET_MASTER_AGENT_LINK__LOST_AFTER_S"] = str(params.lost_after_s)
