@@ -96,10 +96,17 @@ class Process:
 
     drop_env_prefixes: tuple[str, ...] = ("DET_",)
 
-    def __init__(self, command: Sequence[str], log: Path, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        command: Sequence[str],
+        log: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ):
         self.command = list(command)
         self.log = log
         self.extra_env = dict(env or {})
+        self.cwd = cwd  # None: the caller's
         self.proc: subprocess.Popen[bytes] | None = None
 
     def launch(self) -> None:
@@ -109,7 +116,12 @@ class Process:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as sink:
             self.proc = subprocess.Popen(
-                self.command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                self.command,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self.cwd,
+                start_new_session=True,
             )
 
     @property
@@ -155,14 +167,21 @@ class Process:
 KEEP_ALIVE_LIMITS = httpx.Limits(keepalive_expiry=2.0)
 
 
+# The environment variable that hands MasterProcess.sqlite_schema_dir to a subprocess.
+SQLITE_SCHEMA_ENV = "RESOLUTE_SQLITE_SCHEMA_DIR"
+
+
 class MasterProcess(Process):
     """One `det-master` on free ports over `data_dir` (SQLite there, or `db_url`)."""
 
     drop_env_prefixes = ("DET_MASTER_",)
     # Where a migrated SQLite database is kept for new masters to start from (made there by
     # `det-master migrate` on first use): creating the schema costs a master about a second
-    # of CPU, the copy nothing. The test suite sets it; None (benchmarks): each migrates.
-    sqlite_schema_dir: ClassVar[Path | None] = None
+    # of CPU, the copy nothing. The test suite sets it, and hands it to the benchmarks its
+    # smoke tests run (SQLITE_SCHEMA_ENV); None (a benchmark run by hand): each migrates.
+    sqlite_schema_dir: ClassVar[Path | None] = (
+        Path(os.environ[SQLITE_SCHEMA_ENV]) if os.environ.get(SQLITE_SCHEMA_ENV) else None
+    )
 
     def __init__(
         self,
@@ -235,11 +254,13 @@ class MasterProcess(Process):
             self.stop()
             raise
 
-    def _seed_sqlite_schema(self) -> None:
-        template_dir = self.sqlite_schema_dir
-        database = self.data_dir / "resolute.db"  # where det-master keeps SQLite
-        if template_dir is None or database.exists():
-            return
+    @classmethod
+    def migrated_sqlite_schema(cls) -> Path | None:
+        """The migrated database new SQLite masters copy, made on first use; None when
+        sqlite_schema_dir is unset."""
+        template_dir = cls.sqlite_schema_dir
+        if template_dir is None:
+            return None
         template = template_dir / "resolute.db"
         if not template.exists():
             template_dir.mkdir(parents=True, exist_ok=True)
@@ -249,6 +270,14 @@ class MasterProcess(Process):
                 capture_output=True,
                 timeout=START_TIMEOUT_S,
             )
+        return template
+
+    def _seed_sqlite_schema(self) -> None:
+        database = self.data_dir / "resolute.db"  # where det-master keeps SQLite
+        if self.sqlite_schema_dir is None or database.exists():
+            return
+        template = self.migrated_sqlite_schema()
+        assert template is not None
         shutil.copyfile(template, database)
 
     @property
