@@ -17,16 +17,23 @@ from typing import Any
 import asyncpg
 import pytest
 
+from harness.cluster import SQLITE_SCHEMA_ENV, MasterProcess
 from tests.conftest import POSTGRES_ADMIN_DSN, PostgresServer, require
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_benchmark(module: str, *args: str, timeout: float = 180) -> dict[str, Any]:
-    """Run a benchmark as a user would (`python -m benchmarks.<module> ARGS`); its JSON."""
+    """Run a benchmark as a user would (`python -m benchmarks.<module> ARGS`); its JSON.
+    Its SQLite masters copy the suite's migrated schema, as the suite's own do (made here
+    first, so that masters a benchmark starts side by side never make it at once)."""
+    env = dict(os.environ)
+    if MasterProcess.migrated_sqlite_schema() is not None:
+        env[SQLITE_SCHEMA_ENV] = str(MasterProcess.sqlite_schema_dir)
     result = subprocess.run(
         [sys.executable, "-m", f"benchmarks.{module}", *args],
         cwd=ROOT,
+        env=env,
         capture_output=True,
         text=True,
         timeout=timeout,
