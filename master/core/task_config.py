@@ -100,6 +100,13 @@ def validate_task_config(raw: Mapping[str, Any], task_type: str) -> TaskConfig:
     if problems:
         raise ConfigError(problems)
     assert config is not None
+    resources = raw.get("resources")
+    if task_type == "TENSORBOARD" and not (isinstance(resources, Mapping) and "slots" in resources):
+        # As in Determined, a TensorBoard takes no slot unless its config asks for some: it
+        # must not keep a trial waiting on a small cluster.
+        config = config.model_copy(
+            update={"resources": config.resources.model_copy(update={"slots": 0})}
+        )
     return config
 
 

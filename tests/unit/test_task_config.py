@@ -113,3 +113,17 @@ def test_a_task_gets_determined_variables_all_its_slots_and_no_reserved_override
     assert built.env["DET_MASTER_PORT"] == "8443" and built.env["DET_TASK_PORT"] == "4321"
     assert built.env["DET_USER"] == "ann" and built.env["RESOLUTE_TASK_SECRET"] == "s3cret"
     assert "JUPYTER_TOKEN" not in built.env
+
+
+def test_a_tensorboard_takes_no_slot_unless_its_config_asks_for_some() -> None:
+    """Determined's default: on `make run`'s two slots a TensorBoard must not keep a trial
+    waiting (issue 28). Every other task type keeps one slot by default."""
+    assert task_config.validate_task_config({}, "TENSORBOARD").resources.slots == 0
+    asked = {"resources": {"slots": 2}}
+    assert task_config.validate_task_config(asked, "TENSORBOARD").resources.slots == 2
+    pool_only = {"resources": {"resource_pool": "gpu"}}
+    assert task_config.validate_task_config(pool_only, "TENSORBOARD").resources.slots == 0
+    for kind in ("NOTEBOOK", "SHELL"):
+        assert task_config.validate_task_config({}, kind).resources.slots == 1
+    command = {"entrypoint": "true"}
+    assert task_config.validate_task_config(command, "COMMAND").resources.slots == 1
