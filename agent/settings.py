@@ -13,7 +13,7 @@ from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from agent import rank_user
-from resolute._yaml_settings import YamlFileSource
+from resolute._yaml_settings import YamlFileSource, absolute_path
 
 CONFIG_FILE_ENV = "DET_AGENT_CONFIG_FILE"
 
@@ -104,11 +104,7 @@ class AgentSettings(BaseSettings):
     )
     @classmethod
     def _absolute(cls, value: object) -> object:
-        """Paths as given, made absolute against the directory the agent started in: a
-        relative work dir reaches mount(8) and the ranks, which run elsewhere."""
-        if isinstance(value, str | Path) and str(value):
-            return Path(value).expanduser().absolute()
-        return value
+        return absolute_path(value)
 
     @field_validator("master")
     @classmethod

@@ -21,7 +21,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from resolute._yaml_settings import YamlFileSource
+from resolute._yaml_settings import YamlFileSource, absolute_path
 
 log = logging.getLogger(__name__)
 
@@ -448,14 +448,6 @@ class MasterSettings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Priority: explicit arguments (CLI flags) > environment > YAML file.
         return (init_settings, env_settings, YamlFileSource(settings_cls, CONFIG_FILE_ENV))
-
-
-def absolute_path(value: object) -> object:
-    """A path setting made absolute against the directory the master started in, so what
-    it hands on (checkpoint host paths, task files) means the same from anywhere."""
-    if isinstance(value, str | Path) and str(value):
-        return Path(value).expanduser().absolute()
-    return value
 
 
 def async_database_url(url: str, data_dir: Path) -> str:

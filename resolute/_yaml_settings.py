@@ -1,4 +1,5 @@
-"""The YAML settings source that `MasterSettings` and `AgentSettings` share.
+"""What `MasterSettings` and `AgentSettings` share: the YAML settings source, and path
+settings made absolute.
 
 It lives here, in the package both already depend on, so that the agent never imports the
 master package (and with it the web stack a GPU node does not install)."""
@@ -56,3 +57,12 @@ def one_line(exc: Exception) -> str:
     if isinstance(exc, yaml.MarkedYAMLError) and mark is not None:
         return f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem}"
     return " ".join(str(exc).split())
+
+
+def absolute_path(value: object) -> object:
+    """A path setting made absolute against the directory the process started in (a
+    `mode="before"` validator's body): what it hands on (the agent's work dir to mount(8)
+    and to ranks, the master's checkpoint host path) means the same from anywhere."""
+    if isinstance(value, str | Path) and str(value):
+        return Path(value).expanduser().absolute()
+    return value
