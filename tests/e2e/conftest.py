@@ -39,7 +39,7 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def _client_env(master_url: str, **extra: str) -> dict[str, str]:
+def client_env(master_url: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _CLIENT_ENV_DROP}
     env.update(DET_MASTER=master_url, NO_COLOR="1", COLUMNS="200", PYTHONUNBUFFERED="1")
     env.pop("FORCE_COLOR", None)
@@ -78,7 +78,7 @@ class MasterProcess(harness.MasterProcess):
             require(False, "official det client not installed: run `make official-client`")
             raise AssertionError("unreachable")  # require() skips or fails
         config_home = tempfile.mkdtemp(prefix="xdg-", dir=self.scratch)
-        env = _client_env(self.url, XDG_CONFIG_HOME=config_home)
+        env = client_env(self.url, XDG_CONFIG_HOME=config_home)
         env.pop("DET_DEBUG_CONFIG_PATH", None)
         return subprocess.run(
             [str(path), *args],
@@ -108,7 +108,7 @@ def run_our_det(
         input=input,
         capture_output=True,
         text=True,
-        env=_client_env(master_url, **config),
+        env=client_env(master_url, **config),
         cwd=cwd,
         timeout=timeout,
         check=False,

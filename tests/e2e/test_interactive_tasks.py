@@ -25,7 +25,7 @@ from websockets.exceptions import ConnectionClosed
 from harness.cluster import AgentProcess
 from tests.conftest import require
 from tests.e2e.agents import create_experiment, wait_trial_state, write_experiment
-from tests.e2e.conftest import OUR_DET, MasterProcess, _client_env, describe_run
+from tests.e2e.conftest import OUR_DET, MasterProcess, client_env, describe_run
 from tests.web.test_browser import REPORTING_SCRIPT
 
 IDLE_CHECK_S = 1.0
@@ -134,7 +134,7 @@ def test_a_shell_gives_an_interactive_terminal(cluster: tuple[MasterProcess, Age
     master, _ = cluster
     pid, fd = pty.fork()
     if pid == 0:  # the child: our det, as a user would run it
-        env = _client_env(master.url, XDG_CONFIG_HOME=str(master.scratch / ".config"))
+        env = client_env(master.url, XDG_CONFIG_HOME=str(master.scratch / ".config"))
         os.chdir(master.scratch)
         os.execve(str(OUR_DET), [str(OUR_DET), "shell", "start"], env)
     seen = b""

@@ -21,7 +21,7 @@ from tests.conftest import require
 from tests.e2e.conftest import (
     OUR_DET,
     MasterProcess,
-    _client_env,
+    client_env,
     describe_run,
     lines,
     official_client_path,
@@ -186,7 +186,7 @@ def test_follow_streams_until_the_trial_ends(master: MasterProcess) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=_client_env(master.url),
+        env=client_env(master.url),
         cwd=master.scratch,
     )
     assert follower.stdout is not None and follower.stderr is not None

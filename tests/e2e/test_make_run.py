@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -17,13 +16,14 @@ import yaml
 
 from harness.cluster import Process, free_port, wait_until
 from tests.conftest import require
-from tests.e2e.conftest import _client_env, describe_run, official_client_path
+from tests.e2e.conftest import client_env, describe_run, official_client_path
 from tests.e2e.test_determined_workloads import WORKLOADS, trial_venv
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 TRIAL_TIMEOUT_S = 240.0
+ENDED = ("STATE_COMPLETED", "STATE_ERROR", "STATE_CANCELED")
 
 
 def test_a_determined_per_agent_trial_completes_on_the_make_run_cluster(tmp_path: Path) -> None:
@@ -68,7 +68,7 @@ def test_a_determined_per_agent_trial_completes_on_the_make_run_cluster(tmp_path
             created = subprocess.run(
                 [str(official), "experiment", "create", "exp.yaml", "model"],
                 cwd=tmp_path,
-                env=_client_env(url, XDG_CONFIG_HOME=str(tmp_path / "det-config")),
+                env=client_env(url, XDG_CONFIG_HOME=str(tmp_path / "det-config")),
                 capture_output=True,
                 text=True,
                 timeout=120,
@@ -78,14 +78,13 @@ def test_a_determined_per_agent_trial_completes_on_the_make_run_cluster(tmp_path
             assert created.returncode == 0 and len(found) == 1, describe_run(created)
             token = http.post("/api/v1/auth/login", json={"username": "determined", "password": ""})
             headers = {"Authorization": f"Bearer {token.json()['token']}"}
-            deadline = time.monotonic() + TRIAL_TIMEOUT_S
-            state = ""
-            while time.monotonic() < deadline:
+
+            def ended() -> str | None:
                 reply = http.get(f"/api/v1/experiments/{found[0]}", headers=headers)
-                state = reply.json()["experiment"]["state"]
-                if state in ("STATE_COMPLETED", "STATE_ERROR", "STATE_CANCELED"):
-                    break
-                time.sleep(0.5)
+                state: str = reply.json()["experiment"]["state"]
+                return state if state in ENDED else None
+
+            state = wait_until("the experiment to end", ended, TRIAL_TIMEOUT_S, 0.5, cluster.output)
             trials = http.get(f"/api/v1/experiments/{found[0]}/trials", headers=headers).json()
             logs = http.get(f"/api/v1/trials/{trials['trials'][0]['id']}/logs", headers=headers)
             assert state == "STATE_COMPLETED", (

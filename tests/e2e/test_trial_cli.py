@@ -22,7 +22,7 @@ from tests.e2e.conftest import (
     BACKENDS,
     OUR_DET,
     MasterProcess,
-    _client_env,
+    client_env,
     describe_run,
     lines,
     official_client_path,
@@ -205,7 +205,7 @@ def wide_det(master: MasterProcess, *args: str) -> subprocess.CompletedProcess[s
         [str(OUR_DET), *args],
         capture_output=True,
         text=True,
-        env=_client_env(master.url, COLUMNS="400"),
+        env=client_env(master.url, COLUMNS="400"),
         timeout=60,
         check=False,
     )

@@ -33,7 +33,7 @@ from tests.e2e.conftest import (
     COMMAND_TIMEOUT_S,
     OUR_DET,
     MasterProcess,
-    _client_env,
+    client_env,
     describe_run,
     lines,
     official_client_path,
@@ -78,7 +78,7 @@ class Person:
     def _run(
         self, command: list[str], input: str | None, env: dict[str, str]
     ) -> subprocess.CompletedProcess[str]:
-        full = _client_env(self.master.url, XDG_CONFIG_HOME=str(self.home), **{**self.env, **env})
+        full = client_env(self.master.url, XDG_CONFIG_HOME=str(self.home), **{**self.env, **env})
         full.pop("DET_DEBUG_CONFIG_PATH", None)
         return subprocess.run(
             command,
