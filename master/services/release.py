@@ -12,6 +12,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.core import cluster_view
+from master.core.asha import ASHA_SEARCHERS
 from master.db.models import (
     AllocationSlotModel,
     AllocationState,
@@ -32,6 +33,7 @@ from master.services import (
     trial_reports,
 )
 from master.services.allocations import ReleaseOutcome
+from resolute._env import max_length_batches
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,8 @@ def _move_trial_after_release(
     if current in (TrialState.STOPPING_KILLED, TrialState.STOPPING_CANCELED):
         states.set_trial_state(session, trial, TrialState.CANCELED, reason)
     elif current == TrialState.STOPPING_COMPLETED or outcome == ReleaseOutcome.COMPLETED:
+        if current != TrialState.STOPPING_COMPLETED and not trial.end_reason:
+            trial.end_reason = short_of_length(trial, experiment)
         states.set_trial_state(session, trial, TrialState.COMPLETED, reason)
     elif outcome == ReleaseOutcome.KILLED:
         states.set_trial_state(session, trial, TrialState.CANCELED, reason)
@@ -118,6 +122,24 @@ def _move_trial_after_release(
             _requeue(session, trial, experiment, reason)
     else:  # preempted or agent lost: transient, no restart counted
         _requeue(session, trial, experiment, reason)
+
+
+def short_of_length(trial: TrialModel, experiment: ExperimentModel) -> str:
+    """Why a trial that exited 0 is COMPLETED though it trained less than its searcher's
+    length (a script that stops early, or one that never reads the length): said, so that
+    a completed trial at 0 of 1,000 batches is not taken for a finished one. Empty when it
+    reached the length, or when the length is not counted in batches. ASHA's trials are
+    left to the searcher, which names the rung they reached."""
+    if experiment.searcher_type in ASHA_SEARCHERS:
+        return ""
+    length = max_length_batches(experiment.config)
+    done = trial.total_batches_processed
+    if length is None or done >= length:
+        return ""
+    return (
+        f"exited 0 after {done:,} of {length:,} batches (searcher.max_length): "
+        "the script ended before the searcher's length"
+    )
 
 
 def _requeue(

@@ -595,9 +595,12 @@ async def test_progress_is_a_fraction_between_zero_and_one(api: httpx.AsyncClien
     assert (await trial_json(api, trial))["progress"] == 0.25
 
 
-async def run_one_to_completion(app: FastAPI, report_first: float | None = None) -> int:
+async def run_one_to_completion(
+    app: FastAPI, report_first: float | None = None, train_to: int | None = None
+) -> int:
     """One one-slot agent runs one queued trial, whose ranks all exit 0; its id.
-    With report_first, the trial reports that progress while it runs."""
+    With report_first, the trial reports that progress while it runs; with train_to, a
+    training report at that step."""
     hub = hub_of(app)
     agent = await connect(hub, "agent-a")
     async with session_scope(app.state.session_factory) as session:
@@ -615,13 +618,23 @@ async def run_one_to_completion(app: FastAPI, report_first: float | None = None)
     await hub.on_message(
         agent, pb.AgentMessage(started=pb.AllocationStarted(allocation_id=allocation_id))
     )
-    if report_first is not None:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://master") as rank:
+    transport = httpx.ASGITransport(app=app)
+    headers = {"Authorization": f"Bearer {start.env['DET_SESSION_TOKEN']}"}
+    async with httpx.AsyncClient(transport=transport, base_url="http://master") as rank:
+        if report_first is not None:
             reply = await rank.post(
                 f"/api/v1/trials/{start.trial_id}/progress",
                 json={"progress": report_first},
-                headers={"Authorization": f"Bearer {start.env['DET_SESSION_TOKEN']}"},
+                headers=headers,
+            )
+            assert reply.status_code == 200, reply.text
+        if train_to is not None:
+            this_run = Trial(
+                start.trial_id, int(start.env["DET_TRIAL_RUN_ID"]), allocation_id, "", 0
+            )
+            body = metrics_body(this_run, "training", train_to, {"loss": 0.5})
+            reply = await rank.post(
+                f"/api/v1/trials/{start.trial_id}/metrics", json=body, headers=headers
             )
             assert reply.status_code == 200, reply.text
     await hub.on_message(agent, exited(allocation_id, pb.EXIT_KIND_COMPLETED))
@@ -653,6 +666,27 @@ async def test_a_completed_experiment_shows_full_progress(
     experiment = await experiment_json(api, trial.experiment_id)
     assert experiment["state"] == "STATE_COMPLETED"
     assert experiment["progress"] == 1.0
+
+
+async def test_a_trial_that_exits_0_short_of_its_length_says_how_far_it_got(
+    api: httpx.AsyncClient, app: FastAPI
+) -> None:
+    # The first walkthrough's script printed a line and exited: COMPLETED is right (exit 0),
+    # but without a reason it read as a finished 1,000-batch run.
+    (trial,) = await submit(api)  # max_length: {batches: 100}
+    await run_one_to_completion(app, train_to=40)
+    shown = await trial_json(api, trial)
+    assert shown["state"] == "STATE_COMPLETED"
+    assert shown["endReason"].startswith("exited 0 after 40 of 100 batches (searcher.max_length)")
+
+
+async def test_a_trial_that_reaches_its_length_ends_with_no_reason(
+    api: httpx.AsyncClient, app: FastAPI
+) -> None:
+    (trial,) = await submit(api)
+    await run_one_to_completion(app, train_to=100)
+    shown = await trial_json(api, trial)
+    assert (shown["state"], shown["endReason"]) == ("STATE_COMPLETED", "")
 
 
 async def test_the_runner_state_is_shown_on_the_trial(api: httpx.AsyncClient) -> None:
