@@ -1472,6 +1472,7 @@ def effective_dict(cfg: ExperimentConfig) -> dict[str, Any]:
 def config_warnings(cfg: ExperimentConfig) -> list[str]:
     """Things that are allowed but probably not what the user meant."""
     warnings: list[str] = _docker_only_warnings(cfg.environment)
+    warnings += _container_mount_warnings(cfg)
     hp = cfg.hyperparameters.get("global_batch_size")
     slots = cfg.resources.slots_per_trial
     if isinstance(hp, ConstHP) and _is_positive_int(hp.val) and slots >= 1:
@@ -1502,6 +1503,40 @@ _NO_CONTAINERS = (
     "resolute agents run trials as processes of the agent's user, not in containers, so "
     "no capabilities are added or dropped"
 )
+
+
+def _container_mount_warnings(cfg: ExperimentConfig) -> list[str]:
+    """bind_mounts, resources.shm_size and resources.devices shape a container; trials here
+    see the host's own filesystem, /dev/shm and devices. A mount of a path onto itself
+    still holds (the trial sees host_path where it asked), except that nothing makes it
+    read-only; every other case is named, so a config that relied on it is not silently
+    running without it."""
+    warnings: list[str] = []
+    for index, mount in enumerate(cfg.bind_mounts):
+        where = f"bind_mounts.{index}"
+        if mount.container_path != mount.host_path:
+            warnings.append(
+                f"{where} ({mount.host_path} -> {mount.container_path}) does not apply: "
+                f"{_NO_IMAGES}, which see host paths as they are; read {mount.host_path} "
+                "directly"
+            )
+        elif mount.read_only:
+            warnings.append(
+                f"{where}.read_only (true) does not apply: trials see {mount.host_path} on the "
+                "host as it is, writable wherever the agent's user may write"
+            )
+    if cfg.resources.shm_size is not None:
+        warnings.append(
+            f"resources.shm_size ({cfg.resources.shm_size}) does not apply: trials share "
+            "the host's /dev/shm"
+        )
+    if cfg.resources.devices:
+        paths = ", ".join(device.host_path for device in cfg.resources.devices)
+        warnings.append(
+            f"resources.devices ({paths}) does not apply: trials see the host's devices as "
+            "the agent's user may open them"
+        )
+    return warnings
 
 
 def _docker_only_warnings(env: Environment) -> list[str]:

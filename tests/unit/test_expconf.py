@@ -236,13 +236,17 @@ def test_full_realistic_config_validates() -> None:
     assert isinstance(optimizer, dict)
     assert optimizer["name"] == ConstHP(val="sgd")
     assert optimizer["schedule"] == {"warmup": ConstHP(val=500)}
-    # Only its Docker-only keys are mentioned (force_pull_image: false asks for nothing).
+    # Only what does not apply is mentioned (force_pull_image: false asks for nothing).
     assert [w.split(" ", 1)[0] for w in config_warnings(cfg)] == [
         "environment.image",
         "environment.registry_auth",
         "environment.pod_spec",
         "environment.add_capabilities",
         "environment.drop_capabilities",
+        "bind_mounts.0",
+        "bind_mounts.1",
+        "resources.shm_size",
+        "resources.devices",
     ]
     # The stored config validates again to the same thing (the master re-reads it).
     effective = effective_dict(cfg)
@@ -1069,6 +1073,36 @@ def test_every_docker_only_key_gets_one_warning() -> None:
     assert all("does not apply" in w for w in warnings)
     assert not any("s3cret" in w or "robot" in w for w in warnings)  # credentials never shown
     assert effective_dict(cfg)["environment"]["ports"] == {"tensorboard": 6006}
+
+
+def test_container_mounts_and_devices_warn_unless_they_hold_as_written() -> None:
+    config = {
+        **MINIMAL,
+        "bind_mounts": [
+            {"host_path": "/data", "container_path": "/data"},  # holds: same path, writable
+            {"host_path": "/datasets/imagenet", "container_path": "/data/imagenet"},
+            {"host_path": "/models", "container_path": "/models", "read_only": True},
+        ],
+        "resources": {
+            "shm_size": "4G",
+            "devices": [
+                {
+                    "host_path": "/dev/infiniband/uverbs0",
+                    "container_path": "/dev/infiniband/uverbs0",
+                }
+            ],
+        },
+    }
+    warnings = config_warnings(validate_config(config, complete=True))
+    assert warnings == [
+        "bind_mounts.1 (/datasets/imagenet -> /data/imagenet) does not apply: "
+        f"{NOT_IN_IMAGES}, which see host paths as they are; read /datasets/imagenet directly",
+        "bind_mounts.2.read_only (true) does not apply: trials see /models on the host as "
+        "it is, writable wherever the agent's user may write",
+        "resources.shm_size (4G) does not apply: trials share the host's /dev/shm",
+        "resources.devices (/dev/infiniband/uverbs0) does not apply: trials see the host's "
+        "devices as the agent's user may open them",
+    ]
 
 
 def test_docker_only_keys_that_ask_for_nothing_are_not_mentioned() -> None:
