@@ -1,4 +1,5 @@
-"""`det trial logs` and `det task logs`: output printed raw, as Determined's `det` prints it."""
+"""`det trial logs`, `det experiment logs` and `det task logs`: output printed raw, as
+Determined's `det` prints it."""
 
 from __future__ import annotations
 
@@ -133,6 +134,31 @@ def trial_logs(
     with cli_errors():
         params = _params(follow, head, tail, rank, level)
     _print(ctx, f"/api/v1/trials/{trial_id}/logs", params, as_json)
+
+
+def experiment_logs(
+    ctx: typer.Context,
+    experiment_id: int = typer.Argument(..., min=0, help="Experiment ID."),
+    follow: bool = FollowOpt,
+    head: int | None = HeadOpt,
+    tail: int | None = TailOpt,
+    rank: list[int] | None = RankOpt,
+    level: str | None = LevelOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Print the logs of an experiment's first trial (as Determined's `det e logs` does);
+    with -f, until that trial ends."""
+    with cli_errors():
+        params = _params(follow, head, tail, rank, level)
+        api = _client(ctx)
+        try:
+            trials = api.get(f"/api/v1/experiments/{experiment_id}/trials")["trials"]
+        finally:
+            api.close()
+        if not trials:
+            raise CliError(f"experiment {experiment_id} has no trials yet")
+        first = min(int(t["id"]) for t in trials)
+    _print(ctx, f"/api/v1/trials/{first}/logs", params, as_json)
 
 
 def task_logs(

@@ -23,6 +23,7 @@ app.add_typer(templates.app, name="tpl", hidden=True)
 app.add_typer(experiments.app, name="experiment")
 app.add_typer(experiments.app, name="e", hidden=True)
 logs.trial_app.command("describe")(trials.describe)
+experiments.app.command("logs")(logs.experiment_logs)
 app.add_typer(logs.trial_app, name="trial")
 app.add_typer(logs.trial_app, name="t", hidden=True)
 # Determined 0.38's own spelling of `det checkpoint list`.
