@@ -33,7 +33,7 @@ def main() -> None:
         sys.exit(
             f"det-master: this install lacks the master's dependencies ({', '.join(missing)}): "
             "install resolute with its master extra, e.g. pip install '.[master]' in a checkout "
-            "(README.md, Deploying)"
+            "(docs/deploying.md)"
         )
     from master.main import main as run_master  # imported here: it needs the extra
 

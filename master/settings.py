@@ -172,7 +172,7 @@ class TaskContainerDefaults(BaseModel):
         default=None,
         description=(
             "Interface for NCCL/Gloo between agents (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME). "
-            "Unset: chosen per gang by the rule in the README. An experiment may override it "
+            "Unset: chosen per gang by the rule in docs/agents.md. An experiment may override it "
             "with environment.dtrain_network_interface."
         ),
     )

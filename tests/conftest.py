@@ -42,6 +42,7 @@ _LONGEST_FIRST = (
     "tests/e2e/test_determined_workloads.py",
     "tests/e2e/test_fencing.py",
     "tests/e2e/test_training_e2e.py",
+    "tests/e2e/test_readme_walkthroughs.py",
     "tests/e2e/test_object_store_checkpoints.py",
     "tests/e2e/test_interactive_tasks.py",
     "tests/test_benchmark_smoke.py",

@@ -10,7 +10,7 @@ the bracket and rung formulas, including their floating-point edges; the initial
 bracket by bracket; the stop rule, with ties placed before equal values; and the trial
 seeds, request ids and hyperparameters drawn from the experiment seed (`searcher.py`).
 
-What we fix (reference §9, the README says why):
+What we fix (reference §9, docs/asha.md says why):
 - one rung entry per (trial, rung): a stopped trial's later reports enter nothing;
 - a new trial is created when a trial *closes* (stopped, finished, errored, invalid) and
   the bracket has fewer live trials than its concurrency, so `max_concurrent_trials` is a
