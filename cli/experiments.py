@@ -218,7 +218,8 @@ def progress_text(progress: float | None) -> str:
 
 def print_rungs(trials: list[dict[str, Any]]) -> None:
     """Where each trial of an ASHA search stands: its bracket, the rungs it entered (with
-    the metric it had there) and the rung the searcher stopped it at."""
+    the metric it had there) and where the searcher ended it: stopped at a rung, or at the
+    top rung having trained the full max_time."""
     rows = []
     for trial in trials:
         searcher = trial["searcher"]
@@ -233,10 +234,16 @@ def print_rungs(trials: list[dict[str, Any]]) -> None:
                 trial["id"],
                 searcher["bracket"],
                 entered or "-",
-                "-" if stopped is None else stopped,
+                searcher_end(stopped, searcher.get("reachedTop", False)),
             ]
         )
-    print_table(["Trial ID", "Bracket", "Rungs entered (metric)", "Stopped at rung"], rows)
+    print_table(["Trial ID", "Bracket", "Rungs entered (metric)", "Searcher's end"], rows)
+
+
+def searcher_end(stopped: int | None, reached_top: bool) -> str:
+    if stopped is None:
+        return "-"
+    return f"top rung {stopped}: full max_time" if reached_top else f"stopped at rung {stopped}"
 
 
 def launch_line(experiment: dict[str, Any]) -> str:

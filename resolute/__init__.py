@@ -99,7 +99,12 @@ class Context:
             task_id=env.task_id,
             allocation_id=env.allocation_id,
         )
-        self.preempt = PreemptContext(poller, env.allocation_id)
+        self.preempt = PreemptContext(
+            poller,
+            env.allocation_id,
+            settle_validation=self.train.settle_validation,
+            ask_session=session,
+        )
 
     @property
     def local(self) -> bool:

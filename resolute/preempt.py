@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from resolute._api import MasterError, Session
@@ -19,13 +20,24 @@ ERROR_PAUSE_S = 5.0
 
 class PreemptContext:
     """`ctx.preempt`. The chief's daemon thread long-polls the master and latches the answer;
-    should_preempt() only reads the latch (plus one all-reduce when distributed)."""
+    should_preempt() reads the latch (plus one all-reduce when distributed). After a
+    validation it first asks the master once itself: a searcher's stop decided on that
+    validation is then heard at this check, not at the one after it (the long-poll's answer
+    may still be on its way)."""
 
-    def __init__(self, session: Session | None, allocation_id: str | None) -> None:
+    def __init__(
+        self,
+        session: Session | None,
+        allocation_id: str | None,
+        settle_validation: Callable[[], bool] | None = None,
+        ask_session: Session | None = None,
+    ) -> None:
         self._flag = threading.Event()
         self._stop = threading.Event()
         self._session = session
         self._allocation_id = allocation_id
+        self._settle_validation = settle_validation
+        self._ask_session = ask_session
         self._thread: threading.Thread | None = None
         if session is not None and allocation_id:
             self._thread = threading.Thread(
@@ -40,6 +52,8 @@ class PreemptContext:
         all-reduced so every rank gets the same one: it is then a collective, and every rank
         must call it at the same point of the loop (or the ranks hang)."""
         flag = self._flag.is_set()
+        if not flag and self._settle_validation is not None and self._settle_validation():
+            flag = self._ask_once()
         dist = _initialized_distributed()
         if dist is None or dist.get_world_size() <= 1:
             return flag
@@ -89,11 +103,29 @@ class PreemptContext:
                 self._flag.set()
                 return
 
-    def _acknowledge(self) -> None:
-        assert self._session is not None
+    def _ask_once(self) -> bool:
+        """One poll that answers at once; the watcher thread keeps its own long-poll."""
+        if self._ask_session is None or self._session is None or not self._allocation_id:
+            return False  # not the chief, or local mode
+        path = f"/api/v1/allocations/{self._allocation_id}/signals/preemption?timeout_seconds=0"
+        try:
+            reply = self._ask_session.request("GET", path, call="poll for preemption")
+        except MasterError as exc:
+            logger.debug("preemption check after a validation: %s", exc)
+            return False
+        if not (isinstance(reply, dict) and reply.get("preempt") is True):
+            return False
+        logger.info("the master asked this trial to stop (preemption)")
+        self._acknowledge(self._ask_session)  # the poller is busy with its long-poll
+        self._flag.set()
+        return True
+
+    def _acknowledge(self, session: Session | None = None) -> None:
+        session = session or self._session
+        assert session is not None
         path = f"/api/v1/allocations/{self._allocation_id}/signals/ack_preemption"
         try:
-            self._session.request("POST", path, call="acknowledge preemption")
+            session.request("POST", path, call="acknowledge preemption")
         except MasterError as exc:
             logger.warning("preemption watcher: %s", exc)
 

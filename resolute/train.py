@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from resolute._api import MasterError, Session
-from resolute._metrics import Shipper, check_steps, convert_metrics
+from resolute._metrics import Shipper, ShippingError, check_steps, convert_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +34,9 @@ class TrainContext:
         self._run_id = run_id
         self._experiment_id = experiment_id
         self._is_chief = is_chief
+        # A validation sent since the last settle_validation(): the searcher may have
+        # decided on it, and should_preempt() should hear that decision at once.
+        self._validation_unsettled = False
 
     def report_training_metrics(self, steps_completed: int, metrics: Mapping[str, Any]) -> None:
         self.report_metrics("training", steps_completed, metrics)
@@ -65,6 +68,8 @@ class TrainContext:
         }
         call = f"report {group} metrics after {steps} steps"
         self._shipper.submit("POST", f"/api/v1/trials/{self._trial_id}/metrics", body, call)
+        if group == "validation":
+            self._validation_unsettled = True
 
     def report_progress(self, progress: float) -> None:
         """The fraction of the trial done, 0..1, shown by the CLI and web UI."""
@@ -93,6 +98,18 @@ class TrainContext:
         """Block until every report so far has reached the master; raise if one failed."""
         if self._shipper is not None:
             self._shipper.flush()
+
+    def settle_validation(self) -> bool:
+        """When a validation was reported since the last call: wait until it reached the
+        master (whose searcher decides on it in the same transaction) and return True."""
+        if not self._validation_unsettled:
+            return False
+        self._validation_unsettled = False
+        try:
+            self.flush()
+        except ShippingError:
+            return False  # raised again by the next report or by close(), where it belongs
+        return True
 
     def get_experiment_best_validation(self) -> float | None:
         """The experiment's best searcher metric so far, None if none yet (or local mode)."""

@@ -430,9 +430,16 @@ class TrialSearch:
         else:
             reached = f"rung {self.rung} ({bracket.rung_units[self.rung]} {cfg.unit})"
         text = f"bracket {self.bracket}, {reached} of {bracket.num_rungs}"
-        if self.stopped_rung is not None:
+        if self.reached_top(cfg):
+            text += "; trained the full max_time"
+        elif self.stopped_rung is not None:
             text += f"; stopped at rung {self.stopped_rung}"
         return text
+
+    def reached_top(self, cfg: asha.AshaConfig) -> bool:
+        """The searcher's end for a trial at its bracket's last rung is not a stop: it
+        trained the full max_time."""
+        return self.stopped_rung == cfg.brackets[self.bracket].num_rungs - 1
 
     def as_json(self, cfg: asha.AshaConfig) -> dict[str, Any]:
         units = cfg.brackets[self.bracket].rung_units
@@ -440,6 +447,7 @@ class TrialSearch:
             "bracket": self.bracket,
             "rung": self.rung,
             "stoppedAtRung": self.stopped_rung,
+            "reachedTop": self.reached_top(cfg),
             "rungs": [
                 {"rung": r, "units": units[r], "time": time, "metric": metric}
                 for r, (time, metric) in sorted(self.rungs.items())

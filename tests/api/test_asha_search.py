@@ -140,6 +140,8 @@ async def test_a_search_stops_trials_replaces_them_and_completes(
     assert first["state"] == "STATE_RUNNING" and first["searcher"]["rung"] == 0
     assert second["state"] == "STATE_STOPPING_COMPLETED"
     assert second["searcher"]["stoppedAtRung"] == 0
+    assert second["searcher"]["reachedTop"] is False
+    assert second["searcher"]["summary"].endswith("; stopped at rung 0")
     assert second["endReason"] == (
         "stopped by the searcher at rung 0 (2 batches): place 2 of 2, not in the top 1/2"
     )
@@ -165,6 +167,9 @@ async def test_a_search_stops_trials_replaces_them_and_completes(
     first = (await trials_of(api, experiment_id))[0]
     assert first["state"] == "STATE_STOPPING_COMPLETED"
     assert first["endReason"] == "reached the top rung 1 (4 batches): trained the full max_time"
+    # The rung it ended at is no stop: the summary and the flag say what the reason says.
+    assert first["searcher"]["reachedTop"] is True
+    assert first["searcher"]["summary"].endswith("; trained the full max_time")
     await hub.on_message(agent, exited(allocation_of(first, started), pb.EXIT_KIND_COMPLETED))
     assert len(await trials_of(api, experiment_id)) == 3  # max_trials reached
 
