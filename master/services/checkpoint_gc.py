@@ -261,6 +261,7 @@ class CheckpointDeleter(Loop):
                         CheckpointModel.delete_attempts,
                         CheckpointModel.resources,
                         ExperimentModel.config["checkpoint_storage"],
+                        CheckpointModel.state_reason,
                     )
                     .join(ExperimentModel, ExperimentModel.id == CheckpointModel.experiment_id)
                     .where(
@@ -277,25 +278,51 @@ class CheckpointDeleter(Loop):
         if not due and not ending:
             return  # the usual idle second: one read, no second transaction
         outcomes = await asyncio.gather(
-            *(asyncio.to_thread(_delete_files, storage or {}, uuid) for uuid, _, _, storage in due)
+            *(
+                asyncio.to_thread(_delete_files, storage or {}, uuid)
+                for uuid, _, _, storage, _ in due
+            )
         )
         async with session_scope(self.factory) as session:
-            for (uuid, attempts, resources, _), (error, left) in zip(due, outcomes, strict=True):
+            for (uuid, attempts, resources, _, reason), (error, left) in zip(
+                due, outcomes, strict=True
+            ):
                 await _record_outcome(
-                    session, uuid, attempts + 1, len(resources or {}), error, left
+                    session,
+                    uuid,
+                    attempts + 1,
+                    len(resources or {}),
+                    error,
+                    left,
+                    deletion_cause(reason or ""),
                 )
             await _finish_deleted_experiments(session)
 
 
+# A failed attempt's reason keeps why the checkpoint is being deleted in front of it, so
+# that a deleted checkpoint still says why it went (retention, a user, its experiment).
+_ATTEMPT = " | attempt "
+
+
+def deletion_cause(reason: str) -> str:
+    return reason.split(_ATTEMPT, 1)[0]
+
+
 async def _record_outcome(
-    session: AsyncSession, uuid: str, attempt: int, files: int, error: str | None, left: int
+    session: AsyncSession,
+    uuid: str,
+    attempt: int,
+    files: int,
+    error: str | None,
+    left: int,
+    cause: str,
 ) -> None:
     still = CheckpointModel.state.in_(BEING_DELETED)  # a concurrent change wins
     if error is None:
         await session.execute(
             update(CheckpointModel)
             .where(CheckpointModel.uuid == uuid, still)
-            .values(state=DELETED, state_reason="", delete_attempts=attempt, delete_next_at=None)
+            .values(state=DELETED, state_reason=cause, delete_attempts=attempt, delete_next_at=None)
         )
         log.info("checkpoint %s deleted (attempt %d)", uuid, attempt)
         return
@@ -303,7 +330,8 @@ async def _record_outcome(
     partly = 0 <= left < files
     state = PARTIALLY_DELETED if partly else DELETING
     gone = f"; {files - left} of {files} files deleted" if partly else ""
-    reason = f"attempt {attempt} failed: {error}{gone}; retrying in {delay:g} s"
+    note = f"attempt {attempt} failed: {error}{gone}; retrying in {delay:g} s"
+    reason = f"{cause}{_ATTEMPT}{note[len('attempt ') :]}" if cause else note
     await session.execute(
         update(CheckpointModel)
         .where(CheckpointModel.uuid == uuid, still)

@@ -81,6 +81,12 @@ async def test_retention_deletes_what_the_settings_do_not_keep(
         4: ("ACTIVE", "STATE_COMPLETED"),
     }
     assert listing(storage) == sorted([uuids[2], uuids[4]])
+    # A deleted checkpoint still says why it went (users saw checkpoints vanish seconds
+    # after a run with no reason shown).
+    gone = (await ok(api.get(f"/api/v1/checkpoints/{uuids[1]}")))["checkpoint"]
+    assert gone["stateReason"] == (
+        "retention: not among save_experiment_best=0, save_trial_best=1 or save_trial_latest=1"
+    )
     # Only Determined's COMPLETED ones when its client filters by state.
     found = await ok(
         api.get(
@@ -118,6 +124,8 @@ async def test_deleting_checkpoints_is_all_or_nothing_and_spares_a_running_trial
     assert found["stateReason"] == "deleted by determined"
     await deleter_pass(app)
     assert (await states(api, trial.experiment_id))[1][0] == "DELETED"
+    found = (await ok(api.get(f"/api/v1/checkpoints/{first}")))["checkpoint"]
+    assert found["stateReason"] == "deleted by determined"
     assert not (storage / first).exists() and (storage / latest).is_dir()
     # Asking again changes nothing.
     await ok(api.request("DELETE", "/api/v1/checkpoints", json={"checkpointUuids": [first]}))

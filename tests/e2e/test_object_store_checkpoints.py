@@ -313,6 +313,7 @@ def test_a_delete_while_the_store_is_down_is_retried_until_it_is_back(
         failing = master.wait_for("a failed delete attempt", failed_once, 180)
         assert failing["storageState"] in ("DELETING", "PARTIALLY_DELETED")
         assert "retrying in" in failing["stateReason"]
+        assert failing["stateReason"].startswith("deleted by determined | attempt 1 failed")
         described = ok(master.det("checkpoint", "describe", doomed)).stdout
         assert "attempt 1 failed" in described
     finally:
@@ -324,6 +325,8 @@ def test_a_delete_while_the_store_is_down_is_retried_until_it_is_back(
     )
     assert doomed not in uuids_in_bucket(server, bucket, "")
     assert len(uuids_in_bucket(server, bucket, "")) == 4
+    # Deleted at last, it says why it went, not how the retries went.
+    assert checkpoints_of(master, experiment_id)[3]["stateReason"] == "deleted by determined"
 
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_synthetic"
