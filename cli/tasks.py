@@ -24,7 +24,16 @@ from cli.client import MasterClient
 from cli.config_overrides import ConfigOverrideError, apply_config_overrides
 from cli.errors import CliError
 from cli.logs import _print as print_logs
-from cli.output import cli_errors, print_json, print_table, short_time, stdout
+from cli.output import (
+    CsvOpt,
+    JsonOpt,
+    cli_errors,
+    one_format,
+    print_json,
+    print_table,
+    short_time,
+    stdout,
+)
 from cli.state import client
 
 # Determined's CLI waits this long for a notebook before giving up on it.
@@ -41,7 +50,6 @@ ConfigFileOpt = typer.Option(None, "--config-file", help="Task config (YAML).")
 TemplateOpt = typer.Option(None, "--template", help="Config template to merge in.")
 DetachOpt = typer.Option(False, "-d", "--detach", help="Print the id and return at once.")
 AllOpt = typer.Option(False, "-a", "--all", help="Every user's, not only yours.")
-JsonOpt = typer.Option(False, "--json", help="Print JSON.")
 
 _KINDS = {
     "command": ("commands", "Command"),
@@ -124,9 +132,10 @@ def wait_until_serving(
         time.sleep(POLL_S if state == "STATE_RUNNING" else 0.25)
 
 
-def _list(ctx: typer.Context, kind: str, every: bool, as_json: bool) -> None:
+def _list(ctx: typer.Context, kind: str, every: bool, as_json: bool, as_csv: bool) -> None:
     plural = _KINDS[kind][0]
     with cli_errors():
+        one_format(as_json, as_csv)
         api = client(ctx)
         params: dict[str, Any] = {}
         if not every:
@@ -149,7 +158,7 @@ def _list(ctx: typer.Context, kind: str, every: bool, as_json: bool) -> None:
             for t in items
         ]
         headers = ["Id", "Owner", "Description", "State", "Started", "Exit Status"]
-        print_table(headers + (["Address"] if kind != "command" else []), rows)
+        print_table(headers + (["Address"] if kind != "command" else []), rows, as_csv=as_csv)
 
 
 def _kill(ctx: typer.Context, kind: str, task_ids: list[str]) -> None:
@@ -358,8 +367,10 @@ def shell_open(ctx: typer.Context, task_id: str = typer.Argument(..., help="Shel
 def _add_common(app: typer.Typer, kind: str) -> None:
     title = _KINDS[kind][1]
 
-    def list_(ctx: typer.Context, every: bool = AllOpt, as_json: bool = JsonOpt) -> None:
-        _list(ctx, kind, every, as_json)
+    def list_(
+        ctx: typer.Context, every: bool = AllOpt, as_json: bool = JsonOpt, as_csv: bool = CsvOpt
+    ) -> None:
+        _list(ctx, kind, every, as_json, as_csv)
 
     def logs(
         ctx: typer.Context,

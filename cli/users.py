@@ -19,7 +19,16 @@ import typer
 
 from cli.client import MasterClient
 from cli.errors import CliError
-from cli.output import cli_errors, print_json, print_table, stdout, warn
+from cli.output import (
+    CsvOpt,
+    JsonOpt,
+    cli_errors,
+    one_format,
+    print_json,
+    print_table,
+    stdout,
+    warn,
+)
 from cli.state import client
 from master.core.credentials import client_side_hash
 
@@ -95,10 +104,12 @@ def log_in(api: MasterClient, username: str, password: str) -> str:
 def list_users(
     ctx: typer.Context,
     show_all: bool = typer.Option(False, "--all", "-a", help="Deactivated users too."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON only."),
+    as_json: bool = JsonOpt,
+    as_csv: bool = CsvOpt,
 ) -> None:
     """List active users (with --all, deactivated ones too)."""
     with cli_errors():
+        one_format(as_json, as_csv)
         users = client(ctx).get_all("/api/v1/users", "users")
         if not show_all:
             users = [u for u in users if u["active"]]
@@ -108,6 +119,7 @@ def list_users(
         print_table(
             USER_HEADERS,
             [[u["id"], u["username"], u["displayName"], u["admin"], u["active"]] for u in users],
+            as_csv=as_csv,
         )
 
 
@@ -250,4 +262,4 @@ def logout(
 def _default(ctx: typer.Context) -> None:
     # Like Determined's, `det user` alone lists.
     if ctx.invoked_subcommand is None:
-        list_users(ctx, show_all=False, as_json=False)
+        list_users(ctx, show_all=False, as_json=False, as_csv=False)
