@@ -91,12 +91,6 @@ def _get(api: MasterClient, kind: str, task_id: str) -> dict[str, Any]:
     return reply
 
 
-def _token(api: MasterClient) -> str:
-    if api._token is None:
-        api._token = api._login()
-    return api._token
-
-
 def _ended(task: dict[str, Any]) -> CliError:
     code = task.get("exitCode")
     said = f" (exit code {code})" if code not in (None, 0) else ""
@@ -110,7 +104,7 @@ def wait_until_serving(
     listening. Says once why it waits; raises with the reason if the task ends."""
     deadline = time.monotonic() + timeout_s
     said = ""
-    headers = {"Authorization": f"Bearer {_token(api)}"}
+    headers = {"Authorization": f"Bearer {api.session_token()}"}
     while True:
         task = _get(api, kind, task_id)
         state = task["state"]
@@ -139,7 +133,7 @@ def _list(ctx: typer.Context, kind: str, every: bool, as_json: bool, as_csv: boo
         api = client(ctx)
         params: dict[str, Any] = {}
         if not every:
-            _token(api)  # the login decides who "you" are
+            api.session_token()  # the login decides who "you" are
             params = {"users": [api.user]}
         items = api.get(f"/api/v1/{plural}", params=params)[plural]
         if as_json:
@@ -319,7 +313,7 @@ def _attach(api: MasterClient, task: dict[str, Any]) -> int:
         import ssl
 
         context = ssl.create_default_context()
-    headers = {"Authorization": f"Bearer {_token(api)}"}
+    headers = {"Authorization": f"Bearer {api.session_token()}"}
     import asyncio  # here: only an attached terminal needs it, and it slows every start
 
     return asyncio.run(attach(url, headers, context))

@@ -35,6 +35,8 @@ from master.core.credentials import client_side_hash
 user_app = typer.Typer(help="Manage users: create, activate, log in and out, change passwords.")
 
 USER_HEADERS = ["User ID", "Username", "Display Name", "Admin", "Active"]
+# Who a client acts as when nobody is named or logged in, as in Determined.
+DEFAULT_USER = "determined"
 
 
 def read_secret(prompt: str) -> str:
@@ -45,12 +47,6 @@ def read_secret(prompt: str) -> str:
     if not line:
         raise CliError(f"{prompt.strip().rstrip(':')}: stdin ended before a line was read")
     return line.rstrip("\r\n")
-
-
-def read_line(prompt: str) -> str:
-    if sys.stdin.isatty():
-        return input(prompt)
-    return read_secret(prompt)
 
 
 def weakness(password: str) -> str | None:
@@ -208,10 +204,18 @@ def login(
     username: str | None = typer.Argument(None, help="User to log in as (else asked)."),
 ) -> None:
     """Log in and keep the token, so later commands act as this user (the active user).
-    The password is asked on the terminal, or read as one line of stdin."""
+    The password is asked on the terminal, or read as one line of stdin (an empty line: an
+    empty password); from a pipe without a name, the user is the active one, else determined."""
     with cli_errors():
         api = client(ctx)
-        name = username or api.requested_user or read_line("Username: ")
+        name = username or api.requested_user
+        if not name and sys.stdin.isatty():
+            name = input("Username: ")
+        elif not name:
+            # Piped, stdin holds the password alone (`echo "" | det user login`).
+            name = api.token_store().active_user() or DEFAULT_USER
+        if not name.strip():
+            raise CliError("username: must not be empty")
         password = read_secret(f"Password for user '{name}': ")
         token = log_in(api, name, password)
         api.token_store().set_token(name, token)
@@ -222,6 +226,21 @@ def login(
                 f"the password of user {name} is weak ({problem}); "
                 "change it with `det user change-password`"
             )
+
+
+def print_auth_token(ctx: typer.Context) -> None:
+    """Print the session token of the user this client acts as, for other HTTP clients:
+    curl -H "Authorization: Bearer $(det user auth-token)" $DET_MASTER/api/v1/me"""
+    with cli_errors():
+        api = client(ctx)
+        api.get("/api/v1/me")  # an ended stored login fails here, with what to do about it
+        sys.stdout.write(api.session_token() + "\n")
+
+
+user_app.command("auth-token")(print_auth_token)
+# Determined's own spelling: `det dev auth-token` (its `dev` is hidden too).
+dev_app = typer.Typer(help="Developer tools.", no_args_is_help=True)
+dev_app.command("auth-token")(print_auth_token)
 
 
 @user_app.command("logout")
