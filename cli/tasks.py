@@ -22,6 +22,7 @@ import yaml
 
 from cli.client import MasterClient
 from cli.config_overrides import ConfigOverrideError, apply_config_overrides
+from cli.context import read_model_dir
 from cli.errors import CliError
 from cli.logs import _print as print_logs
 from cli.output import (
@@ -49,6 +50,13 @@ ConfigOpt = typer.Option(
 ConfigFileOpt = typer.Option(None, "--config-file", help="Task config (YAML).")
 TemplateOpt = typer.Option(None, "--template", help="Config template to merge in.")
 DetachOpt = typer.Option(False, "-d", "--detach", help="Print the id and return at once.")
+ContextOpt = typer.Option(
+    None,
+    "-c",
+    "--context",
+    help="Send this directory's files with the task; it runs with them in its working "
+    "directory (.detignore skips files; limit as for a model definition, 96 MiB).",
+)
 AllOpt = typer.Option(False, "-a", "--all", help="Every user's, not only yours.")
 
 _KINDS = {
@@ -83,6 +91,13 @@ def _create(
     body = {"config": config, "templateName": template, **extra}
     reply: dict[str, Any] = api.post(f"/api/v1/{plural}", json=body)[kind]
     return reply
+
+
+def _context_files(context: Path | None) -> dict[str, Any]:
+    """The request's `files`, packed as an experiment's model definition; none without -c."""
+    if context is None:
+        return {}
+    return {"files": read_model_dir(context, what="context directory")}
 
 
 def _get(api: MasterClient, kind: str, task_id: str) -> dict[str, Any]:
@@ -199,14 +214,16 @@ def command_run(
     config_file: Path | None = ConfigFileOpt,
     overrides: list[str] | None = ConfigOpt,
     template: str | None = TemplateOpt,
+    context: Path | None = ContextOpt,
     detach: bool = DetachOpt,
 ) -> None:
-    """Run a command on an agent and print its output; exits with its exit code."""
+    """Run a command on an agent and print its output; exits with its exit code. With -c
+    DIR it runs in a copy of DIR: det cmd run -c . python3 prep.py"""
     with cli_errors():
         api = client(ctx)
         config = _config(config_file, overrides)
         config["entrypoint"] = entrypoint
-        task = _create(api, "command", config, template)
+        task = _create(api, "command", config, template, **_context_files(context))
         if detach:
             stdout.print(task["id"], markup=False)
             return
@@ -256,11 +273,15 @@ def notebook_start(
     config_file: Path | None = ConfigFileOpt,
     overrides: list[str] | None = ConfigOpt,
     template: str | None = TemplateOpt,
+    context: Path | None = ContextOpt,
     detach: bool = DetachOpt,
     no_browser: bool = typer.Option(False, "--no-browser", help="Only print its address."),
 ) -> None:
     """Start a JupyterLab; prints its address once it answers."""
-    _start_served(ctx, "notebook", _config(config_file, overrides), template, detach, no_browser)
+    with cli_errors():  # a bad config or context: one line, as everywhere else
+        files = _context_files(context)
+        config = _config(config_file, overrides)
+    _start_served(ctx, "notebook", config, template, detach, no_browser, **files)
 
 
 @tensorboard_app.command("start")
@@ -278,10 +299,12 @@ def tensorboard_start(
 ) -> None:
     """Start a TensorBoard over experiments' and trials' metrics; prints its address once it
     answers."""
+    with cli_errors():
+        config = _config(config_file, overrides)
     _start_served(
         ctx,
         "tensorboard",
-        _config(config_file, overrides),
+        config,
         template,
         detach,
         no_browser,
@@ -325,6 +348,7 @@ def shell_start(
     config_file: Path | None = ConfigFileOpt,
     overrides: list[str] | None = ConfigOpt,
     template: str | None = TemplateOpt,
+    context: Path | None = ContextOpt,
     detach: bool = DetachOpt,
     keep: bool = typer.Option(
         False, "--keep", help="Keep the shell running after this terminal closes."
@@ -334,7 +358,8 @@ def shell_start(
     The shell task ends with the terminal (its slots are freed) unless --keep or -d."""
     with cli_errors():
         api = client(ctx)
-        task = _create(api, "shell", _config(config_file, overrides), template)
+        config = _config(config_file, overrides)
+        task = _create(api, "shell", config, template, **_context_files(context))
         print(f"Launched shell (id: {task['id']})", file=sys.stderr, flush=True)
         if detach:
             stdout.print(task["id"], markup=False)
