@@ -318,7 +318,7 @@ def tensorboard_start(
 shell_app = typer.Typer(help="Interactive shells on cluster nodes.", no_args_is_help=True)
 
 
-def _attach(api: MasterClient, task: dict[str, Any]) -> int:
+def _attach(api: MasterClient, task: dict[str, Any], command: str | None = None) -> int:
     from cli.terminal import attach  # imported here: only shells need websockets
     from resolute.shell_access import TERMINAL
 
@@ -339,12 +339,32 @@ def _attach(api: MasterClient, task: dict[str, Any]) -> int:
     headers = {"Authorization": f"Bearer {api.session_token()}"}
     import asyncio  # here: only an attached terminal needs it, and it slows every start
 
-    return asyncio.run(attach(url, headers, context))
+    return asyncio.run(attach(url, headers, context, command=command))
+
+
+def _shell_command(command: list[str] | None, detach: bool) -> str | None:
+    """The words after `--`, joined as ssh joins them for Determined's client."""
+    if not command:
+        return None
+    if command[0].startswith("-"):
+        raise CliError(
+            f"{command[0]}: ssh options are not supported (this client opens no ssh "
+            "connection); after -- give a command to run in the shell"
+        )
+    if detach:
+        raise CliError("--detach: a command after -- needs the shell attached; drop -d")
+    return " ".join(command)
 
 
 @shell_app.command("start")
 def shell_start(
     ctx: typer.Context,
+    command: list[str] | None = typer.Argument(
+        None,
+        metavar="[-- COMMAND...]",
+        help="Run this in the shell instead of opening a terminal (print its output, exit "
+        "with its code): det shell start -- python3 check.py",
+    ),
     config_file: Path | None = ConfigFileOpt,
     overrides: list[str] | None = ConfigOpt,
     template: str | None = TemplateOpt,
@@ -354,10 +374,12 @@ def shell_start(
         False, "--keep", help="Keep the shell running after this terminal closes."
     ),
 ) -> None:
-    """Start a shell on an agent and open a terminal in it; exits with the shell's code.
-    The shell task ends with the terminal (its slots are freed) unless --keep or -d."""
+    """Start a shell on an agent and open a terminal in it (or run a command given after
+    --); exits with the shell's code. The shell task ends with the terminal or the command
+    (its slots are freed) unless --keep or -d."""
     with cli_errors():
         api = client(ctx)
+        line = _shell_command(command, detach)
         config = _config(config_file, overrides)
         task = _create(api, "shell", config, template, **_context_files(context))
         print(f"Launched shell (id: {task['id']})", file=sys.stderr, flush=True)
@@ -366,7 +388,7 @@ def shell_start(
             return
         try:
             task = wait_until_serving(api, "shell", task["id"])
-            code = _attach(api, task)
+            code = _attach(api, task, line)
         finally:
             if not keep:
                 with contextlib.suppress(CliError):

@@ -201,6 +201,54 @@ def test_determineds_client_runs_a_command_in_its_context_directory(
     assert "prep-read 3 rows; ignored file sent: False" in result.stdout, describe_run(result)
 
 
+def launched_shell(result: subprocess.CompletedProcess[str]) -> str:
+    found = re.search(r"Launched shell \(id: ([0-9a-f-]+)\)", result.stderr)
+    assert found, describe_run(result)
+    return found[1]
+
+
+def test_a_shell_runs_the_command_after_dashes_then_ends(
+    cluster: tuple[MasterProcess, AgentProcess],
+) -> None:
+    """Determined's form, `det shell start -- CMD`: only the command's output on stdout,
+    its exit code, and the shell task ended (unless --keep)."""
+    master, _ = cluster
+    result = master.det(
+        "shell", "start", "--", "echo", "shell-says-$((6*7))", ";", "exit", "3", timeout=120
+    )
+    assert result.returncode == 3, describe_run(result)
+    assert result.stdout == "shell-says-42\n", describe_run(result)
+    wait_state(master, "shell", launched_shell(result), "STATE_TERMINATED", timeout=60)
+
+    kept = master.det("shell", "start", "--keep", "--", "ls", "/", ">/dev/null", timeout=120)
+    assert kept.returncode == 0 and kept.stdout == "", describe_run(kept)
+    shell_id = launched_shell(kept)
+    try:
+        assert task(master, "shell", shell_id)["state"] == "STATE_RUNNING"
+    finally:
+        master.det("shell", "kill", shell_id)
+    wait_state(master, "shell", shell_id, "STATE_TERMINATED", timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--", "-L", "8888:localhost:8888"], ["-L", "ssh options are not supported"]),
+        (["-d", "--", "echo", "hi"], ["--detach", "drop -d"]),
+    ],
+)
+def test_a_shell_command_that_cannot_run_is_refused_before_a_shell_starts(
+    cluster: tuple[MasterProcess, AgentProcess], args: list[str], expected: list[str]
+) -> None:
+    master, _ = cluster
+    before = {s["id"] for s in master.api("GET", "/api/v1/shells")["shells"]}
+    result = master.det("shell", "start", *args)
+    assert result.returncode == 1 and result.stdout == "", describe_run(result)
+    (line,) = [x for x in result.stderr.splitlines() if x.strip()]
+    assert all(word in line for word in expected), line
+    assert {s["id"] for s in master.api("GET", "/api/v1/shells")["shells"]} == before
+
+
 def test_a_shell_runs_what_a_pipe_gives_it_on_the_agent(
     cluster: tuple[MasterProcess, AgentProcess],
 ) -> None:
