@@ -13,7 +13,16 @@ from urllib.parse import quote
 import typer
 
 from cli.errors import CliError
-from cli.output import cli_errors, print_json, print_table, short_time, state_name
+from cli.output import (
+    CsvOpt,
+    JsonOpt,
+    cli_errors,
+    one_format,
+    print_json,
+    print_table,
+    short_time,
+    state_name,
+)
 from cli.state import client
 from cli.trials import format_metrics, format_value
 
@@ -86,10 +95,12 @@ def list_checkpoints(
     best: int | None = typer.Option(
         None, "--best", min=1, help="Only the N best by the searcher metric."
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON only."),
+    as_json: bool = JsonOpt,
+    as_csv: bool = CsvOpt,
 ) -> None:
     """List an experiment's checkpoints (by trial, then steps; with --best, best first)."""
     with cli_errors():
+        one_format(as_json, as_csv)
         api = client(ctx)
         path = f"/api/v1/experiments/{experiment_id}/checkpoints"
         checkpoints: list[dict[str, Any]]
@@ -120,7 +131,7 @@ def list_checkpoints(
             headers.append("State reason")
             for row, c in zip(rows, checkpoints, strict=True):
                 row.append(c.get("stateReason") or "")
-        print_table(headers, rows)
+        print_table(headers, rows, as_csv=as_csv)
 
 
 app.command("ls", hidden=True)(list_checkpoints)

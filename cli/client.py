@@ -169,6 +169,12 @@ class MasterClient:
         token: str = reply["token"]
         return token
 
+    def session_token(self) -> str:
+        """The token requests carry: logs in first if no request has yet."""
+        if self._token is None:
+            self._token = self._login()
+        return self._token
+
     def token_store(self) -> TokenStore:
         """The tokens `det user login` keeps for this master."""
         if self._store is None:

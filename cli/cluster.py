@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import csv
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from cli.client import MasterClient
-from cli.errors import CliError
-from cli.output import cli_errors, print_json, stdout
+from cli.output import CsvOpt, JsonOpt, cli_errors, one_format, print_json, print_table, stdout
 from cli.state import client
-
-JsonOpt = typer.Option(False, "--json", help="Print JSON only.")
-CsvOpt = typer.Option(False, "--csv", help="Print CSV with the table's columns.")
 
 # Like Determined's, each noun alone runs its `list`.
 task_app = typer.Typer(help="Tasks (trials) that wait for or hold resources, and why they wait.")
@@ -116,50 +109,6 @@ def _enum(value: str | None, prefix: str) -> str:
     return (value or "").removeprefix(prefix)
 
 
-def _csv_cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, list):
-        return ", ".join(str(v) for v in value)
-    return str(value)
-
-
-# Columns people copy into other commands: never wrapped or cut, whatever the width.
-_NO_WRAP = {"Task ID", "Allocation ID", "Agent ID", "ID", "Registered Time", "Submitted", "Time"}
-# Lists of ids (a gang's agents): wrapped between ids, never inside one.
-_WHOLE_WORDS = {"Agent"}
-_MAX_WORD = 24  # other columns are never narrower than their longest word, up to this
-
-
-def _render(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, as_csv: bool) -> None:
-    cells = [[_csv_cell(v) for v in row] for row in rows]
-    if as_csv:
-        writer = csv.writer(sys.stdout, lineterminator="\n")
-        writer.writerow(headers)
-        writer.writerows(cells)
-        return
-    # print_table's look, but long names and reasons wrap while ids stay whole, and no column
-    # is ever dropped: the table is as wide as its narrowest honest layout needs.
-    table = Table(box=None, header_style="bold", show_lines=False)
-    total = 0
-    for i, header in enumerate(headers):
-        column = [header, *(row[i] for row in cells)]
-        if header in _NO_WRAP:
-            least = max(len(text) for text in column)
-        else:
-            words = [len(word) for text in column for word in text.split()]
-            least = max(words, default=1)
-            if header not in _WHOLE_WORDS:
-                least = min(least, _MAX_WORD)
-        table.add_column(header, no_wrap=header in _NO_WRAP, min_width=least)
-        total += least + 2  # one space of padding either side
-    for row in cells:
-        table.add_row(*row)
-    width = max(stdout.width, total)
-    console = stdout if width == stdout.width else Console(highlight=False, width=width)
-    console.print(table, crop=False)
-
-
 def _number(value: Any) -> str:
     """One decimal (percentages, IOPS); blank when the master sent none."""
     return f"{value:.1f}" if isinstance(value, int | float) else ""
@@ -180,11 +129,6 @@ def _bytes(value: Any) -> str:
 def _rate(value: Any) -> str:
     text = _bytes(value)
     return f"{text}/s" if text else ""
-
-
-def _one_format(as_json: bool, as_csv: bool) -> None:
-    if as_json and as_csv:
-        raise CliError("--json and --csv cannot be used together")
 
 
 # `det task list` also shows tasks that ended in an error this recently, with why.
@@ -220,7 +164,7 @@ def list_tasks(
     """List tasks with their agent, and for waiting ones the reason they wait (tasks that
     ended in an error within the last hour are listed too, with the reason)."""
     with cli_errors():
-        _one_format(as_json, as_csv)
+        one_format(as_json, as_csv)
         tasks = _tasks(client(ctx), RECENT_FAILURES_S)
         if as_json:
             print_json(tasks)
@@ -250,7 +194,8 @@ def list_tasks(
                     reason.get("message") or task.get("exitReason") or "",
                 ]
             )
-        _render(TASK_HEADERS, rows, as_csv=as_csv)
+        # A gang's agents: a list of ids, never cut.
+        print_table(TASK_HEADERS, rows, as_csv=as_csv, whole=("Agent",))
 
 
 task_app.command("ls", hidden=True)(list_tasks)
@@ -267,7 +212,7 @@ def list_agents(
 ) -> None:
     """List agents: slots, containers, pool, and whether they take new work."""
     with cli_errors():
-        _one_format(as_json, as_csv)
+        one_format(as_json, as_csv)
         agents = _agents(client(ctx))
         if as_json:
             print_json(agents)
@@ -292,7 +237,7 @@ def list_agents(
                     ", ".join(a.get("addresses") or []),
                 ]
             )
-        _render(AGENT_HEADERS, rows, as_csv=as_csv)
+        print_table(AGENT_HEADERS, rows, as_csv=as_csv)
 
 
 agent_app.command("ls", hidden=True)(list_agents)
@@ -389,7 +334,7 @@ def agent_metrics(
 ) -> None:
     """Show an agent's recent system metrics, oldest first (GPU columns: mean and total)."""
     with cli_errors():
-        _one_format(as_json, as_csv)
+        one_format(as_json, as_csv)
         params: dict[str, Any] = {"limit": limit}
         if since:
             params["since"] = since
@@ -416,7 +361,7 @@ def agent_metrics(
                     _bytes(_gpu_sum(gpus, "gpu_memory_used")),
                 ]
             )
-        _render(METRIC_HEADERS, rows, as_csv=as_csv)
+        print_table(METRIC_HEADERS, rows, as_csv=as_csv)
 
 
 # -- det slot --------------------------------------------------------------------------------
@@ -440,7 +385,7 @@ def list_slots(
 ) -> None:
     """List every slot: FREE, or the allocation and task holding it."""
     with cli_errors():
-        _one_format(as_json, as_csv)
+        one_format(as_json, as_csv)
         api = client(ctx)
         tasks = _tasks(api)
         agents = _agents(api)
@@ -479,7 +424,7 @@ def list_slots(
         if as_json:
             print_json(slots)
             return
-        _render(SLOT_HEADERS, [list(s.values()) for s in slots], as_csv=as_csv)
+        print_table(SLOT_HEADERS, [list(s.values()) for s in slots], as_csv=as_csv)
 
 
 slot_app.command("ls", hidden=True)(list_slots)
@@ -499,7 +444,7 @@ def list_jobs(
 ) -> None:
     """List the job queue in scheduling order (lower priority number first)."""
     with cli_errors():
-        _one_format(as_json, as_csv)
+        one_format(as_json, as_csv)
         params = {"resourcePool": resource_pool} if resource_pool else {}
         jobs: list[dict[str, Any]] = (
             client(ctx).get("/api/v1/job-queues", params=params).get("jobs") or []
@@ -525,7 +470,7 @@ def list_jobs(
                     j.get("username"),
                 ]
             )
-        _render(JOB_HEADERS, rows, as_csv=as_csv)
+        print_table(JOB_HEADERS, rows, as_csv=as_csv)
 
 
 job_app.command("ls", hidden=True)(list_jobs)
@@ -554,7 +499,7 @@ def update_job(
 def list_pools(ctx: typer.Context, as_json: bool = JsonOpt, as_csv: bool = CsvOpt) -> None:
     """List resource pools: agents, slots in use and scheduler settings."""
     with cli_errors():
-        _one_format(as_json, as_csv)
+        one_format(as_json, as_csv)
         pools: list[dict[str, Any]] = (
             client(ctx).get("/api/v1/resource-pools").get("resourcePools") or []
         )
@@ -580,7 +525,7 @@ def list_pools(ctx: typer.Context, as_json: bool = JsonOpt, as_csv: bool = CsvOp
                     p.get("description") or "",
                 ]
             )
-        _render(POOL_HEADERS, rows, as_csv=as_csv)
+        print_table(POOL_HEADERS, rows, as_csv=as_csv)
 
 
 pool_app.command("ls", hidden=True)(list_pools)

@@ -1,4 +1,4 @@
-"""Packs a model directory into Determined's v1File list, refusing anything unsafe."""
+"""Packs a model or context directory into Determined's v1File list, refusing anything unsafe."""
 
 from __future__ import annotations
 
@@ -41,14 +41,17 @@ def _ignored(rel: str, is_dir: bool, patterns: list[str]) -> bool:
     return False
 
 
-def read_model_dir(path: Path, limit_bytes: int = DEFAULT_LIMIT_BYTES) -> list[dict[str, Any]]:
+def read_model_dir(
+    path: Path, limit_bytes: int = DEFAULT_LIMIT_BYTES, what: str = "model directory"
+) -> list[dict[str, Any]]:
+    """`what`: how errors name the directory ("model directory", "context directory")."""
     if not path.exists():
-        raise CliError(f"model directory {path} does not exist")
+        raise CliError(f"{what} {path} does not exist")
     if not path.is_dir():
-        raise CliError(f"model definition {path} must be a directory")
+        raise CliError(f"{what} {path} must be a directory")
     root = path.resolve()
     patterns = _ignore_patterns(root)
-    files: list[dict[str, Any]] = []
+    found: list[tuple[Path, dict[str, Any]]] = []
     total = 0
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         here = Path(dirpath)
@@ -63,7 +66,7 @@ def read_model_dir(path: Path, limit_bytes: int = DEFAULT_LIMIT_BYTES) -> list[d
             if full.is_symlink():
                 target = full.resolve()
                 if not target.is_relative_to(root):
-                    raise CliError(f"{rel}: symbolic link points outside the model directory")
+                    raise CliError(f"{rel}: symbolic link points outside the {what}")
                 if target.is_dir():
                     raise CliError(f"{rel}: symbolic links to directories are not supported")
             info = full.stat()
@@ -78,14 +81,18 @@ def read_model_dir(path: Path, limit_bytes: int = DEFAULT_LIMIT_BYTES) -> list[d
                 entry.update(type=DIR_TYPE, content="")
             elif stat.S_ISREG(info.st_mode):
                 total += info.st_size
-                if total > limit_bytes:
-                    raise CliError(
-                        f"model directory {path} is over the {limit_bytes / 2**20:g} MiB limit; "
-                        "list large files in .detignore"
-                    )
-                entry.update(type=FILE_TYPE, content=base64.b64encode(full.read_bytes()).decode())
+                entry.update(type=FILE_TYPE)
             else:
                 raise CliError(f"{rel}: only regular files and directories can be sent")
-            files.append(entry)
+            found.append((full, entry))
         dirnames[:] = [d for d in dirnames if not (here / d).is_symlink()]
-    return files
+    # Sizes first, contents after: an oversized directory is refused before any is read.
+    if total > limit_bytes:
+        raise CliError(
+            f"{what} {path} holds {total / 2**20:.1f} MiB of files, over the "
+            f"{limit_bytes / 2**20:g} MiB limit; list large files in .detignore"
+        )
+    for full, entry in found:
+        if entry["type"] == FILE_TYPE:
+            entry["content"] = base64.b64encode(full.read_bytes()).decode()
+    return [entry for _, entry in found]

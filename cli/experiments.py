@@ -14,8 +14,11 @@ from cli.config_overrides import ConfigOverrideError, apply_config_overrides
 from cli.context import read_model_dir
 from cli.errors import CliError
 from cli.output import (
+    CsvOpt,
+    JsonOpt,
     cli_errors,
     compact_json,
+    one_format,
     print_json,
     print_table,
     print_yaml,
@@ -26,7 +29,7 @@ from cli.output import (
     warn,
 )
 from cli.state import client
-from cli.trials import fetch_workloads, print_workloads
+from cli.trials import fetch_workloads, format_value, print_workloads
 
 app = typer.Typer(help="Create and manage experiments.", no_args_is_help=True)
 
@@ -102,10 +105,12 @@ def _with_overrides(config_file: Path, config_text: str, overrides: list[str]) -
 def list_experiments(
     ctx: typer.Context,
     show_all: bool = typer.Option(False, "--all", "-a", help="Everyone's, archived included."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON only."),
+    as_json: bool = JsonOpt,
+    as_csv: bool = CsvOpt,
 ) -> None:
     """List experiments (yours, not archived, unless --all)."""
     with cli_errors():
+        one_format(as_json, as_csv)
         api = client(ctx)
         params: dict[str, Any] = {}
         if not show_all:
@@ -142,14 +147,17 @@ def list_experiments(
             "Start Time",
             "End Time",
         ]
-        print_table([*headers, "Resource Pool"], rows)
+        print_table([*headers, "Resource Pool"], rows, as_csv=as_csv)
 
 
 @app.command("describe")
 def describe(
     ctx: typer.Context,
     experiment_id: int = typer.Argument(..., help="Experiment ID."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON only."),
+    as_json: bool = JsonOpt,
+    as_csv: bool = typer.Option(
+        False, "--csv", help="Print each table as CSV, every value in full (blank-line apart)."
+    ),
     show_config: bool = typer.Option(False, "--config", help="Also print the effective config."),
     metrics: bool = typer.Option(
         False, "--metrics", help="Also show each trial's reported metrics and checkpoints."
@@ -157,6 +165,7 @@ def describe(
 ) -> None:
     """Show an experiment, its seeds and its trials."""
     with cli_errors():
+        one_format(as_json, as_csv)
         api = client(ctx)
         experiment = api.get(f"/api/v1/experiments/{experiment_id}")["experiment"]
         trials = api.get(f"/api/v1/experiments/{experiment_id}/trials")["trials"]
@@ -182,6 +191,7 @@ def describe(
                 ["Start Time", short_time(experiment["startTime"])],
                 ["End Time", short_time(experiment.get("endTime"))],
             ],
+            as_csv=as_csv,
         )
         stdout.print()
         print_table(
@@ -198,15 +208,16 @@ def describe(
                 ]
                 for t in trials
             ],
+            as_csv=as_csv,
         )
         searched = [t for t in trials if t.get("searcher")]
         if searched:
             stdout.print()
-            print_rungs(searched)
+            print_rungs(searched, as_csv=as_csv)
         if metrics:
             for trial in trials:
                 stdout.print()
-                print_workloads(trial["id"], trial["workloads"])
+                print_workloads(trial["id"], trial["workloads"], as_csv=as_csv)
         if show_config:
             stdout.print()
             print_yaml(experiment["config"])
@@ -216,7 +227,7 @@ def progress_text(progress: float | None) -> str:
     return "" if progress is None else f"{progress * 100:.0f}%"
 
 
-def print_rungs(trials: list[dict[str, Any]]) -> None:
+def print_rungs(trials: list[dict[str, Any]], *, as_csv: bool = False) -> None:
     """Where each trial of an ASHA search stands: its bracket, the rungs it entered (with
     the metric it had there) and where the searcher ended it: stopped at a rung, or at the
     top rung having trained the full max_time."""
@@ -226,7 +237,7 @@ def print_rungs(trials: list[dict[str, Any]]) -> None:
         stopped = searcher.get("stoppedAtRung")
         entered = ", ".join(
             f"{r['rung']} at {r['units']} {searcher['unit']}: "
-            + ("worst" if r["metric"] is None else format(r["metric"], ".4g"))
+            + ("worst" if r["metric"] is None else format_value(r["metric"]))
             for r in searcher.get("rungs") or []
         )
         rows.append(
@@ -237,7 +248,8 @@ def print_rungs(trials: list[dict[str, Any]]) -> None:
                 searcher_end(stopped, searcher.get("reachedTop", False)),
             ]
         )
-    print_table(["Trial ID", "Bracket", "Rungs entered (metric)", "Searcher's end"], rows)
+    headers = ["Trial ID", "Bracket", "Rungs entered (metric)", "Searcher's end"]
+    print_table(headers, rows, as_csv=as_csv)
 
 
 def searcher_end(stopped: int | None, reached_top: bool) -> str:

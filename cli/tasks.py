@@ -22,9 +22,19 @@ import yaml
 
 from cli.client import MasterClient
 from cli.config_overrides import ConfigOverrideError, apply_config_overrides
+from cli.context import read_model_dir
 from cli.errors import CliError
 from cli.logs import _print as print_logs
-from cli.output import cli_errors, print_json, print_table, short_time, stdout
+from cli.output import (
+    CsvOpt,
+    JsonOpt,
+    cli_errors,
+    one_format,
+    print_json,
+    print_table,
+    short_time,
+    stdout,
+)
 from cli.state import client
 
 # Determined's CLI waits this long for a notebook before giving up on it.
@@ -40,8 +50,14 @@ ConfigOpt = typer.Option(
 ConfigFileOpt = typer.Option(None, "--config-file", help="Task config (YAML).")
 TemplateOpt = typer.Option(None, "--template", help="Config template to merge in.")
 DetachOpt = typer.Option(False, "-d", "--detach", help="Print the id and return at once.")
+ContextOpt = typer.Option(
+    None,
+    "-c",
+    "--context",
+    help="Send this directory's files with the task; it runs with them in its working "
+    "directory (.detignore skips files; limit as for a model definition, 96 MiB).",
+)
 AllOpt = typer.Option(False, "-a", "--all", help="Every user's, not only yours.")
-JsonOpt = typer.Option(False, "--json", help="Print JSON.")
 
 _KINDS = {
     "command": ("commands", "Command"),
@@ -77,16 +93,17 @@ def _create(
     return reply
 
 
+def _context_files(context: Path | None) -> dict[str, Any]:
+    """The request's `files`, packed as an experiment's model definition; none without -c."""
+    if context is None:
+        return {}
+    return {"files": read_model_dir(context, what="context directory")}
+
+
 def _get(api: MasterClient, kind: str, task_id: str) -> dict[str, Any]:
     plural, _ = _KINDS[kind]
     reply: dict[str, Any] = api.get(f"/api/v1/{plural}/{quote(task_id, safe='')}")[kind]
     return reply
-
-
-def _token(api: MasterClient) -> str:
-    if api._token is None:
-        api._token = api._login()
-    return api._token
 
 
 def _ended(task: dict[str, Any]) -> CliError:
@@ -102,7 +119,7 @@ def wait_until_serving(
     listening. Says once why it waits; raises with the reason if the task ends."""
     deadline = time.monotonic() + timeout_s
     said = ""
-    headers = {"Authorization": f"Bearer {_token(api)}"}
+    headers = {"Authorization": f"Bearer {api.session_token()}"}
     while True:
         task = _get(api, kind, task_id)
         state = task["state"]
@@ -124,13 +141,14 @@ def wait_until_serving(
         time.sleep(POLL_S if state == "STATE_RUNNING" else 0.25)
 
 
-def _list(ctx: typer.Context, kind: str, every: bool, as_json: bool) -> None:
+def _list(ctx: typer.Context, kind: str, every: bool, as_json: bool, as_csv: bool) -> None:
     plural = _KINDS[kind][0]
     with cli_errors():
+        one_format(as_json, as_csv)
         api = client(ctx)
         params: dict[str, Any] = {}
         if not every:
-            _token(api)  # the login decides who "you" are
+            api.session_token()  # the login decides who "you" are
             params = {"users": [api.user]}
         items = api.get(f"/api/v1/{plural}", params=params)[plural]
         if as_json:
@@ -149,7 +167,7 @@ def _list(ctx: typer.Context, kind: str, every: bool, as_json: bool) -> None:
             for t in items
         ]
         headers = ["Id", "Owner", "Description", "State", "Started", "Exit Status"]
-        print_table(headers + (["Address"] if kind != "command" else []), rows)
+        print_table(headers + (["Address"] if kind != "command" else []), rows, as_csv=as_csv)
 
 
 def _kill(ctx: typer.Context, kind: str, task_ids: list[str]) -> None:
@@ -196,14 +214,16 @@ def command_run(
     config_file: Path | None = ConfigFileOpt,
     overrides: list[str] | None = ConfigOpt,
     template: str | None = TemplateOpt,
+    context: Path | None = ContextOpt,
     detach: bool = DetachOpt,
 ) -> None:
-    """Run a command on an agent and print its output; exits with its exit code."""
+    """Run a command on an agent and print its output; exits with its exit code. With -c
+    DIR it runs in a copy of DIR: det cmd run -c . python3 prep.py"""
     with cli_errors():
         api = client(ctx)
         config = _config(config_file, overrides)
         config["entrypoint"] = entrypoint
-        task = _create(api, "command", config, template)
+        task = _create(api, "command", config, template, **_context_files(context))
         if detach:
             stdout.print(task["id"], markup=False)
             return
@@ -253,11 +273,15 @@ def notebook_start(
     config_file: Path | None = ConfigFileOpt,
     overrides: list[str] | None = ConfigOpt,
     template: str | None = TemplateOpt,
+    context: Path | None = ContextOpt,
     detach: bool = DetachOpt,
     no_browser: bool = typer.Option(False, "--no-browser", help="Only print its address."),
 ) -> None:
     """Start a JupyterLab; prints its address once it answers."""
-    _start_served(ctx, "notebook", _config(config_file, overrides), template, detach, no_browser)
+    with cli_errors():  # a bad config or context: one line, as everywhere else
+        files = _context_files(context)
+        config = _config(config_file, overrides)
+    _start_served(ctx, "notebook", config, template, detach, no_browser, **files)
 
 
 @tensorboard_app.command("start")
@@ -275,10 +299,12 @@ def tensorboard_start(
 ) -> None:
     """Start a TensorBoard over experiments' and trials' metrics; prints its address once it
     answers."""
+    with cli_errors():
+        config = _config(config_file, overrides)
     _start_served(
         ctx,
         "tensorboard",
-        _config(config_file, overrides),
+        config,
         template,
         detach,
         no_browser,
@@ -292,7 +318,7 @@ def tensorboard_start(
 shell_app = typer.Typer(help="Interactive shells on cluster nodes.", no_args_is_help=True)
 
 
-def _attach(api: MasterClient, task: dict[str, Any]) -> int:
+def _attach(api: MasterClient, task: dict[str, Any], command: str | None = None) -> int:
     from cli.terminal import attach  # imported here: only shells need websockets
     from resolute.shell_access import TERMINAL
 
@@ -310,35 +336,59 @@ def _attach(api: MasterClient, task: dict[str, Any]) -> int:
         import ssl
 
         context = ssl.create_default_context()
-    headers = {"Authorization": f"Bearer {_token(api)}"}
+    headers = {"Authorization": f"Bearer {api.session_token()}"}
     import asyncio  # here: only an attached terminal needs it, and it slows every start
 
-    return asyncio.run(attach(url, headers, context))
+    return asyncio.run(attach(url, headers, context, command=command))
+
+
+def _shell_command(command: list[str] | None, detach: bool) -> str | None:
+    """The words after `--`, joined as ssh joins them for Determined's client."""
+    if not command:
+        return None
+    if command[0].startswith("-"):
+        raise CliError(
+            f"{command[0]}: ssh options are not supported (this client opens no ssh "
+            "connection); after -- give a command to run in the shell"
+        )
+    if detach:
+        raise CliError("--detach: a command after -- needs the shell attached; drop -d")
+    return " ".join(command)
 
 
 @shell_app.command("start")
 def shell_start(
     ctx: typer.Context,
+    command: list[str] | None = typer.Argument(
+        None,
+        metavar="[-- COMMAND...]",
+        help="Run this in the shell instead of opening a terminal (print its output, exit "
+        "with its code): det shell start -- python3 check.py",
+    ),
     config_file: Path | None = ConfigFileOpt,
     overrides: list[str] | None = ConfigOpt,
     template: str | None = TemplateOpt,
+    context: Path | None = ContextOpt,
     detach: bool = DetachOpt,
     keep: bool = typer.Option(
         False, "--keep", help="Keep the shell running after this terminal closes."
     ),
 ) -> None:
-    """Start a shell on an agent and open a terminal in it; exits with the shell's code.
-    The shell task ends with the terminal (its slots are freed) unless --keep or -d."""
+    """Start a shell on an agent and open a terminal in it (or run a command given after
+    --); exits with the shell's code. The shell task ends with the terminal or the command
+    (its slots are freed) unless --keep or -d."""
     with cli_errors():
         api = client(ctx)
-        task = _create(api, "shell", _config(config_file, overrides), template)
+        line = _shell_command(command, detach)
+        config = _config(config_file, overrides)
+        task = _create(api, "shell", config, template, **_context_files(context))
         print(f"Launched shell (id: {task['id']})", file=sys.stderr, flush=True)
         if detach:
             stdout.print(task["id"], markup=False)
             return
         try:
             task = wait_until_serving(api, "shell", task["id"])
-            code = _attach(api, task)
+            code = _attach(api, task, line)
         finally:
             if not keep:
                 with contextlib.suppress(CliError):
@@ -358,8 +408,10 @@ def shell_open(ctx: typer.Context, task_id: str = typer.Argument(..., help="Shel
 def _add_common(app: typer.Typer, kind: str) -> None:
     title = _KINDS[kind][1]
 
-    def list_(ctx: typer.Context, every: bool = AllOpt, as_json: bool = JsonOpt) -> None:
-        _list(ctx, kind, every, as_json)
+    def list_(
+        ctx: typer.Context, every: bool = AllOpt, as_json: bool = JsonOpt, as_csv: bool = CsvOpt
+    ) -> None:
+        _list(ctx, kind, every, as_json, as_csv)
 
     def logs(
         ctx: typer.Context,

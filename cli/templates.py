@@ -10,7 +10,16 @@ import typer
 import yaml
 
 from cli.errors import CliError
-from cli.output import cli_errors, print_json, print_table, print_yaml, stdout
+from cli.output import (
+    CsvOpt,
+    JsonOpt,
+    cli_errors,
+    one_format,
+    print_json,
+    print_table,
+    print_yaml,
+    stdout,
+)
 from cli.state import client
 
 app = typer.Typer(help="Manage config templates.", no_args_is_help=True)
@@ -41,10 +50,12 @@ def load_yaml_mapping(path: Path) -> dict[str, Any]:
 def list_templates(
     ctx: typer.Context,
     details: bool = typer.Option(False, "-d", "--details", help="Show each template's config."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON only."),
+    as_json: bool = JsonOpt,
+    as_csv: bool = CsvOpt,
 ) -> None:
     """List templates."""
     with cli_errors():
+        one_format(as_json, as_csv)
         api = client(ctx)
         templates = api.get("/api/v1/templates")["templates"]
         if as_json:
@@ -57,7 +68,7 @@ def list_templates(
             if details:
                 row.append(yaml.safe_dump(t["config"], sort_keys=False).rstrip())
             rows.append(row)
-        print_table(["Name", "Workspace", *(["Config"] if details else [])], rows)
+        print_table(["Name", "Workspace", *(["Config"] if details else [])], rows, as_csv=as_csv)
 
 
 app.command("ls", hidden=True)(list_templates)

@@ -2,8 +2,9 @@
 
 The other end is resolute.shell_server, behind the master's proxy. Binary frames carry
 terminal bytes both ways; text frames we send are JSON control messages (`term` and
-`resize` first, `resize` on SIGWINCH). The server closes with 1000 and `exit N` or
-`signal N` when the shell ends, and that becomes our exit status.
+`resize` first, `resize` on SIGWINCH; `command` first for `det shell start -- CMD`). The
+server closes with 1000 and `exit N` or `signal N` when the shell ends, and that becomes
+our exit status.
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ async def attach(
     *,
     stdin_fd: int = 0,
     stdout_fd: int = 1,
+    command: str | None = None,
 ) -> int:
-    """Bridge this terminal (or pipe) to the remote shell; return the shell's exit status.
+    """Bridge this terminal (or pipe) to the remote shell, or to `command` run by it;
+    return the shell's exit status.
 
     128+n when it died of signal n, 1 (with a message on stderr) when the connection
     failed or broke.
@@ -80,6 +83,8 @@ async def attach(
             }
         else:
             first = {"term": "dumb"}  # output goes to a pipe: no colours, no escapes
+        if command is not None:
+            first["command"] = command
         await _send_control(ws, first)
         sender = asyncio.create_task(_pump_stdin(ws, stdin_fd))
         try:

@@ -8,7 +8,16 @@ import typer
 
 from cli.client import MasterClient
 from cli.errors import CliError
-from cli.output import cli_errors, print_json, print_table, short_time, stdout
+from cli.output import (
+    CsvOpt,
+    JsonOpt,
+    cli_errors,
+    one_format,
+    print_json,
+    print_table,
+    short_time,
+    stdout,
+)
 from cli.state import client
 from cli.users import read_secret, user_by_name
 
@@ -26,12 +35,11 @@ TOKEN_HEADERS = [
     "Revoked",
     "Token Type",
 ]
-JsonOpt = typer.Option(False, "--json", help="Print JSON only.")
 # The master's longest lifespan (auth.MAX_ACCESS_TOKEN_LIFESPAN); -1 asks for it.
 MAX_DAYS = 3650
 
 
-def _render(tokens: list[dict[str, Any]], as_json: bool) -> None:
+def _render(tokens: list[dict[str, Any]], as_json: bool, as_csv: bool = False) -> None:
     if as_json:
         print_json(tokens)
         return
@@ -50,6 +58,7 @@ def _render(tokens: list[dict[str, Any]], as_json: bool) -> None:
             ]
             for t in tokens
         ],
+        as_csv=as_csv,
     )
 
 
@@ -108,6 +117,7 @@ def list_tokens(
         False, "--show-inactive", help="Revoked and expired tokens too."
     ),
     as_json: bool = JsonOpt,
+    as_csv: bool = CsvOpt,
 ) -> None:
     """List access tokens: your own, or everyone's for an admin."""
     with cli_errors():
@@ -116,7 +126,8 @@ def list_tokens(
         params: dict[str, Any] = {"showInactive": show_inactive}
         if username or username_option:
             params["username"] = username or username_option
-        _render(_tokens(client(ctx), params), as_json)
+        one_format(as_json, as_csv)
+        _render(_tokens(client(ctx), params), as_json, as_csv)
 
 
 token_app.command("ls", hidden=True)(list_tokens)
@@ -127,9 +138,11 @@ def describe_tokens(
     ctx: typer.Context,
     token_ids: list[int] = typer.Argument(..., help="Token IDs."),
     as_json: bool = JsonOpt,
+    as_csv: bool = CsvOpt,
 ) -> None:
     """Show access tokens by ID, revoked and expired ones included."""
     with cli_errors():
+        one_format(as_json, as_csv)
         found = _tokens(client(ctx), {"tokenIds": token_ids, "showInactive": True})
         missing = sorted(set(token_ids) - {t["id"] for t in found})
         if missing:
@@ -138,7 +151,7 @@ def describe_tokens(
                 f"access token{'s' if len(missing) > 1 else ''} {listed} not found "
                 "(only admins see other users' tokens)"
             )
-        _render(found, as_json)
+        _render(found, as_json, as_csv)
 
 
 @token_app.command("revoke")

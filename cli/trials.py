@@ -11,8 +11,11 @@ import typer
 
 from cli.client import MasterClient
 from cli.output import (
+    CsvOpt,
+    JsonOpt,
     cli_errors,
     compact_json,
+    one_format,
     print_json,
     print_table,
     short_time,
@@ -37,9 +40,10 @@ def fetch_workloads(api: MasterClient, trial_id: int) -> list[dict[str, Any]]:
 
 
 def format_value(value: Any) -> str:
-    # repr-exact floats, so what a trial reported is what a person reads (and greps).
+    """A metric for people: a float to 6 significant digits (0.136789, 1.23457e-05), an
+    int as an int; --json keeps what the trial reported, to the last digit."""
     if isinstance(value, float) and math.isfinite(value):
-        return repr(value)
+        return format(value, ".6g")
     if isinstance(value, str):
         return value  # "NaN", "Infinity" as the wire spells them
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
@@ -88,7 +92,12 @@ def workload_rows(trial_id: int, workloads: Sequence[dict[str, Any]]) -> list[li
     ]
 
 
-def print_workloads(trial_id: int, workloads: Sequence[dict[str, Any]]) -> None:
+def print_workloads(
+    trial_id: int, workloads: Sequence[dict[str, Any]], *, as_csv: bool = False
+) -> None:
+    if as_csv:
+        print_table(WORKLOAD_HEADERS, workload_rows(trial_id, workloads), as_csv=True)
+        return
     if not workloads:
         stdout.print(f"Trial {trial_id}: no metrics or checkpoints reported yet.", markup=False)
         return
@@ -116,11 +125,13 @@ def _pending(reason: dict[str, Any] | None) -> str:
 def describe(
     ctx: typer.Context,
     trial_id: int = typer.Argument(..., min=0, help="Trial ID."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON only."),
+    as_json: bool = JsonOpt,
+    as_csv: bool = CsvOpt,
     metrics: bool = typer.Option(False, "--metrics", help="Also show every reported workload."),
 ) -> None:
     """Show a trial: state, seed, progress, checkpoints and validation results."""
     with cli_errors():
+        one_format(as_json, as_csv)
         api = client(ctx)
         trial: dict[str, Any] = api.get(f"/api/v1/trials/{trial_id}")["trial"]
         workloads = fetch_workloads(api, trial_id) if metrics else []
@@ -146,7 +157,8 @@ def describe(
                 ["Start Time", short_time(trial.get("startTime"))],
                 ["End Time", short_time(trial.get("endTime"))],
             ],
+            as_csv=as_csv,
         )
         if metrics:
             stdout.print()
-            print_workloads(trial_id, workloads)
+            print_workloads(trial_id, workloads, as_csv=as_csv)

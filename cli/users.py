@@ -19,13 +19,24 @@ import typer
 
 from cli.client import MasterClient
 from cli.errors import CliError
-from cli.output import cli_errors, print_json, print_table, stdout, warn
+from cli.output import (
+    CsvOpt,
+    JsonOpt,
+    cli_errors,
+    one_format,
+    print_json,
+    print_table,
+    stdout,
+    warn,
+)
 from cli.state import client
 from master.core.credentials import client_side_hash
 
 user_app = typer.Typer(help="Manage users: create, activate, log in and out, change passwords.")
 
 USER_HEADERS = ["User ID", "Username", "Display Name", "Admin", "Active"]
+# Who a client acts as when nobody is named or logged in, as in Determined.
+DEFAULT_USER = "determined"
 
 
 def read_secret(prompt: str) -> str:
@@ -36,12 +47,6 @@ def read_secret(prompt: str) -> str:
     if not line:
         raise CliError(f"{prompt.strip().rstrip(':')}: stdin ended before a line was read")
     return line.rstrip("\r\n")
-
-
-def read_line(prompt: str) -> str:
-    if sys.stdin.isatty():
-        return input(prompt)
-    return read_secret(prompt)
 
 
 def weakness(password: str) -> str | None:
@@ -95,10 +100,12 @@ def log_in(api: MasterClient, username: str, password: str) -> str:
 def list_users(
     ctx: typer.Context,
     show_all: bool = typer.Option(False, "--all", "-a", help="Deactivated users too."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON only."),
+    as_json: bool = JsonOpt,
+    as_csv: bool = CsvOpt,
 ) -> None:
     """List active users (with --all, deactivated ones too)."""
     with cli_errors():
+        one_format(as_json, as_csv)
         users = client(ctx).get_all("/api/v1/users", "users")
         if not show_all:
             users = [u for u in users if u["active"]]
@@ -108,6 +115,7 @@ def list_users(
         print_table(
             USER_HEADERS,
             [[u["id"], u["username"], u["displayName"], u["admin"], u["active"]] for u in users],
+            as_csv=as_csv,
         )
 
 
@@ -196,10 +204,18 @@ def login(
     username: str | None = typer.Argument(None, help="User to log in as (else asked)."),
 ) -> None:
     """Log in and keep the token, so later commands act as this user (the active user).
-    The password is asked on the terminal, or read as one line of stdin."""
+    The password is asked on the terminal, or read as one line of stdin (an empty line: an
+    empty password); from a pipe without a name, the user is the active one, else determined."""
     with cli_errors():
         api = client(ctx)
-        name = username or api.requested_user or read_line("Username: ")
+        name = username or api.requested_user
+        if not name and sys.stdin.isatty():
+            name = input("Username: ")
+        elif not name:
+            # Piped, stdin holds the password alone (`echo "" | det user login`).
+            name = api.token_store().active_user() or DEFAULT_USER
+        if not name.strip():
+            raise CliError("username: must not be empty")
         password = read_secret(f"Password for user '{name}': ")
         token = log_in(api, name, password)
         api.token_store().set_token(name, token)
@@ -210,6 +226,21 @@ def login(
                 f"the password of user {name} is weak ({problem}); "
                 "change it with `det user change-password`"
             )
+
+
+def print_auth_token(ctx: typer.Context) -> None:
+    """Print the session token of the user this client acts as, for other HTTP clients:
+    curl -H "Authorization: Bearer $(det user auth-token)" $DET_MASTER/api/v1/me"""
+    with cli_errors():
+        api = client(ctx)
+        api.get("/api/v1/me")  # an ended stored login fails here, with what to do about it
+        sys.stdout.write(api.session_token() + "\n")
+
+
+user_app.command("auth-token")(print_auth_token)
+# Determined's own spelling: `det dev auth-token` (its `dev` is hidden too).
+dev_app = typer.Typer(help="Developer tools.", no_args_is_help=True)
+dev_app.command("auth-token")(print_auth_token)
 
 
 @user_app.command("logout")
@@ -250,4 +281,4 @@ def logout(
 def _default(ctx: typer.Context) -> None:
     # Like Determined's, `det user` alone lists.
     if ctx.invoked_subcommand is None:
-        list_users(ctx, show_all=False, as_json=False)
+        list_users(ctx, show_all=False, as_json=False, as_csv=False)

@@ -9,7 +9,10 @@ connection, by the path's last part:
 - `.../terminal` (our `det shell start`): its own interactive shell in a new
   pseudo-terminal. Binary frames are terminal bytes, both ways. Text frames from the client
   are JSON control messages: `{"resize": [rows, cols]}`, and in the first message only
-  `{"term": "xterm"}` (both keys may share that message). When the shell exits, its
+  `{"term": "xterm"}` and `{"command": "..."}` (these keys may share that message). A
+  command runs in the shell instead of an interactive one (`det shell start -- CMD`); without
+  a size (the client has no terminal) it runs without a pty: stdin empty, stdout and stderr
+  as binary frames. When the shell exits, its
   remaining output is sent, then the WebSocket is closed with 1000 and the reason
   `exit <code>` or `signal <n>`. When the client goes away, the shell's session is hung up.
 - any other path (Determined's `det shell start`, whose ssh tunnels through the proxy's
@@ -242,6 +245,7 @@ async def handle(ws: ServerConnection, ssh: SshServer) -> None:
 async def handle_terminal(ws: ServerConnection) -> None:
     peer = ws.remote_address
     term, size, early_input = DEFAULT_TERM, None, b""
+    command: str | None = None
     try:
         first = await first_message(ws)
     except ConnectionClosed:
@@ -254,9 +258,14 @@ async def handle_terminal(ws: ServerConnection) -> None:
         if isinstance(control.get("term"), str) and control["term"]:
             term = str(control["term"])
         size = parse_size(control.get("resize"))
+        if isinstance(control.get("command"), str):
+            command = str(control["command"])
+    if command is not None and size is None:
+        await run_piped(ws, command)
+        return
 
     try:
-        shell = await Shell.start(term, size)
+        shell = await Shell.start(term, size, command)
     except OSError as exc:
         log.error("connection from %s: cannot start a shell: %s", peer, exc)
         await ws.close(1011, f"cannot start a shell: {exc.strerror}"[:120])
@@ -287,6 +296,55 @@ async def handle_terminal(ws: ServerConnection) -> None:
             await shell.hang_up()
         shell.close()
         log.info("connection from %s closed: %s", peer, outcome)
+
+
+async def run_piped(ws: ServerConnection, command: str) -> None:
+    """A command for a client without a terminal: its output (stdout and stderr as it comes)
+    in binary frames, then the close that says how it ended; hung up if the client goes."""
+    peer = ws.remote_address
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *shell_argv(command),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=shell_env(None),
+            start_new_session=True,
+        )
+    except OSError as exc:
+        log.error("connection from %s: cannot run a command: %s", peer, exc)
+        await ws.close(1011, f"cannot start a shell: {exc.strerror}"[:120])
+        return
+    assert proc.stdout is not None
+    log.info("connection from %s opened: command pid %d", peer, proc.pid)
+
+    async def output(source: asyncio.StreamReader) -> None:
+        while data := await source.read(65536):
+            await ws.send(data)
+
+    async def until_closed() -> None:
+        # Read (and drop) what the client sends, so its close is seen.
+        with contextlib.suppress(ConnectionClosed):
+            async for _ in ws:
+                pass
+
+    pump = asyncio.create_task(output(proc.stdout))
+    client = asyncio.create_task(until_closed())
+    try:
+        await asyncio.wait({pump, client}, return_when=asyncio.FIRST_COMPLETED)
+        if pump.done() and pump.exception() is None:
+            reason = exit_reason(await proc.wait())
+            await ws.close(1000, reason)
+            log.info("connection from %s closed: command ended (%s)", peer, reason)
+    finally:
+        for task in (pump, client):
+            task.cancel()
+        await asyncio.gather(pump, client, return_exceptions=True)
+        if proc.returncode is None:  # the client went away first
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGHUP)
+            await proc.wait()
+            log.info("connection from %s closed: command hung up", peer)
 
 
 # -- SSH (Determined's det shell start) --------------------------------------------------------

@@ -501,6 +501,21 @@ class TaskModel(Base):
     end_reason: Mapped[str] = mapped_column(Text, default="")
 
 
+class TaskContextModel(Base):
+    """A command's or shell's context directory (`det cmd run -c DIR`) as a tar.gz, packed
+    like a model definition and unpacked into its working directory; kept apart so listing
+    tasks never loads it."""
+
+    __tablename__ = "task_contexts"
+
+    task_id: Mapped[int] = mapped_column(
+        ForeignKey("tasks.id", ondelete="CASCADE"), primary_key=True
+    )
+    archive: Mapped[bytes] = mapped_column(LargeBinary)
+    size_bytes: Mapped[int] = mapped_column(Integer)
+    file_count: Mapped[int] = mapped_column(Integer)
+
+
 class AllocationModel(Base):
     """One attempt to run a trial, or a task's one run: waits PENDING with a reason, then
     holds its slots. Exactly one of trial_id and task_id is set."""

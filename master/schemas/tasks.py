@@ -46,8 +46,8 @@ class TaskCreate(BaseModel):
     trial_ids: list[Annotated[int, Field(ge=0, le=MAX_INT)]] = Field(
         default_factory=list, alias="trialIds"
     )
-    # Determined's CLI sends the context directory; resolute's tasks run in an empty one.
-    files: list[dict[str, Any]] = Field(default_factory=list)
+    # The context directory (`-c DIR`): v1File entries, checked by the service.
+    files: list[Any] = Field(default_factory=list)
     data: Any = None
 
 

@@ -20,6 +20,7 @@ from master.db.models import (
     ExperimentModel,
     ModelDefinitionModel,
     SlotModel,
+    TaskContextModel,
     TaskModel,
     TrialModel,
     UserModel,
@@ -220,6 +221,7 @@ class LaunchAssembler:
             )
         ).one()  # foreign keys: the task and its owner exist
         task, owner = found
+        context = await session.get(TaskContextModel, task.id)  # `det cmd run -c DIR`
         token, allocation.task_session_id = await auth_service.issue_interactive_token(
             session, owner.id, TASK_TOKEN_TTL, f"{task.type.lower()} {task.uuid}"
         )
@@ -268,6 +270,8 @@ class LaunchAssembler:
                 ranks=rank_specs(agent_launch.ranks),
                 argv=list(info.argv),
                 env=agent_launch.env,
+                # The agent unpacks it into the task's working directory, as a trial's.
+                model_definition=context.archive if context is not None else b"",
                 stop_grace_s=self.settings.agent_link.stop_grace_s,
                 layout=pb.LAUNCH_LAYOUT_PER_SLOT,
             )

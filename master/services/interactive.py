@@ -30,6 +30,7 @@ from master.db.models import (
     AllocationModel,
     AllocationState,
     ExperimentModel,
+    TaskContextModel,
     TaskLogModel,
     TaskModel,
     TaskType,
@@ -43,6 +44,7 @@ from master.services import allocations, workspaces
 from master.services.access import Actor
 from master.services.configs import config_errors_as_invalid_argument
 from master.services.loops import Loop
+from master.services.model_definitions import pack_model_definition
 from master.services.templates import get_template, refuse_hidden_secrets
 from master.settings import MasterSettings
 
@@ -63,6 +65,8 @@ class TaskRequest:
     workspace_id: int | None = None
     experiment_ids: tuple[int, ...] = ()
     trial_ids: tuple[int, ...] = ()
+    # The context directory as Determined's client sends it (v1File entries).
+    files: Any = None
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,8 @@ async def create_task(
     experiment_ids, trial_ids = await _tensorboard_sources(
         session, kind, request.experiment_ids, request.trial_ids
     )
+    # Checked and packed as an experiment's model definition, with the same limit.
+    context = pack_model_definition(request.files, settings.max_model_definition_bytes, "files")
     pool_name = config.resources.resource_pool or settings.default_compute_pool
     pool = settings.pool(pool_name)
     if pool is None:
@@ -152,6 +158,15 @@ async def create_task(
     )
     session.add(task)
     await session.flush()
+    if context.file_count:
+        session.add(
+            TaskContextModel(
+                task_id=task.id,
+                archive=context.archive,
+                size_bytes=context.size_bytes,
+                file_count=context.file_count,
+            )
+        )
     allocation = AllocationModel(
         id=f"{task.uuid}.1",
         task_id=task.id,

@@ -1,4 +1,5 @@
 """Model definitions: the v1File list Determined's client sends, checked and packed as tar.gz.
+A command's context directory (`det cmd run -c DIR`, the request's `files`) is packed the same.
 
 Every entry is checked here even though our CLI checks too: the API is public, and an
 unsafe path in the archive would later be unpacked on an agent.
@@ -44,18 +45,21 @@ def safe_relative_path(path: str, where: str) -> str:
     return "/".join(parts)
 
 
-def pack_model_definition(files: Any, limit_bytes: int) -> PackedModelDefinition:
+def pack_model_definition(
+    files: Any, limit_bytes: int, field: str = "modelDefinition"
+) -> PackedModelDefinition:
+    """`field`: the request's key, which every error names."""
     if files is None:
         files = []
     if not isinstance(files, list):
-        raise InvalidArgument("modelDefinition: must be a list of files")
+        raise InvalidArgument(f"{field}: must be a list of files")
     seen: set[str] = set()
     links: dict[str, tuple[str, str]] = {}  # path -> (target, where)
     total = 0
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         for index, entry in enumerate(files):
-            where = f"modelDefinition[{index}]"
+            where = f"{field}[{index}]"
             if not isinstance(entry, dict):
                 raise InvalidArgument(f"{where}: must be an object")
             path = safe_relative_path(entry.get("path"), where)  # type: ignore[arg-type]
@@ -73,10 +77,7 @@ def pack_model_definition(files: Any, limit_bytes: int) -> PackedModelDefinition
             elif kind == FILE_TYPE:
                 total += len(content)
                 if total > limit_bytes:
-                    raise PayloadTooLarge(
-                        f"modelDefinition: the files add up to more than the "
-                        f"{limit_bytes / 2**20:g} MiB limit (DET_MASTER_MAX_MODEL_DEFINITION_MB)"
-                    )
+                    continue  # only counted from here on, so that the error names the size
                 info.size = len(content)
                 tar.addfile(info, io.BytesIO(content))
             elif kind == SYMLINK_TYPE:
@@ -89,11 +90,18 @@ def pack_model_definition(files: Any, limit_bytes: int) -> PackedModelDefinition
                     f"{where}: type {kind!r} is not supported; use 48 (file), 53 (directory) "
                     "or 50 (symbolic link)"
                 )
-    _check_no_path_through_links(seen, links)
+    if total > limit_bytes:
+        raise PayloadTooLarge(
+            f"{field}: the files add up to {total / 2**20:.1f} MiB, over the "
+            f"{limit_bytes / 2**20:g} MiB limit (DET_MASTER_MAX_MODEL_DEFINITION_MB)"
+        )
+    _check_no_path_through_links(seen, links, field)
     return PackedModelDefinition(buffer.getvalue(), total, len(seen))
 
 
-def _check_no_path_through_links(paths: set[str], links: dict[str, tuple[str, str]]) -> None:
+def _check_no_path_through_links(
+    paths: set[str], links: dict[str, tuple[str, str]], field: str
+) -> None:
     """A path that goes through a link is resolved by the link, not by its text, so
     `l -> ..` then `x -> l/..` would leave the directory although each looks inside.
     Links to files are fine; nothing may pass *through* a link."""
@@ -104,7 +112,7 @@ def _check_no_path_through_links(paths: set[str], links: dict[str, tuple[str, st
         for i in range(1, len(parts)):
             if "/".join(parts[:i]) in links:
                 raise InvalidArgument(
-                    f"modelDefinition: {path!r} is inside the link {'/'.join(parts[:i])!r}"
+                    f"{field}: {path!r} is inside the link {'/'.join(parts[:i])!r}"
                 )
     for path, (target, where) in links.items():
         stack = path.split("/")[:-1]

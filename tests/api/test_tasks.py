@@ -5,6 +5,9 @@ and the proxy's forwarding are tested end to end in tests/e2e/test_interactive_t
 
 from __future__ import annotations
 
+import base64
+import io
+import tarfile
 from datetime import timedelta
 from typing import Any
 
@@ -109,6 +112,15 @@ async def test_a_command_waits_in_the_queue_with_its_reason_and_is_listed_as_a_t
     assert summary["name"] == "Command (echo hi)"
 
 
+_ECHO = {"config": {"entrypoint": "echo hi"}}
+_OVER = "files: the files add up to 1.0 MiB, over the 1 MiB limit"
+
+
+def _file(path: str, size: int = 3) -> dict[str, Any]:
+    content = base64.b64encode(b"x" * size).decode()
+    return {"path": path, "type": 48, "content": content, "mtime": "0", "mode": 0o644}
+
+
 @pytest.mark.parametrize(
     ("kind", "body", "status", "words"),
     [
@@ -128,6 +140,13 @@ async def test_a_command_waits_in_the_queue_with_its_reason_and_is_listed_as_a_t
         ("tensorboards", {"trialIds": list(range(101))}, 400, "at most 100"),
         ("shells", {"experimentIds": [1]}, 400, "experimentIds"),
         ("notebooks", {"trialIds": [1]}, 400, "trialIds: only a TensorBoard"),
+        # The context directory (det cmd run -c DIR): checked as a model definition.
+        ("commands", {**_ECHO, "files": [_file("../x.py")]}, 400, "files[0]: path '../x.py'"),
+        ("commands", {**_ECHO, "files": [_file("/etc/x")]}, 400, "files[0]: path '/etc/x'"),
+        ("commands", {**_ECHO, "files": [{"path": "a", "content": "!"}]}, 400, "files[0]"),
+        ("shells", {"files": [_file("a.py"), _file("a.py")]}, 400, "files[1]: path 'a.py'"),
+        # The suite's masters take 1 MiB.
+        ("commands", {**_ECHO, "files": [_file("big", 2**20 + 1)]}, 413, _OVER),
     ],
 )
 async def test_bad_input_is_refused_naming_the_field_and_changes_nothing(
@@ -210,6 +229,40 @@ async def test_a_command_runs_once_on_its_agent_and_its_exit_code_is_kept(
     assert (await api.get("/api/v1/me", headers=as_task)).status_code == 401
     # Never run again: the next pass places nothing.
     assert (await schedule(app)).placed == 0
+
+
+async def test_a_commands_context_directory_goes_to_its_agent_with_the_start(
+    app: FastAPI, api: httpx.AsyncClient
+) -> None:
+    """det cmd run -c DIR: the files, packed as a model definition, in StartAllocation,
+    which the agent unpacks into the working directory; a command without one gets none."""
+    files = [
+        {"path": "data", "type": 53, "content": "", "mtime": "0", "mode": 0o755},
+        _file("data/rows.csv"),
+        {**_file("prep.py"), "content": base64.b64encode(b"print(1)\n").decode()},
+    ]
+    config = {"entrypoint": "python3 prep.py"}
+    hub, agent, _, start = await started(app, api, config=config, files=files)
+    with tarfile.open(fileobj=io.BytesIO(start.model_definition), mode="r:gz") as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        assert set(members) == {"data", "data/rows.csv", "prep.py"}
+        assert members["data"].isdir()
+        prep = tar.extractfile(members["prep.py"])
+        assert prep is not None and prep.read() == b"print(1)\n"
+    await hub.on_message(agent, exit_with(start.allocation_id, 0))
+
+    plain = await create(api, config={"entrypoint": "true"})
+    assert (await schedule(app)).placed == 1
+    await hub.tick()
+    (prepare,) = of_kind(sent(agent), "prepare")
+    await hub.on_message(
+        agent,
+        pb.AgentMessage(
+            prepared=pb.AllocationPrepared(allocation_id=prepare.allocation_id, master_port=1)
+        ),
+    )
+    (start,) = of_kind(sent(agent), "start")
+    assert start.allocation_id == f"{plain['id']}.1" and start.model_definition == b""
 
 
 async def test_a_notebook_is_started_behind_the_proxy_with_its_secret(

@@ -64,10 +64,14 @@ class MasterProcess(harness.MasterProcess):
         self.scratch = Path(tempfile.mkdtemp(prefix="clients-", dir=data_dir.parent))
 
     def det(
-        self, *args: str, input: str | None = None, timeout: float = COMMAND_TIMEOUT_S
+        self,
+        *args: str,
+        input: str | None = None,
+        timeout: float = COMMAND_TIMEOUT_S,
+        env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        """Run OUR `det` with DET_MASTER pointing at this master."""
-        return run_our_det(self.url, *args, input=input, timeout=timeout, cwd=self.scratch)
+        """Run OUR `det` with DET_MASTER pointing at this master (`env`: more variables)."""
+        return run_our_det(self.url, *args, input=input, timeout=timeout, cwd=self.scratch, env=env)
 
     def official(
         self, *args: str, input: str | None = None, timeout: float = COMMAND_TIMEOUT_S
@@ -98,6 +102,7 @@ def run_our_det(
     input: str | None = None,
     timeout: float = COMMAND_TIMEOUT_S,
     cwd: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run OUR `det` (the one installed beside this interpreter) against `master_url`."""
     # Its own config directory: a login stored by `det user login` elsewhere (the
@@ -108,7 +113,7 @@ def run_our_det(
         input=input,
         capture_output=True,
         text=True,
-        env=client_env(master_url, **config),
+        env=client_env(master_url, **config, **(env or {})),
         cwd=cwd,
         timeout=timeout,
         check=False,

@@ -199,7 +199,7 @@ def test_honoured_stops_save_the_batches_determined_trained(
     assert "Rungs entered (metric)" in describe.stdout
     first = trials[0]
     entered = first["searcher"]["rungs"][0]
-    assert f"0 at {entered['units']} batches: {entered['metric']:.4g}" in describe.stdout
+    assert f"0 at {entered['units']} batches: {entered['metric']:.6g}" in describe.stdout
     preview = master.det("preview-search", str(work / "honoured" / "config.yaml"))
     assert preview.returncode == 0, preview.stderr
     assert "train for 8 batches" in preview.stdout and "Budget: 6 trials" in preview.stdout

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -241,6 +244,36 @@ def test_editing_template_later_leaves_experiment_alone(
     assert removed.stdout == f"Removed template {name}\n"
     assert stored(master, experiment_id)["config"] == original
     assert stored(master, newer)["config"]["checkpoint_storage"]["host_path"] == "/elsewhere"
+
+
+# --- tables at a terminal's width ---------------------------------------------------------
+
+
+def test_a_narrow_listing_cuts_long_names_never_ids_or_states(
+    master: MasterProcess, tmp_path: Path
+) -> None:
+    """At 80 columns a long name ends in an ellipsis on its one line; the ID and the state
+    stay whole beside it, and --csv and --json carry the whole name."""
+    name = unique("a-long-experiment-name-that-describes-the-sweep-in-far-too-many-words")
+    text = experiment_yaml().replace("name: mnist-random\n", f"name: {name}\n", 1)
+    config = write(tmp_path / "long.yaml", text)
+    experiment_id = created_id(master.det("e", "create", "--paused", str(config)))
+    state = stored(master, experiment_id)["state"].removeprefix("STATE_")
+    narrow = ok(master.det("e", "list", env={"COLUMNS": "80"}))
+    header, *rows = lines(narrow.stdout)
+    assert header.startswith("ID") and "Name" in header, describe_run(narrow)
+    # Every row is one line starting with its ID: nothing wrapped onto a line of its own.
+    assert all(re.match(r"^\d+\s", row) for row in rows), describe_run(narrow)
+    (row,) = [r for r in rows if r.split()[0] == str(experiment_id)]
+    assert name not in row and "…" in row and name[:12] in row, row
+    assert re.search(rf"\s{state}\s", row), row
+
+    as_csv = ok(master.det("e", "list", "--csv", env={"COLUMNS": "80"}))
+    table = list(csv.reader(io.StringIO(as_csv.stdout)))
+    assert table[0][:4] == ["ID", "Owner", "Name", "State"], describe_run(as_csv)
+    assert [r[2:4] for r in table[1:] if r[0] == str(experiment_id)] == [[name, state]]
+    listed = parse_json(master.det("e", "list", "--json"))
+    assert [e["name"] for e in listed if e["id"] == experiment_id] == [name]
 
 
 # --- errors: exit 1, one line on stderr naming the problem, nothing on stdout -----------

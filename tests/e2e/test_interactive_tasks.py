@@ -12,6 +12,7 @@ import pty
 import re
 import select
 import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -117,6 +118,135 @@ def test_task_list_shows_a_running_command_and_kill_ends_it(
     ended = wait_state(master, "command", command_id, "STATE_TERMINATED")
     assert ended["endReason"] == "killed by determined"
     assert master.det("cmd", "logs", "no-such-task").returncode == 1
+
+
+# What `det cmd run -c DIR python3 prep.py` runs: it reads a data file beside it.
+PREP_SCRIPT = """
+import os, sys
+rows = open(os.path.join("data", "rows.csv")).read().split()
+print("prep-read", len(rows), "rows; ignored file sent:", os.path.exists("scratch.bin"))
+sys.exit(6)
+"""
+
+
+def project(where: Path) -> Path:
+    """A directory as a person runs `det cmd run -c .` from: a script, its data, and a file
+    .detignore keeps back."""
+    (where / "data").mkdir(parents=True)
+    (where / "prep.py").write_text(PREP_SCRIPT, encoding="utf-8")
+    (where / "data" / "rows.csv").write_text("a\nb\nc\n", encoding="utf-8")
+    (where / "scratch.bin").write_bytes(b"\0" * 1024)
+    (where / ".detignore").write_text("scratch.bin\n", encoding="utf-8")
+    return where
+
+
+def command_ids(master: MasterProcess) -> set[str]:
+    return {c["id"] for c in master.api("GET", "/api/v1/commands")["commands"]}
+
+
+def test_a_command_runs_with_its_context_directory_in_its_working_directory(
+    cluster: tuple[MasterProcess, AgentProcess], tmp_path: Path
+) -> None:
+    master, _ = cluster
+    here = project(tmp_path / "project")
+    # `-c .` from inside the project, as a person types it.
+    result = subprocess.run(
+        [str(OUR_DET), "cmd", "run", "-c", ".", "python3", "prep.py"],
+        capture_output=True,
+        text=True,
+        cwd=here,
+        env=client_env(master.url, XDG_CONFIG_HOME=str(tmp_path / "config")),
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 6, describe_run(result)
+    assert "prep-read 3 rows; ignored file sent: False" in result.stdout, describe_run(result)
+    # The long form, from elsewhere.
+    again = master.det("cmd", "run", "--context", str(here), "python3", "prep.py", timeout=120)
+    assert again.returncode == 6 and "prep-read 3 rows" in again.stdout, describe_run(again)
+
+
+@pytest.mark.parametrize("case", ["missing", "a-file", "too-large"])
+def test_a_bad_context_directory_is_refused_before_anything_is_created(
+    cluster: tuple[MasterProcess, AgentProcess], tmp_path: Path, case: str
+) -> None:
+    master, _ = cluster
+    here = project(tmp_path / "project")
+    if case == "missing":
+        context, expected = tmp_path / "nope", ["context directory", "nope", "does not exist"]
+    elif case == "a-file":
+        context, expected = here / "prep.py", ["context directory", "prep.py", "a directory"]
+    else:
+        # Sparse: 97 MiB by its size, nothing on the disk; refused before it is read.
+        with (here / "weights.bin").open("wb") as sink:
+            sink.truncate(97 * 2**20)
+        context = here
+        expected = ["context directory", "97.0 MiB", "over the 96 MiB limit", ".detignore"]
+    before = command_ids(master)
+    result = master.det("cmd", "run", "-c", str(context), "python3", "prep.py")
+    assert result.returncode == 1 and result.stdout == "", describe_run(result)
+    (line,) = [x for x in result.stderr.splitlines() if x.strip()]
+    assert line.startswith("Error: ") and all(word in line for word in expected), line
+    assert command_ids(master) == before
+
+
+@pytest.mark.official_client
+def test_determineds_client_runs_a_command_in_its_context_directory(
+    cluster: tuple[MasterProcess, AgentProcess], tmp_path: Path
+) -> None:
+    master, _ = cluster
+    here = project(tmp_path / "project")
+    result = master.official("cmd", "run", "-c", str(here), "python3", "prep.py", timeout=120)
+    assert "Traceback" not in result.stderr, describe_run(result)
+    assert "prep-read 3 rows; ignored file sent: False" in result.stdout, describe_run(result)
+
+
+def launched_shell(result: subprocess.CompletedProcess[str]) -> str:
+    found = re.search(r"Launched shell \(id: ([0-9a-f-]+)\)", result.stderr)
+    assert found, describe_run(result)
+    return found[1]
+
+
+def test_a_shell_runs_the_command_after_dashes_then_ends(
+    cluster: tuple[MasterProcess, AgentProcess],
+) -> None:
+    """Determined's form, `det shell start -- CMD`: only the command's output on stdout,
+    its exit code, and the shell task ended (unless --keep)."""
+    master, _ = cluster
+    result = master.det(
+        "shell", "start", "--", "echo", "shell-says-$((6*7))", ";", "exit", "3", timeout=120
+    )
+    assert result.returncode == 3, describe_run(result)
+    assert result.stdout == "shell-says-42\n", describe_run(result)
+    wait_state(master, "shell", launched_shell(result), "STATE_TERMINATED", timeout=60)
+
+    kept = master.det("shell", "start", "--keep", "--", "ls", "/", ">/dev/null", timeout=120)
+    assert kept.returncode == 0 and kept.stdout == "", describe_run(kept)
+    shell_id = launched_shell(kept)
+    try:
+        assert task(master, "shell", shell_id)["state"] == "STATE_RUNNING"
+    finally:
+        master.det("shell", "kill", shell_id)
+    wait_state(master, "shell", shell_id, "STATE_TERMINATED", timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--", "-L", "8888:localhost:8888"], ["-L", "ssh options are not supported"]),
+        (["-d", "--", "echo", "hi"], ["--detach", "drop -d"]),
+    ],
+)
+def test_a_shell_command_that_cannot_run_is_refused_before_a_shell_starts(
+    cluster: tuple[MasterProcess, AgentProcess], args: list[str], expected: list[str]
+) -> None:
+    master, _ = cluster
+    before = {s["id"] for s in master.api("GET", "/api/v1/shells")["shells"]}
+    result = master.det("shell", "start", *args)
+    assert result.returncode == 1 and result.stdout == "", describe_run(result)
+    (line,) = [x for x in result.stderr.splitlines() if x.strip()]
+    assert all(word in line for word in expected), line
+    assert {s["id"] for s in master.api("GET", "/api/v1/shells")["shells"]} == before
 
 
 def test_a_shell_runs_what_a_pipe_gives_it_on_the_agent(

@@ -4,6 +4,8 @@ running a trial that reports its metrics and checkpoints over REST as the traini
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 import subprocess
@@ -32,8 +34,12 @@ from tests.e2e.conftest import (
 
 pytestmark = pytest.mark.e2e
 
-# Exact in binary and short in %g, so every client prints them as written here.
-TRAINING = {5: {"loss": 0.9375, "accuracy": 0.125}, 10: {"loss": 0.8125, "accuracy": 0.25}}
+# Exact in binary and short in %g, so every client prints them as written here; but for
+# two at step 5 that our `det` shows to 6 significant digits (0.136789, 1.23457e-05).
+TRAINING: dict[int, dict[str, float]] = {
+    5: {"loss": 0.9375, "accuracy": 0.125, "grad_norm": 0.13678912345, "lr": 1.2345678e-05},
+    10: {"loss": 0.8125, "accuracy": 0.25},
+}
 TRAINING[20] = {"loss": 0.4375, "accuracy": 0.5}
 VALIDATION = {10: {"loss": 0.5625}, 20: {"loss": 0.390625}}
 CHECKPOINT_STEPS = (10, 20)
@@ -199,16 +205,23 @@ def row_for(output: str, trial_id: int, batches: int) -> str:
     return found[0]
 
 
-def wide_det(master: MasterProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    """Our `det` on a terminal wide enough that no cell of a long path folds."""
+def det_columns(
+    master: MasterProcess, columns: int, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """Our `det` on a terminal `columns` wide."""
     return subprocess.run(
         [str(OUR_DET), *args],
         capture_output=True,
         text=True,
-        env=client_env(master.url, COLUMNS="400"),
+        env=client_env(master.url, COLUMNS=str(columns)),
         timeout=60,
         check=False,
     )
+
+
+def wide_det(master: MasterProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    """Our `det` on a terminal wide enough that no cell of a long path is cut."""
+    return det_columns(master, 400, *args)
 
 
 def not_found(result: subprocess.CompletedProcess[str], message: str) -> None:
@@ -282,7 +295,8 @@ def test_describe_metrics_shows_one_row_per_batch_count(reported: Reported) -> N
     ]
     # Training, validation and checkpoint reports at the same batch count merge into one row.
     five = row_for(out, trial_id, 5)
-    assert "accuracy=0.125, loss=0.9375" in five and "loss=0.5625" not in five, five
+    shown_five = "accuracy=0.125, grad_norm=0.136789, loss=0.9375, lr=1.23457e-05"
+    assert shown_five in five and "loss=0.5625" not in five, five
     ten = row_for(out, trial_id, 10)
     assert re.search(
         rf"accuracy=0\.25, loss=0\.8125\s+loss=0\.5625\s+{reported.checkpoints[10]}\s+\d{{4}}-",
@@ -307,7 +321,9 @@ def test_describe_metrics_json_carries_each_trials_workloads(reported: Reported)
     for workload in trial["workloads"]:
         ((kind, item),) = ((k, v) for k, v in workload.items() if v)
         by_kind[kind].append(item)
-    assert {w["totalBatches"]: w["metrics"]["avgMetrics"] for w in by_kind["training"]} == TRAINING
+    training = {w["totalBatches"]: w["metrics"]["avgMetrics"] for w in by_kind["training"]}
+    assert training == TRAINING  # every digit, as reported
+    assert training[5]["grad_norm"] == 0.13678912345 and training[5]["lr"] == 1.2345678e-05
     assert {
         w["totalBatches"]: w["metrics"]["avgMetrics"] for w in by_kind["validation"]
     } == VALIDATION
@@ -419,6 +435,39 @@ def test_checkpoint_list_shows_steps_uuid_metric_and_files(reported: Reported) -
     # Determined's spelling of the same listing.
     same = ok(master.det("e", "lc", str(reported.experiment_id), "--best", "2", "--json"))
     assert json.loads(same.stdout) == listed
+
+
+@pytest.mark.parametrize("columns", [80, 150])
+def test_checkpoint_list_on_a_narrow_terminal_keeps_uuids_and_states_whole(
+    reported: Reported, columns: int
+) -> None:
+    """Each row stays one line with its UUID and state whole; the long storage path is cut
+    with an ellipsis, and --csv and --json carry it in full."""
+    master, experiment = reported.master, str(reported.experiment_id)
+    result = ok(det_columns(master, columns, "checkpoint", "list", experiment))
+    header, *rows = lines(result.stdout)
+    assert header.startswith("Trial ID") and len(rows) == 2, describe_run(result)
+    for row, steps in zip(rows, CHECKPOINT_STEPS, strict=True):
+        uuid = reported.checkpoints[steps]
+        assert re.match(rf"^{reported.trial['id']}\s+{steps}\s+{uuid}\s+\S+\s+ACTIVE\s", row), (
+            describe_run(result)
+        )
+    path = str(reported.storage / reported.checkpoints[10])
+    if len(path) > 20 and columns == 80:
+        assert path not in result.stdout and "…" in rows[0], describe_run(result)
+
+    as_csv = ok(det_columns(master, columns, "checkpoint", "list", experiment, "--csv"))
+    table = list(csv.reader(io.StringIO(as_csv.stdout)))
+    assert table[0][:3] == ["Trial ID", "Steps", "UUID"], describe_run(as_csv)
+    assert [(r[2], r[4], r[-1]) for r in table[1:]] == [
+        (reported.checkpoints[s], "ACTIVE", str(reported.storage / reported.checkpoints[s]))
+        for s in CHECKPOINT_STEPS
+    ]
+    listed = json.loads(ok(master.det("checkpoint", "list", experiment, "--json")).stdout)
+    assert [c["storagePath"] for c in listed] == [r[-1] for r in table[1:]]
+
+    both = master.det("checkpoint", "list", experiment, "--json", "--csv")
+    not_found(both, "--json and --csv cannot be used together")
 
 
 def test_checkpoint_describe(reported: Reported) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import update
 
@@ -243,6 +244,54 @@ def test_a_new_user_logs_in_and_may_change_only_their_own_work(
         "Error: invalid or expired token"
     )
     assert said(alice.det("user", "logout")) == [f"No stored login on {master.url}"]
+
+
+def test_a_piped_login_needs_no_name_and_auth_token_serves_curl(
+    admin: Person, users_master: MasterProcess, tmp_path: Path
+) -> None:
+    master = users_master
+    # `echo "" | det user login`: the default user, with the empty password the pipe holds.
+    person = Person(master, tmp_path / "piped")
+    logged = ok(person.det("user", "login", input="\n"))
+    assert lines(logged.stdout) == ["Logged in as user 'determined'"], describe_run(logged)
+    assert json.loads(person.store.read_text())["masters"][master.url]["active"] == "determined"
+    # An empty pipe has no password line: refused, nothing kept.
+    nobody = Person(master, tmp_path / "empty-pipe")
+    assert refused(nobody.det("user", "login", input="")) == (
+        "Error: Password for user 'determined': stdin ended before a line was read"
+    )
+    assert not nobody.store.exists()
+
+    # Once logged in, the pipe logs in as the active user again.
+    name, alice = new_user(admin, tmp_path, "alice")
+    assert said(alice.det("user", "login", input=PASSWORD + "\n")) == [
+        f"Logged in as user '{name}'"
+    ]
+    kept = alice.store.read_text()
+    assert refused(alice.det("user", "login", input="Wrong-Guess-1\n")) == (
+        "Error: invalid credentials"
+    )
+    assert alice.store.read_text() == kept
+
+    # The token for curl: -H "Authorization: Bearer $(det user auth-token)".
+    printed = ok(alice.det("user", "auth-token")).stdout
+    token = printed.removesuffix("\n")
+    assert printed == token + "\n" and token.strip() == token and token, printed
+    reply = httpx.get(
+        f"{master.url}/api/v1/me", headers={"Authorization": f"Bearer {token}"}, timeout=30
+    )
+    assert reply.status_code == 200 and reply.json()["user"]["username"] == name, reply.text
+    assert ok(alice.det("dev", "auth-token")).stdout == printed  # Determined's spelling
+    # Without a login: the default user's (a password login, as every command does).
+    (theirs,) = said(Person(master, tmp_path / "no-login").det("user", "auth-token"))
+    reply = httpx.get(
+        f"{master.url}/api/v1/me", headers={"Authorization": f"Bearer {theirs}"}, timeout=30
+    )
+    assert reply.json()["user"]["username"] == "determined", reply.text
+    # A login that has ended prints no token, but what to do.
+    ok(admin.det("user", "deactivate", name))
+    ended = refused(alice.det("user", "auth-token"))
+    assert ended.endswith(f"run `det user login {name}` to log in again"), ended
 
 
 def test_deactivation_and_a_new_password_end_logins(admin: Person, tmp_path: Path) -> None:

@@ -46,6 +46,7 @@ def _routes(kind: TaskType) -> None:
             workspace_id=body.workspace_id,
             experiment_ids=tuple(body.experiment_ids),
             trial_ids=tuple(body.trial_ids),
+            files=body.files,
         )
         row = await interactive.create_task(session, user, request, settings)
         return {key: task_view(row, user.id), "config": row.task.config}
