@@ -361,7 +361,7 @@ def shell_start(
     ctx: typer.Context,
     command: list[str] | None = typer.Argument(
         None,
-        metavar="[-- COMMAND...]",
+        metavar="-- CMD",
         help="Run this in the shell instead of opening a terminal (print its output, exit "
         "with its code): det shell start -- python3 check.py",
     ),
