@@ -388,6 +388,7 @@ async def trial_logs(
                     "id": r.id,
                     "rank": r.rank,
                     "stdtype": r.stdtype,
+                    "level": r.level,
                     "time": r.timestamp.isoformat().replace("+00:00", "Z"),
                     "message": r.message.removesuffix("\n"),
                 }

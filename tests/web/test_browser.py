@@ -92,10 +92,10 @@ class Cluster:
     agent: AgentProcess
     work: Path
 
-    def submit(self, script: str, name: str) -> int:
+    def submit(self, script: str, name: str, **options: Any) -> int:
         folder = self.work / unique(name)
         folder.mkdir()
-        config, model = write_experiment(folder, script, name=name)
+        config, model = write_experiment(folder, script, name=name, **options)
         return create_experiment(self.master, config, model)
 
     def trial(self, experiment_id: int) -> dict[str, Any]:
@@ -611,3 +611,79 @@ def assert_fits_width(page: Any, what: str) -> None:
         "() => document.documentElement.scrollWidth - document.documentElement.clientWidth"
     )
     assert overflow <= 1, f"{what} is {overflow}px too wide"
+
+
+# -- issue 28: a new user's bugs, and the trial page ---------------------------------------
+
+# Fails its first run on purpose (a restart with its reason), then logs INFO through
+# Python's logging (to stderr, as logging does), says ERROR on stdout, reports two metrics
+# of very different scales, ONE validation point (an ASHA trial stopped at rung 0 has just
+# one) and a checkpoint.
+TRIAL_SCRIPT = """\
+import json, logging, os, sys
+import resolute
+
+if os.environ["DET_TRIAL_RUN_ID"] == "1":
+    print("first run: failing on purpose", flush=True)
+    sys.exit(3)
+logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
+logging.info("loading the data")
+with resolute.init() as ctx:
+    for step in range(1, 5):
+        metrics = {"loss": 1.0 / step, "accuracy": 60.0 + 10 * step}
+        ctx.train.report_training_metrics(steps_completed=step * 10, metrics=metrics)
+    ctx.train.report_validation_metrics(steps_completed=40, metrics={"loss": 0.3})
+    print("ERROR: the data had 3 bad rows", flush=True)
+    if ctx.is_chief:
+        with ctx.checkpoint.store_path(40, {"note": "final"}) as (path, uuid):
+            (path / "state.json").write_text(json.dumps({"step": 40}))
+print("trial done", flush=True)
+"""
+
+# Each line of the log view with the colour it is shown in.
+LOG_LINE_COLOURS = """pre => Array.from(pre.children).map(
+  line => [line.textContent, getComputedStyle(line).color])"""
+
+
+@dataclass
+class TrialRun:
+    experiment_id: int
+    trial_id: int
+
+
+@pytest.fixture(scope="module")
+def trial_run(cluster: Cluster) -> TrialRun:
+    """One finished trial the tests below look at from every side."""
+    experiment = cluster.submit(
+        TRIAL_SCRIPT,
+        unique("trial-page"),
+        max_restarts=2,
+        extra={"hyperparameters": {"lr": 0.01, "layers": 3}},
+    )
+    trial = cluster.wait_trial(experiment, {"COMPLETED", "ERROR"})
+    assert trial["state"] == "STATE_COMPLETED", trial
+    return TrialRun(experiment, trial["id"])
+
+
+def screenshot(page: Any, folder: Path, name: str) -> None:
+    page.screenshot(path=str(folder / f"{name}-desktop-1280x800.png"), full_page=True)
+
+
+def test_log_lines_are_coloured_by_level_not_by_stream(
+    page: Any, trial_run: TrialRun, screenshot_dir: Path
+) -> None:
+    page.goto(f"/ui/experiments/{trial_run.experiment_id}")
+    logs = page.locator("pre[data-logs]")
+    page.wait_for_function(
+        "el => el.textContent.includes('trial done')", arg=logs.element_handle(), timeout=WAIT_MS
+    )
+    plain = page.evaluate("el => getComputedStyle(el).color", logs.element_handle())
+    colours = dict(page.evaluate(LOG_LINE_COLOURS, logs.element_handle()))
+    [info] = [c for text, c in colours.items() if "INFO: loading the data" in text]
+    [error] = [c for text, c in colours.items() if "ERROR: the data had 3 bad rows" in text]
+    [done] = [c for text, c in colours.items() if "trial done" in text]
+    assert info == plain == done, colours  # INFO went to stderr: still a plain line
+    assert error not in (plain, info), colours  # ERROR on stdout: still an error
+    assert error == "rgb(242, 139, 130)", error
+    logs.scroll_into_view_if_needed()
+    screenshot(page, screenshot_dir, "log-levels")

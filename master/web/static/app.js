@@ -222,7 +222,9 @@
       var fragment = document.createDocumentFragment();
       lines.forEach(function (line) {
         var row = document.createElement("span");
-        if (line.stdtype === "stderr") row.className = "stderr";
+        // Coloured by level: INFO on stderr (Python's logging) is no error.
+        if (line.level) row.className = "level-" + line.level.replace("LOG_LEVEL_", "").toLowerCase();
+        row.dataset.level = line.level || "";
         if (line.rank !== null && line.rank !== undefined) {
           var rank = document.createElement("span");
           rank.className = "rank";
