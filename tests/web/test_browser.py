@@ -413,13 +413,13 @@ def test_experiment_goes_queued_running_completed_live_with_charts_and_logs(
     # The metrics charts draw every reported step; their values are the trial's own.
     api_rows = cluster.master.api("GET", f"/api/v1/trials/{queued['id']}/metrics")
     print("metrics through the API:", json.dumps(api_rows)[:300])
-    training = page.locator(".chart[data-group='training']")
+    training = page.locator("[data-group='training']")
     page.wait_for_function(
         "el => el.dataset.points === '8'", arg=training.element_handle(), timeout=WAIT_MS
     )
-    assert training.locator("canvas").count() == 1
-    assert "loss" in training.locator(".u-legend").inner_text()
-    validation = page.locator(".chart[data-group='validation']")
+    assert training.locator("figcaption").all_inner_texts() == ["accuracy", "loss"]
+    assert training.locator("canvas").count() == 2
+    validation = page.locator("[data-group='validation']")
     page.wait_for_function(
         "el => el.dataset.points === '2'", arg=validation.element_handle(), timeout=WAIT_MS
     )
@@ -530,7 +530,7 @@ def test_agent_can_be_drained_and_enabled_from_the_cluster_page(
 SCREENSHOT_PAGES = [
     ("cluster", "/ui/cluster", ".chart[data-chart='agent-util']"),
     ("experiments", "/ui/experiments", None),
-    ("experiment", "/ui/experiments/{shown}", ".chart[data-group='training']"),
+    ("experiment", "/ui/experiments/{shown}", "[data-group='training']"),
     ("experiment-queued", "/ui/experiments/{waiting}", None),
     ("tasks", "/ui/tasks", None),
     ("templates", "/ui/templates", None),
@@ -640,6 +640,29 @@ with resolute.init() as ctx:
 print("trial done", flush=True)
 """
 
+# Counts the canvas pixels of the first series' colour (#2f6fab): what a user sees drawn.
+SERIES_PIXELS = """el => {
+  const canvas = el.querySelector('canvas');
+  if (!canvas) return 0;
+  const data = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+  let count = 0;
+  for (let i = 0; i < data.length; i += 4) {
+    if (Math.abs(data[i] - 47) < 30 && Math.abs(data[i + 1] - 111) < 30
+        && Math.abs(data[i + 2] - 171) < 30 && data[i + 3] > 200) count += 1;
+  }
+  return count;
+}"""
+
+# Every string painted on a canvas (uPlot paints its axes' labels and ticks there).
+RECORD_PAINTED_TEXT = """
+window.__painted = [];
+const fillText = CanvasRenderingContext2D.prototype.fillText;
+CanvasRenderingContext2D.prototype.fillText = function (text, ...rest) {
+  window.__painted.push(String(text));
+  return fillText.call(this, text, ...rest);
+};
+"""
+
 # Each line of the log view with the colour it is shown in.
 LOG_LINE_COLOURS = """pre => Array.from(pre.children).map(
   line => [line.textContent, getComputedStyle(line).color])"""
@@ -667,6 +690,44 @@ def trial_run(cluster: Cluster) -> TrialRun:
 
 def screenshot(page: Any, folder: Path, name: str) -> None:
     page.screenshot(path=str(folder / f"{name}-desktop-1280x800.png"), full_page=True)
+
+
+def test_a_single_validation_point_is_drawn(
+    page: Any, trial_run: TrialRun, screenshot_dir: Path
+) -> None:
+    page.goto(f"/ui/experiments/{trial_run.experiment_id}")
+    validation = page.locator("[data-group='validation']")
+    page.wait_for_function(
+        "el => el.dataset.points === '1'", arg=validation.element_handle(), timeout=WAIT_MS
+    )
+    # uPlot draws a line between values; a single value needs its point drawn.
+    page.wait_for_function(f"el => ({SERIES_PIXELS})(el) > 10", arg=validation.element_handle())
+    validation.scroll_into_view_if_needed()
+    screenshot(page, screenshot_dir, "single-validation-point")
+
+
+def test_each_metric_has_its_own_chart_with_labelled_axes(
+    page: Any, trial_run: TrialRun, screenshot_dir: Path
+) -> None:
+    page.add_init_script(RECORD_PAINTED_TEXT)
+    page.goto(f"/ui/experiments/{trial_run.experiment_id}")
+    training = page.locator("[data-group='training']")
+    page.wait_for_function(
+        "el => el.querySelectorAll('canvas').length === 2",
+        arg=training.element_handle(),
+        timeout=WAIT_MS,
+    )
+    # loss (0.25-1) and accuracy (70-100) each on a y axis of their own.
+    assert training.locator("figcaption").all_inner_texts() == ["accuracy", "loss"]
+    for name in ("accuracy", "loss"):
+        legend = training.locator(f".chart[data-metric='{name}'] .u-legend")
+        assert legend.locator(".u-series").count() == 1  # this metric alone
+        assert name in legend.inner_text()
+    page.wait_for_function("() => window.__painted.includes('batches')", timeout=WAIT_MS)
+    painted = page.evaluate("() => window.__painted")
+    assert {"batches", "loss", "accuracy"} <= set(painted), painted
+    training.scroll_into_view_if_needed()
+    screenshot(page, screenshot_dir, "metric-charts")
 
 
 def test_log_lines_are_coloured_by_level_not_by_stream(
