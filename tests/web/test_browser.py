@@ -748,3 +748,58 @@ def test_log_lines_are_coloured_by_level_not_by_stream(
     assert error == "rgb(242, 139, 130)", error
     logs.scroll_into_view_if_needed()
     screenshot(page, screenshot_dir, "log-levels")
+
+
+def test_a_slot_held_by_a_command_names_and_links_the_command(
+    page: Any, cluster: Cluster, trial_run: TrialRun, screenshot_dir: Path
+) -> None:
+    command = cluster.master.api(
+        "POST",
+        "/api/v1/commands",
+        json={"config": {"entrypoint": "sleep 600", "resources": {"slots": 1}}},
+    )["command"]
+    task_id = command["id"]
+    try:
+        cluster.master.wait_for(
+            "the command to run",
+            lambda: (
+                cluster.master.api("GET", f"/api/v1/commands/{task_id}")["command"]["state"]
+                == "STATE_RUNNING"
+            ),
+            WAIT_MS / 1000,
+        )
+        page.goto("/ui/cluster")
+        slot = page.locator(f"article.agent[data-agent-id='{cluster.agent.id}'] .slot.busy")
+        slot.wait_for()
+        assert slot.inner_text().split() == ["cpu", "0", "command", task_id[:8]]
+        screenshot(page, screenshot_dir, "cluster-command-slot")
+        slot.get_by_role("link").click()
+        page.wait_for_url(f"**/ui/tasks#task-{task_id}")
+        row = page.locator(f"#task-{task_id}")
+        assert task_id in row.inner_text() and "RUNNING" in row.inner_text()
+    finally:
+        cluster.master.api("POST", f"/api/v1/commands/{task_id}/kill")
+    cluster.master.wait_for(
+        "the command to end",
+        lambda: (
+            cluster.master.api("GET", f"/api/v1/commands/{task_id}")["command"]["state"]
+            == "STATE_TERMINATED"
+        ),
+        WAIT_MS / 1000,
+    )
+
+
+def test_an_agents_seen_time_moves_with_its_heartbeats(page: Any, cluster: Cluster) -> None:
+    selector = f"article.agent[data-agent-id='{cluster.agent.id}'] p.muted"
+    page.goto("/ui/cluster")
+    first = re.search(r"seen (.+)$", page.locator(selector).first.inner_text())
+    assert first, page.locator(selector).first.inner_text()
+    # The card is re-rendered every 3 s (so the selector is asked again each time) and the
+    # agent sends a heartbeat every second; it has not reconnected, so only the heartbeats
+    # can move the time.
+    page.wait_for_function(
+        "([selector, was]) => !document.querySelector(selector).textContent"
+        ".includes('seen ' + was)",
+        arg=[selector, first.group(1)],
+        timeout=20_000,
+    )
