@@ -803,3 +803,29 @@ def test_an_agents_seen_time_moves_with_its_heartbeats(page: Any, cluster: Clust
         arg=[selector, first.group(1)],
         timeout=20_000,
     )
+
+
+def test_not_found_pages_keep_the_navigation_and_say_what_is_missing(
+    browser: Any, cluster: Cluster, screenshot_dir: Path
+) -> None:
+    # Its own context: the console reports every 4xx page load, which is the point here.
+    context = browser.new_context(viewport=DESKTOP, base_url=cluster.master.url)
+    page = context.new_page()
+    sign_in(page)
+    for url, status, says in (
+        ("/ui/no-such-page", 404, "no page at /ui/no-such-page"),
+        ("/ui/experiments/987654321", 404, "experiment 987654321 not found"),
+        ("/ui/experiments/five", 400, "experiment_id"),
+    ):
+        reply = page.goto(url)
+        assert reply.status == status, (url, reply.status)
+        nav = page.locator("header.top nav")
+        assert nav.get_by_role("link").all_inner_texts() == [
+            "Cluster",
+            "Experiments",
+            "Tasks",
+            "Templates",
+        ], url
+        assert says in page.locator("main").inner_text(), url
+    screenshot(page, screenshot_dir, "not-found")
+    context.close()
