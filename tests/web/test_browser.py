@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import tarfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -813,9 +814,11 @@ def test_not_found_pages_keep_the_navigation_and_say_what_is_missing(
     page = context.new_page()
     sign_in(page)
     for url, status, says in (
+        ("/ui/trials/987654321", 404, "trial 987654321 not found"),
         ("/ui/no-such-page", 404, "no page at /ui/no-such-page"),
         ("/ui/experiments/987654321", 404, "experiment 987654321 not found"),
         ("/ui/experiments/five", 400, "experiment_id"),
+        ("/ui/trials/five", 400, "trial_id"),
     ):
         reply = page.goto(url)
         assert reply.status == status, (url, reply.status)
@@ -827,5 +830,74 @@ def test_not_found_pages_keep_the_navigation_and_say_what_is_missing(
             "Templates",
         ], url
         assert says in page.locator("main").inner_text(), url
+    page.goto("/ui/trials/987654321")
     screenshot(page, screenshot_dir, "not-found")
     context.close()
+
+
+def test_trial_page_shows_its_state_runs_charts_logs_and_checkpoints(
+    browser: Any, page: Any, cluster: Cluster, trial_run: TrialRun, screenshot_dir: Path
+) -> None:
+    page.goto(f"/ui/experiments/{trial_run.experiment_id}")
+    row = page.locator(f"#trials tr[data-trial-id='{trial_run.trial_id}']")
+    row.get_by_role("link", name="trial page").click()
+    page.wait_for_url(f"**/ui/trials/{trial_run.trial_id}")
+
+    summary = page.locator("#trial-live")
+    assert summary.get_attribute("data-state") == "COMPLETED"
+    assert "COMPLETED" in summary.locator(".badge").first.inner_text()
+    experiment_link = summary.get_by_role("link", name=str(trial_run.experiment_id))
+    assert experiment_link.get_attribute("href").startswith(
+        f"/ui/experiments/{trial_run.experiment_id}"
+    )
+    assert summary.locator("[data-restarts]").inner_text().startswith("1 ")
+    runs = page.locator("#runs tbody tr")
+    assert runs.count() == 2
+    # The first run exited with 3 (a failure, counted as a restart); the second completed.
+    assert "failed" in runs.nth(0).locator("td.reason").inner_text().lower()
+    assert "COMPLETED" in runs.nth(1).locator("td.reason").inner_text().upper()
+    assert page.locator("[data-hparam='lr'] td").inner_text() == "0.01"
+    assert page.locator("[data-hparam='layers'] td").inner_text() == "3"
+
+    training = page.locator("[data-group='training']")
+    page.wait_for_function(
+        "el => el.querySelectorAll('canvas').length === 2",
+        arg=training.element_handle(),
+        timeout=WAIT_MS,
+    )
+    validation = page.locator("[data-group='validation']")
+    page.wait_for_function(f"el => ({SERIES_PIXELS})(el) > 10", arg=validation.element_handle())
+
+    logs = page.locator("pre[data-logs]")
+    page.wait_for_function(
+        "el => el.textContent.includes('trial done')", arg=logs.element_handle(), timeout=WAIT_MS
+    )
+    assert "first run: failing on purpose" in logs.inner_text()
+    page.get_by_label("Rank").select_option("0")
+    page.wait_for_function(
+        "el => el.textContent.includes('trial done')", arg=logs.element_handle(), timeout=WAIT_MS
+    )
+
+    checkpoint = page.locator("#checkpoints tr[data-checkpoint]")
+    assert checkpoint.count() == 1
+    uuid = checkpoint.get_attribute("data-checkpoint")
+    with page.expect_download() as started:
+        checkpoint.get_by_role("link").click()
+    download = started.value
+    assert download.suggested_filename == f"{uuid}.tar.gz"
+    with tarfile.open(download.path(), "r:gz") as archive:
+        stored = archive.extractfile("state.json")
+        assert stored is not None and json.loads(stored.read()) == {"step": 40}
+
+    screenshot(page, screenshot_dir, "trial")
+    context = browser.new_context(viewport=PHONE, base_url=cluster.master.url)
+    console = ConsoleLog()
+    phone = context.new_page()
+    console.watch(phone)
+    sign_in(phone)
+    phone.goto(f"/ui/trials/{trial_run.trial_id}")
+    phone.locator("[data-group='training'] canvas").first.wait_for()
+    phone.screenshot(path=str(screenshot_dir / "trial-phone-390x844.png"), full_page=True)
+    assert_fits_width(phone, "the trial page at phone size")
+    context.close()
+    assert not console.errors, "\n".join(console.errors)
