@@ -901,3 +901,74 @@ def test_trial_page_shows_its_state_runs_charts_logs_and_checkpoints(
     assert_fits_width(phone, "the trial page at phone size")
     context.close()
     assert not console.errors, "\n".join(console.errors)
+
+
+COMPARE_SCRIPT = """\
+import resolute
+
+with resolute.init() as ctx:
+    lr = ctx.hparams["lr"]
+    for step in range(1, 4):
+        ctx.train.report_training_metrics(steps_completed=step * 10, metrics={"loss": lr / step})
+    ctx.train.report_validation_metrics(steps_completed=30, metrics={"loss": lr / 3})
+"""
+
+# The canvas pixels of one colour, [r, g, b]: how much of a series a user sees drawn.
+COLOUR_PIXELS = """([el, rgb]) => {
+  const canvas = el.querySelector('canvas');
+  if (!canvas) return 0;
+  const data = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+  let count = 0;
+  for (let i = 0; i < data.length; i += 4) {
+    if (Math.abs(data[i] - rgb[0]) < 30 && Math.abs(data[i + 1] - rgb[1]) < 30
+        && Math.abs(data[i + 2] - rgb[2]) < 30 && data[i + 3] > 200) count += 1;
+  }
+  return count;
+}"""
+
+
+def test_trials_compared_on_one_chart_of_a_chosen_metric(
+    page: Any, cluster: Cluster, screenshot_dir: Path
+) -> None:
+    experiment = cluster.submit(
+        COMPARE_SCRIPT,
+        unique("compare"),
+        extra={
+            "searcher": {"name": "grid"},
+            "hyperparameters": {"lr": {"type": "categorical", "vals": [0.5, 1.0]}},
+        },
+    )
+
+    def finished() -> list[int] | None:
+        trials = cluster.master.api("GET", f"/api/v1/experiments/{experiment}/trials")["trials"]
+        done = [t for t in trials if t["state"].removeprefix("STATE_") in TERMINAL]
+        return sorted(t["id"] for t in trials) if len(done) == len(trials) == 2 else None
+
+    first, second = cluster.master.wait_for("both trials to end", finished, WAIT_MS * 2 / 1000)
+    page.goto(f"/ui/experiments/{experiment}")
+    page.get_by_role("link", name="compare their metrics").click()
+    page.wait_for_url(f"**/ui/experiments/{experiment}/compare")
+    chart = page.locator(".chart[data-chart='compare']")
+    assert chart.get_attribute("data-points") == "1"  # the default: validation loss
+    assert page.get_by_label("Metric", exact=True).input_value() == "loss"
+
+    page.get_by_label("Metrics", exact=True).select_option("training")
+    page.get_by_role("button", name="Compare").click()
+    page.wait_for_url(re.compile(r"group=training"))
+    chart = page.locator(".chart[data-chart='compare']")
+    assert chart.get_attribute("data-points") == "3"
+    assert [t.strip() for t in chart.locator(".u-legend .u-series").all_inner_texts()] == [
+        f"trial {first}",
+        f"trial {second}",
+    ]
+    for rgb in ([47, 111, 171], [194, 65, 12]):  # the first two series' colours
+        page.wait_for_function(
+            f"([el, rgb]) => ({COLOUR_PIXELS})([el, rgb]) > 10",
+            arg=[chart.element_handle(), rgb],
+        )
+    screenshot(page, screenshot_dir, "trials-compared")
+
+    page.goto(f"/ui/experiments/{experiment}/compare?group=training&metric=nope&trial={first}")
+    problem = page.get_by_role("alert").inner_text()
+    assert "training metric named 'nope'" in problem and "They report: loss." in problem
+    assert page.locator(".chart[data-chart='compare']").count() == 0

@@ -253,6 +253,18 @@
     poll();
   }
 
+  // -- trials compared (one metric of several trials, drawn once) ---------------------------
+
+  function compareChart() {
+    var el = document.querySelector(".chart[data-chart='compare']");
+    if (!el) return;
+    var chart = JSON.parse(el.dataset.compare);
+    var labels = chart.series.map(function (s) { return s.label; });
+    var plot = makePlot(el, labels, 300, null, false, { x: "batches", y: chart.metric });
+    plot.setData([chart.steps].concat(chart.series.map(function (s) { return s.values; })));
+    el.dataset.points = String(chart.steps.length);
+  }
+
   // -- logs (experiment page) --------------------------------------------------------------
 
   var MAX_LOG_LINES = 5000;
@@ -373,6 +385,7 @@
     if (typeof uPlot !== "undefined") {
       attachAgentCharts();
       trialCharts();
+      compareChart();
     }
     logView();
     document.body.addEventListener("htmx:afterSettle", function () {
