@@ -224,6 +224,9 @@ class AgentHub:
         self.latest_reading: dict[str, metric_service.MetricReading] = {}
         self.round_trips = Histogram(ROUND_TRIP_BUCKETS_S)
         self.last_round_trip_s: dict[str, float] = {}
+        # When this master last heard from each agent (any message; heartbeats come every
+        # second): the dashboard's "seen", which the database updates only on (re)connect.
+        self.last_heard: dict[str, datetime] = {}
         self.fenced_runs = 0
         self.connections: dict[str, Connection] = {}
         self.gangs: dict[str, Gang] = {}
@@ -471,6 +474,7 @@ class AgentHub:
         stream stays up: heartbeats are still acknowledged, so no agent is fenced or
         declared lost because of the database."""
         connection.last_heartbeat = time.monotonic()  # any message shows the agent alive
+        self.last_heard[connection.agent_id] = datetime.now(UTC)
         kind = message.WhichOneof("body")
         if kind == "heartbeat":
             self.on_heartbeat(connection, message.heartbeat)

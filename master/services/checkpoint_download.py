@@ -17,7 +17,10 @@ import threading
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
-from master.errors import Unavailable
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from master.errors import NotFound, Unavailable
+from master.services import checkpoint_gc, experiments, trial_reports
 from resolute.storage import StorageError, from_config
 
 CHUNK = 1024 * 1024
@@ -114,3 +117,15 @@ async def tar_stream(storage: Mapping[str, Any], uuid: str) -> AsyncIterator[byt
             cancelled.set()
 
     return chunks()
+
+
+async def checkpoint_archive(session: AsyncSession, uuid: str) -> tuple[str, AsyncIterator[bytes]]:
+    """A stored checkpoint's file name and tar.gz stream (the API's download and the
+    dashboard's link); 404 once its files are being deleted."""
+    row = await trial_reports.get_checkpoint(session, uuid)
+    if row.state != checkpoint_gc.ACTIVE:
+        shown = checkpoint_gc.SHOWN.get(row.state, row.state)
+        raise NotFound(f"checkpoint {row.uuid} is {shown}: its files are (being) deleted")
+    experiment = (await experiments.get_experiment(session, row.experiment_id)).experiment
+    stream = await tar_stream(experiment.config.get("checkpoint_storage") or {}, row.uuid)
+    return f"{row.uuid}.tar.gz", stream

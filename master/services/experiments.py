@@ -501,6 +501,17 @@ async def get_trial(session: AsyncSession, trial_id: int) -> TrialModel:
     return trial
 
 
+async def trial_runs(session: AsyncSession, trial_id: int) -> list[AllocationModel]:
+    """The trial's allocations, first run first: each restart is a new one, and its
+    `exit_reason` says why the run before it ended."""
+    query = (
+        select(AllocationModel)
+        .where(AllocationModel.trial_id == trial_id)
+        .order_by(AllocationModel.registered_at, AllocationModel.id)
+    )
+    return list((await session.scalars(query)).all())
+
+
 async def _trials_of(session: AsyncSession, experiment_id: int) -> list[TrialModel]:
     query = select(TrialModel).where(TrialModel.experiment_id == experiment_id)
     return list((await session.scalars(query.order_by(TrialModel.id))).all())

@@ -6,17 +6,19 @@ from __future__ import annotations
 from fastapi import APIRouter, FastAPI, Request, Response
 from starlette.exceptions import HTTPException
 
-from master.web import auth, cluster, config_templates, experiments, tasks
+from master.errors import NotFound
+from master.web import auth, cluster, config_templates, experiments, tasks, trials
 from master.web.common import (
     STATIC_DIR,
     STATIC_PREFIX,
     CachedStaticFiles,
-    page_response,
+    MaybeWebSessionDep,
+    WebRoute,
     redirect,
 )
 
 router = APIRouter(include_in_schema=False)
-for _module in (auth, cluster, experiments, tasks, config_templates):
+for _module in (auth, cluster, experiments, trials, tasks, config_templates):
     router.include_router(_module.router)
 
 
@@ -33,15 +35,17 @@ async def ui_root() -> Response:
     return redirect("/ui/")
 
 
-@router.get("/ui/{rest:path}")
-async def unknown_page(request: Request, rest: str) -> Response:
-    """Registered last: a mistyped dashboard URL gets a page, not the API's JSON 404."""
-    return page_response(
-        request,
-        "error.html",
-        {"status": 404, "message": f"no page at /ui/{rest}", "details": []},
-        status=404,
-    )
+# Registered last: a mistyped dashboard URL gets an error page (with the site's navigation
+# when signed in), not the API's JSON 404.
+_fallback = APIRouter(route_class=WebRoute)
+
+
+@_fallback.get("/ui/{rest:path}")
+async def unknown_page(rest: str, _web: MaybeWebSessionDep) -> Response:
+    raise NotFound(f"no page at /ui/{rest}")
+
+
+router.include_router(_fallback)
 
 
 def mount_static(app: FastAPI) -> None:

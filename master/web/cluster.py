@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -57,10 +59,14 @@ class AgentRow:
     busy: int
     gpus: int
     utilization: dict[str, Any] | None
+    seen: datetime
 
 
 def _agent_row(
-    view: AgentView, by_allocation: dict[str, TaskView], latest: AgentMetricModel | None
+    view: AgentView,
+    by_allocation: dict[str, TaskView],
+    latest: AgentMetricModel | None,
+    heard: datetime | None,
 ) -> AgentRow:
     cells = []
     for slot in view.slots:
@@ -81,18 +87,30 @@ def _agent_row(
         busy=sum(1 for c in cells if c.allocation_id),
         gpus=sum(1 for s in view.slots if s.device_type in ("cuda", "rocm")),
         utilization=wire.utilization(latest),
+        # The stored time moves only on (re)connect; the hub's moves with every heartbeat.
+        seen=max(view.agent.last_seen_at, heard) if heard else view.agent.last_seen_at,
     )
 
 
+def last_heard(request: Request) -> Mapping[str, datetime]:
+    hub = getattr(request.app.state, "agent_hub", None)
+    return hub.last_heard if hub is not None else {}
+
+
 async def _cluster_context(
-    session: AsyncSession, settings: MasterSettings, paged: Paging
+    session: AsyncSession,
+    settings: MasterSettings,
+    paged: Paging,
+    heard: Mapping[str, datetime],
 ) -> dict[str, Any]:
     pools = await tasks.list_pools(session, settings)
     views = await agents.list_agents(session)
     shown = slice_page(views, paged)
     latest = await metrics.latest_metrics(session, [v.agent.id for v in shown])
     by_allocation = {t.allocation.id: t for t in await tasks.list_tasks(session)}
-    rows = [_agent_row(v, by_allocation, latest.get(v.agent.id)) for v in shown]
+    rows = [
+        _agent_row(v, by_allocation, latest.get(v.agent.id), heard.get(v.agent.id)) for v in shown
+    ]
     return {
         "pools": pools,
         "agents": rows,
@@ -113,7 +131,7 @@ async def cluster_page(
     web: WebSessionDep,
     paged: ClusterPaging,
 ) -> Response:
-    context = await _cluster_context(session, settings, paged)
+    context = await _cluster_context(session, settings, paged, last_heard(request))
     template = "cluster_live.html" if is_htmx(request) else "cluster.html"
     return page_response(request, template, {**context, "nav": "cluster"}, web=web)
 
@@ -169,6 +187,6 @@ async def _page_with_error(
     web: WebSession,
     exc: MasterError,
 ) -> Response:
-    context = await _cluster_context(session, settings, Paging(1, 20))
+    context = await _cluster_context(session, settings, Paging(1, 20), last_heard(request))
     context.update(nav="cluster", error=exc.message)
     return page_response(request, "cluster.html", context, web=web)

@@ -242,10 +242,24 @@ async def web_session(request: Request, session: SessionDep) -> WebSession:
         raise SignInRequired from None
     if session.info.get(access.TOKEN_KIND) == access.TASK:
         raise SignInRequired  # a run's token opens its trial's API routes, not the dashboard
-    return WebSession(username=user.username, user_id=user.id, token=token, admin=user.admin)
+    web = WebSession(username=user.username, user_id=user.id, token=token, admin=user.admin)
+    # Kept for the error page: a handler that fails later still renders the navigation.
+    request.state.web = web
+    return web
 
 
 WebSessionDep = Annotated[WebSession, Depends(web_session)]
+
+
+async def maybe_web_session(request: Request, session: SessionDep) -> WebSession | None:
+    try:
+        return await web_session(request, session)
+    except SignInRequired:
+        return None
+
+
+# For pages anyone may see (the 404 page), with the navigation when signed in.
+MaybeWebSessionDep = Annotated[WebSession | None, Depends(maybe_web_session)]
 
 
 def check_origin(request: Request) -> None:
@@ -432,6 +446,7 @@ def _problem(
         request,
         "error.html",
         {"status": status, "message": message, "details": details},
+        web=getattr(request.state, "web", None),
         status=status,
     )
     response.headers.update(headers or {})

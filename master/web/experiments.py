@@ -328,6 +328,88 @@ async def _page_with_error(
     return page_response(request, "experiment.html", context, web=web)
 
 
+# -- trials compared ---------------------------------------------------------------------
+
+MAX_COMPARED = MAX_CHART_SERIES
+MAX_COMPARE_CHOICES = 200
+MetricGroup = Literal["training", "validation"]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One metric of several trials on shared steps (None where a trial has no value)."""
+
+    steps: list[int]
+    series: dict[int, list[float | None]]
+    names: list[str]  # the metrics these trials report in the group, for the chooser
+
+
+def compare_metric(rows: list[Any], trial_ids: list[int], metric: str) -> Comparison:
+    names = sorted(
+        {k for r in rows for k, v in r.metrics.items() if trial_reports.numeric(v) is not None}
+    )
+    steps = sorted({r.steps_completed for r in rows if metric in r.metrics})
+    at = {step: i for i, step in enumerate(steps)}
+    series: dict[int, list[float | None]] = {t: [None] * len(steps) for t in trial_ids}
+    for r in rows:
+        if metric in r.metrics:
+            series[r.trial_id][at[r.steps_completed]] = _finite(
+                trial_reports.numeric(r.metrics[metric])
+            )
+    return Comparison(steps, series, names)
+
+
+@router.get("/ui/experiments/{experiment_id}/compare")
+async def compare_trials(
+    request: Request,
+    experiment_id: ObjectId,
+    session: SessionDep,
+    web: WebSessionDep,
+    trial: Annotated[list[int], Query()] = [],  # noqa: B006 - FastAPI copies defaults
+    metric: Annotated[str, Query(max_length=256)] = "",
+    group: MetricGroup = "validation",
+) -> Response:
+    """One chart of a metric for the chosen trials (all of the first few by default)."""
+    view = await experiments.get_experiment(session, experiment_id)
+    choices, _total = await experiments.list_trials(
+        session, experiment_id, offset=0, limit=MAX_COMPARE_CHOICES
+    )
+    if len(trial) > MAX_COMPARED:
+        raise InvalidArgument(f"trial: at most {MAX_COMPARED} trials in one chart")
+    for trial_id in trial:
+        await _selected_trial(session, experiment_id, trial_id)
+    selected = list(dict.fromkeys(trial)) or [t.id for t in choices[:MAX_COMPARED]]
+    searcher_metric, _smaller = trial_reports.searcher_metric(view.experiment.config)
+    rows = await trial_reports.metric_rows_of_trials(session, selected, group)
+    names = compare_metric(rows, selected, "").names
+    chosen = metric or (searcher_metric if searcher_metric in names else next(iter(names), ""))
+    comparison = compare_metric(rows, selected, chosen)
+    problem = None
+    if metric and metric not in names:
+        reported = ", ".join(names) if names else "none"
+        problem = (
+            f"No selected trial reported a {group} metric named {metric!r}. "
+            f"They report: {reported}."
+        )
+    chart = {
+        "metric": chosen,
+        "steps": comparison.steps,
+        "series": [{"label": f"trial {t}", "values": v} for t, v in comparison.series.items()],
+    }
+    context = {
+        "nav": "experiments",
+        "view": view,
+        "choices": choices,
+        "selected": selected,
+        "metric": chosen,
+        "group": group,
+        "names": names,
+        "problem": problem,
+        "chart": chart if chosen and not problem else None,
+    }
+    return page_response(request, "compare.html", context, web=web)
+
+
 # -- feeds the page polls ----------------------------------------------------------------
 
 
@@ -388,6 +470,7 @@ async def trial_logs(
                     "id": r.id,
                     "rank": r.rank,
                     "stdtype": r.stdtype,
+                    "level": r.level,
                     "time": r.timestamp.isoformat().replace("+00:00", "Z"),
                     "message": r.message.removesuffix("\n"),
                 }

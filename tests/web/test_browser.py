@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import tarfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -92,10 +93,10 @@ class Cluster:
     agent: AgentProcess
     work: Path
 
-    def submit(self, script: str, name: str) -> int:
+    def submit(self, script: str, name: str, **options: Any) -> int:
         folder = self.work / unique(name)
         folder.mkdir()
-        config, model = write_experiment(folder, script, name=name)
+        config, model = write_experiment(folder, script, name=name, **options)
         return create_experiment(self.master, config, model)
 
     def trial(self, experiment_id: int) -> dict[str, Any]:
@@ -413,13 +414,13 @@ def test_experiment_goes_queued_running_completed_live_with_charts_and_logs(
     # The metrics charts draw every reported step; their values are the trial's own.
     api_rows = cluster.master.api("GET", f"/api/v1/trials/{queued['id']}/metrics")
     print("metrics through the API:", json.dumps(api_rows)[:300])
-    training = page.locator(".chart[data-group='training']")
+    training = page.locator("[data-group='training']")
     page.wait_for_function(
         "el => el.dataset.points === '8'", arg=training.element_handle(), timeout=WAIT_MS
     )
-    assert training.locator("canvas").count() == 1
-    assert "loss" in training.locator(".u-legend").inner_text()
-    validation = page.locator(".chart[data-group='validation']")
+    assert training.locator("figcaption").all_inner_texts() == ["accuracy", "loss"]
+    assert training.locator("canvas").count() == 2
+    validation = page.locator("[data-group='validation']")
     page.wait_for_function(
         "el => el.dataset.points === '2'", arg=validation.element_handle(), timeout=WAIT_MS
     )
@@ -530,7 +531,7 @@ def test_agent_can_be_drained_and_enabled_from_the_cluster_page(
 SCREENSHOT_PAGES = [
     ("cluster", "/ui/cluster", ".chart[data-chart='agent-util']"),
     ("experiments", "/ui/experiments", None),
-    ("experiment", "/ui/experiments/{shown}", ".chart[data-group='training']"),
+    ("experiment", "/ui/experiments/{shown}", "[data-group='training']"),
     ("experiment-queued", "/ui/experiments/{waiting}", None),
     ("tasks", "/ui/tasks", None),
     ("templates", "/ui/templates", None),
@@ -611,3 +612,363 @@ def assert_fits_width(page: Any, what: str) -> None:
         "() => document.documentElement.scrollWidth - document.documentElement.clientWidth"
     )
     assert overflow <= 1, f"{what} is {overflow}px too wide"
+
+
+# -- issue 28: a new user's bugs, and the trial page ---------------------------------------
+
+# Fails its first run on purpose (a restart with its reason), then logs INFO through
+# Python's logging (to stderr, as logging does), says ERROR on stdout, reports two metrics
+# of very different scales, ONE validation point (an ASHA trial stopped at rung 0 has just
+# one) and a checkpoint.
+TRIAL_SCRIPT = """\
+import json, logging, os, sys
+import resolute
+
+if os.environ["DET_TRIAL_RUN_ID"] == "1":
+    print("first run: failing on purpose", flush=True)
+    sys.exit(3)
+logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
+logging.info("loading the data")
+with resolute.init() as ctx:
+    for step in range(1, 5):
+        metrics = {"loss": 1.0 / step, "accuracy": 60.0 + 10 * step}
+        ctx.train.report_training_metrics(steps_completed=step * 10, metrics=metrics)
+    ctx.train.report_validation_metrics(steps_completed=40, metrics={"loss": 0.3})
+    print("ERROR: the data had 3 bad rows", flush=True)
+    if ctx.is_chief:
+        with ctx.checkpoint.store_path(40, {"note": "final"}) as (path, uuid):
+            (path / "state.json").write_text(json.dumps({"step": 40}))
+print("trial done", flush=True)
+"""
+
+# Counts the canvas pixels of the first series' colour (#2f6fab): what a user sees drawn.
+SERIES_PIXELS = """el => {
+  const canvas = el.querySelector('canvas');
+  if (!canvas) return 0;
+  const data = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+  let count = 0;
+  for (let i = 0; i < data.length; i += 4) {
+    if (Math.abs(data[i] - 47) < 30 && Math.abs(data[i + 1] - 111) < 30
+        && Math.abs(data[i + 2] - 171) < 30 && data[i + 3] > 200) count += 1;
+  }
+  return count;
+}"""
+
+# Every string painted on a canvas (uPlot paints its axes' labels and ticks there).
+RECORD_PAINTED_TEXT = """
+window.__painted = [];
+const fillText = CanvasRenderingContext2D.prototype.fillText;
+CanvasRenderingContext2D.prototype.fillText = function (text, ...rest) {
+  window.__painted.push(String(text));
+  return fillText.call(this, text, ...rest);
+};
+"""
+
+# Each line of the log view with the colour it is shown in.
+LOG_LINE_COLOURS = """pre => Array.from(pre.children).map(
+  line => [line.textContent, getComputedStyle(line).color])"""
+
+
+@dataclass
+class TrialRun:
+    experiment_id: int
+    trial_id: int
+
+
+@pytest.fixture(scope="module")
+def trial_run(cluster: Cluster) -> TrialRun:
+    """One finished trial the tests below look at from every side."""
+    experiment = cluster.submit(
+        TRIAL_SCRIPT,
+        unique("trial-page"),
+        max_restarts=2,
+        extra={"hyperparameters": {"lr": 0.01, "layers": 3}},
+    )
+    trial = cluster.wait_trial(experiment, {"COMPLETED", "ERROR"})
+    assert trial["state"] == "STATE_COMPLETED", trial
+    return TrialRun(experiment, trial["id"])
+
+
+def screenshot(page: Any, folder: Path, name: str) -> None:
+    page.screenshot(path=str(folder / f"{name}-desktop-1280x800.png"), full_page=True)
+
+
+def test_a_single_validation_point_is_drawn(
+    page: Any, trial_run: TrialRun, screenshot_dir: Path
+) -> None:
+    page.goto(f"/ui/experiments/{trial_run.experiment_id}")
+    validation = page.locator("[data-group='validation']")
+    page.wait_for_function(
+        "el => el.dataset.points === '1'", arg=validation.element_handle(), timeout=WAIT_MS
+    )
+    # uPlot draws a line between values; a single value needs its point drawn.
+    page.wait_for_function(f"el => ({SERIES_PIXELS})(el) > 10", arg=validation.element_handle())
+    validation.scroll_into_view_if_needed()
+    screenshot(page, screenshot_dir, "single-validation-point")
+
+
+def test_each_metric_has_its_own_chart_with_labelled_axes(
+    page: Any, trial_run: TrialRun, screenshot_dir: Path
+) -> None:
+    page.add_init_script(RECORD_PAINTED_TEXT)
+    page.goto(f"/ui/experiments/{trial_run.experiment_id}")
+    training = page.locator("[data-group='training']")
+    page.wait_for_function(
+        "el => el.querySelectorAll('canvas').length === 2",
+        arg=training.element_handle(),
+        timeout=WAIT_MS,
+    )
+    # loss (0.25-1) and accuracy (70-100) each on a y axis of their own.
+    assert training.locator("figcaption").all_inner_texts() == ["accuracy", "loss"]
+    for name in ("accuracy", "loss"):
+        legend = training.locator(f".chart[data-metric='{name}'] .u-legend")
+        assert legend.locator(".u-series").count() == 1  # this metric alone
+        assert name in legend.inner_text()
+    page.wait_for_function("() => window.__painted.includes('batches')", timeout=WAIT_MS)
+    painted = page.evaluate("() => window.__painted")
+    assert {"batches", "loss", "accuracy"} <= set(painted), painted
+    training.scroll_into_view_if_needed()
+    screenshot(page, screenshot_dir, "metric-charts")
+
+
+def test_log_lines_are_coloured_by_level_not_by_stream(
+    page: Any, trial_run: TrialRun, screenshot_dir: Path
+) -> None:
+    page.goto(f"/ui/experiments/{trial_run.experiment_id}")
+    logs = page.locator("pre[data-logs]")
+    page.wait_for_function(
+        "el => el.textContent.includes('trial done')", arg=logs.element_handle(), timeout=WAIT_MS
+    )
+    plain = page.evaluate("el => getComputedStyle(el).color", logs.element_handle())
+    colours = dict(page.evaluate(LOG_LINE_COLOURS, logs.element_handle()))
+    [info] = [c for text, c in colours.items() if "INFO: loading the data" in text]
+    [error] = [c for text, c in colours.items() if "ERROR: the data had 3 bad rows" in text]
+    [done] = [c for text, c in colours.items() if "trial done" in text]
+    assert info == plain == done, colours  # INFO went to stderr: still a plain line
+    assert error not in (plain, info), colours  # ERROR on stdout: still an error
+    assert error == "rgb(242, 139, 130)", error
+    logs.scroll_into_view_if_needed()
+    screenshot(page, screenshot_dir, "log-levels")
+
+
+def test_a_slot_held_by_a_command_names_and_links_the_command(
+    page: Any, cluster: Cluster, trial_run: TrialRun, screenshot_dir: Path
+) -> None:
+    command = cluster.master.api(
+        "POST",
+        "/api/v1/commands",
+        json={"config": {"entrypoint": "sleep 600", "resources": {"slots": 1}}},
+    )["command"]
+    task_id = command["id"]
+    try:
+        cluster.master.wait_for(
+            "the command to run",
+            lambda: (
+                cluster.master.api("GET", f"/api/v1/commands/{task_id}")["command"]["state"]
+                == "STATE_RUNNING"
+            ),
+            WAIT_MS / 1000,
+        )
+        page.goto("/ui/cluster")
+        slot = page.locator(f"article.agent[data-agent-id='{cluster.agent.id}'] .slot.busy")
+        slot.wait_for()
+        assert slot.inner_text().split() == ["cpu", "0", "command", task_id[:8]]
+        screenshot(page, screenshot_dir, "cluster-command-slot")
+        slot.get_by_role("link").click()
+        page.wait_for_url(f"**/ui/tasks#task-{task_id}")
+        row = page.locator(f"#task-{task_id}")
+        assert task_id in row.inner_text() and "RUNNING" in row.inner_text()
+    finally:
+        cluster.master.api("POST", f"/api/v1/commands/{task_id}/kill")
+    cluster.master.wait_for(
+        "the command to end",
+        lambda: (
+            cluster.master.api("GET", f"/api/v1/commands/{task_id}")["command"]["state"]
+            == "STATE_TERMINATED"
+        ),
+        WAIT_MS / 1000,
+    )
+
+
+def test_an_agents_seen_time_moves_with_its_heartbeats(page: Any, cluster: Cluster) -> None:
+    selector = f"article.agent[data-agent-id='{cluster.agent.id}'] p.muted"
+    page.goto("/ui/cluster")
+    first = re.search(r"seen (.+)$", page.locator(selector).first.inner_text())
+    assert first, page.locator(selector).first.inner_text()
+    # The card is re-rendered every 3 s (so the selector is asked again each time) and the
+    # agent sends a heartbeat every second; it has not reconnected, so only the heartbeats
+    # can move the time.
+    page.wait_for_function(
+        "([selector, was]) => !document.querySelector(selector).textContent"
+        ".includes('seen ' + was)",
+        arg=[selector, first.group(1)],
+        timeout=20_000,
+    )
+
+
+def test_not_found_pages_keep_the_navigation_and_say_what_is_missing(
+    browser: Any, cluster: Cluster, screenshot_dir: Path
+) -> None:
+    # Its own context: the console reports every 4xx page load, which is the point here.
+    context = browser.new_context(viewport=DESKTOP, base_url=cluster.master.url)
+    page = context.new_page()
+    sign_in(page)
+    for url, status, says in (
+        ("/ui/trials/987654321", 404, "trial 987654321 not found"),
+        ("/ui/no-such-page", 404, "no page at /ui/no-such-page"),
+        ("/ui/experiments/987654321", 404, "experiment 987654321 not found"),
+        ("/ui/experiments/five", 400, "experiment_id"),
+        ("/ui/trials/five", 400, "trial_id"),
+    ):
+        reply = page.goto(url)
+        assert reply.status == status, (url, reply.status)
+        nav = page.locator("header.top nav")
+        assert nav.get_by_role("link").all_inner_texts() == [
+            "Cluster",
+            "Experiments",
+            "Tasks",
+            "Templates",
+        ], url
+        assert says in page.locator("main").inner_text(), url
+    page.goto("/ui/trials/987654321")
+    screenshot(page, screenshot_dir, "not-found")
+    context.close()
+
+
+def test_trial_page_shows_its_state_runs_charts_logs_and_checkpoints(
+    browser: Any, page: Any, cluster: Cluster, trial_run: TrialRun, screenshot_dir: Path
+) -> None:
+    page.goto(f"/ui/experiments/{trial_run.experiment_id}")
+    row = page.locator(f"#trials tr[data-trial-id='{trial_run.trial_id}']")
+    row.get_by_role("link", name="trial page").click()
+    page.wait_for_url(f"**/ui/trials/{trial_run.trial_id}")
+
+    summary = page.locator("#trial-live")
+    assert summary.get_attribute("data-state") == "COMPLETED"
+    assert "COMPLETED" in summary.locator(".badge").first.inner_text()
+    experiment_link = summary.get_by_role("link", name=str(trial_run.experiment_id))
+    assert experiment_link.get_attribute("href").startswith(
+        f"/ui/experiments/{trial_run.experiment_id}"
+    )
+    assert summary.locator("[data-restarts]").inner_text().startswith("1 ")
+    runs = page.locator("#runs tbody tr")
+    assert runs.count() == 2
+    # The first run exited with 3 (a failure, counted as a restart); the second completed.
+    assert "failed" in runs.nth(0).locator("td.reason").inner_text().lower()
+    assert "COMPLETED" in runs.nth(1).locator("td.reason").inner_text().upper()
+    assert page.locator("[data-hparam='lr'] td").inner_text() == "0.01"
+    assert page.locator("[data-hparam='layers'] td").inner_text() == "3"
+
+    training = page.locator("[data-group='training']")
+    page.wait_for_function(
+        "el => el.querySelectorAll('canvas').length === 2",
+        arg=training.element_handle(),
+        timeout=WAIT_MS,
+    )
+    validation = page.locator("[data-group='validation']")
+    page.wait_for_function(f"el => ({SERIES_PIXELS})(el) > 10", arg=validation.element_handle())
+
+    logs = page.locator("pre[data-logs]")
+    page.wait_for_function(
+        "el => el.textContent.includes('trial done')", arg=logs.element_handle(), timeout=WAIT_MS
+    )
+    assert "first run: failing on purpose" in logs.inner_text()
+    page.get_by_label("Rank").select_option("0")
+    page.wait_for_function(
+        "el => el.textContent.includes('trial done')", arg=logs.element_handle(), timeout=WAIT_MS
+    )
+
+    checkpoint = page.locator("#checkpoints tr[data-checkpoint]")
+    assert checkpoint.count() == 1
+    uuid = checkpoint.get_attribute("data-checkpoint")
+    with page.expect_download() as started:
+        checkpoint.get_by_role("link").click()
+    download = started.value
+    assert download.suggested_filename == f"{uuid}.tar.gz"
+    with tarfile.open(download.path(), "r:gz") as archive:
+        stored = archive.extractfile("state.json")
+        assert stored is not None and json.loads(stored.read()) == {"step": 40}
+
+    screenshot(page, screenshot_dir, "trial")
+    context = browser.new_context(viewport=PHONE, base_url=cluster.master.url)
+    console = ConsoleLog()
+    phone = context.new_page()
+    console.watch(phone)
+    sign_in(phone)
+    phone.goto(f"/ui/trials/{trial_run.trial_id}")
+    phone.locator("[data-group='training'] canvas").first.wait_for()
+    phone.screenshot(path=str(screenshot_dir / "trial-phone-390x844.png"), full_page=True)
+    assert_fits_width(phone, "the trial page at phone size")
+    context.close()
+    assert not console.errors, "\n".join(console.errors)
+
+
+COMPARE_SCRIPT = """\
+import resolute
+
+with resolute.init() as ctx:
+    lr = ctx.hparams["lr"]
+    for step in range(1, 4):
+        ctx.train.report_training_metrics(steps_completed=step * 10, metrics={"loss": lr / step})
+    ctx.train.report_validation_metrics(steps_completed=30, metrics={"loss": lr / 3})
+"""
+
+# The canvas pixels of one colour, [r, g, b]: how much of a series a user sees drawn.
+COLOUR_PIXELS = """([el, rgb]) => {
+  const canvas = el.querySelector('canvas');
+  if (!canvas) return 0;
+  const data = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+  let count = 0;
+  for (let i = 0; i < data.length; i += 4) {
+    if (Math.abs(data[i] - rgb[0]) < 30 && Math.abs(data[i + 1] - rgb[1]) < 30
+        && Math.abs(data[i + 2] - rgb[2]) < 30 && data[i + 3] > 200) count += 1;
+  }
+  return count;
+}"""
+
+
+def test_trials_compared_on_one_chart_of_a_chosen_metric(
+    page: Any, cluster: Cluster, screenshot_dir: Path
+) -> None:
+    experiment = cluster.submit(
+        COMPARE_SCRIPT,
+        unique("compare"),
+        extra={
+            "searcher": {"name": "grid"},
+            "hyperparameters": {"lr": {"type": "categorical", "vals": [0.5, 1.0]}},
+        },
+    )
+
+    def finished() -> list[int] | None:
+        trials = cluster.master.api("GET", f"/api/v1/experiments/{experiment}/trials")["trials"]
+        done = [t for t in trials if t["state"].removeprefix("STATE_") in TERMINAL]
+        return sorted(t["id"] for t in trials) if len(done) == len(trials) == 2 else None
+
+    first, second = cluster.master.wait_for("both trials to end", finished, WAIT_MS * 2 / 1000)
+    page.goto(f"/ui/experiments/{experiment}")
+    page.get_by_role("link", name="compare their metrics").click()
+    page.wait_for_url(f"**/ui/experiments/{experiment}/compare")
+    chart = page.locator(".chart[data-chart='compare']")
+    assert chart.get_attribute("data-points") == "1"  # the default: validation loss
+    assert page.get_by_label("Metric", exact=True).input_value() == "loss"
+
+    page.get_by_label("Metrics", exact=True).select_option("training")
+    page.get_by_role("button", name="Compare").click()
+    page.wait_for_url(re.compile(r"group=training"))
+    chart = page.locator(".chart[data-chart='compare']")
+    assert chart.get_attribute("data-points") == "3"
+    assert [t.strip() for t in chart.locator(".u-legend .u-series").all_inner_texts()] == [
+        f"trial {first}",
+        f"trial {second}",
+    ]
+    for rgb in ([47, 111, 171], [194, 65, 12]):  # the first two series' colours
+        page.wait_for_function(
+            f"([el, rgb]) => ({COLOUR_PIXELS})([el, rgb]) > 10",
+            arg=[chart.element_handle(), rgb],
+        )
+    screenshot(page, screenshot_dir, "trials-compared")
+
+    page.goto(f"/ui/experiments/{experiment}/compare?group=training&metric=nope&trial={first}")
+    problem = page.get_by_role("alert").inner_text()
+    assert "training metric named 'nope'" in problem and "They report: loss." in problem
+    assert page.locator(".chart[data-chart='compare']").count() == 0

@@ -381,6 +381,35 @@ async def test_bad_paging_and_sorting_parameters_are_refused_cleanly(
     assert (await web.get("/ui/trials/999/metrics.json")).status_code == 404
 
 
+async def test_trial_and_compare_pages_refuse_bad_ids_and_parameters_cleanly(
+    web: httpx.AsyncClient,
+) -> None:
+    await bearer(web)
+    experiment = await experiment_with_trials(web)
+    compare = f"/ui/experiments/{experiment['id']}/compare"
+    many = "&".join(f"trial={i}" for i in range(9))
+    for path, status in (
+        ("/ui/trials/abc", 400),
+        ("/ui/trials/-1", 400),
+        ("/ui/trials/999", 404),
+        ("/ui/trials/999/live", 404),
+        (f"{compare}?group=testing", 400),
+        (f"{compare}?trial=abc", 400),
+        (f"{compare}?{many}", 400),
+        (f"{compare}?trial=999", 404),
+        ("/ui/experiments/999/compare", 404),
+        ("/ui/checkpoints/no-such-checkpoint/download", 404),
+    ):
+        reply = await web.get(path)
+        assert reply.status_code == status, (path, reply.status_code, reply.text[-300:])
+        assert reply.headers["content-type"].startswith("text/html")
+        assert 'class="problem"' in reply.text and 'href="/ui/experiments"' in reply.text, path
+    # No metric reported yet: the page says so, and a named metric is refused in words.
+    reply = await web.get(f"{compare}?metric=loss")
+    assert reply.status_code == 200
+    assert "named &#39;loss&#39;" in reply.text and "They report: none." in reply.text
+
+
 # -- the experiment page and its actions ---------------------------------------------------
 
 

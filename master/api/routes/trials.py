@@ -373,18 +373,11 @@ download_router = APIRouter(tags=["Checkpoints"])
 @download_router.get("/checkpoints/{uuid}", response_class=StreamingResponse)
 async def download_checkpoint(uuid: str, session: SessionDep, _user: CurrentUser) -> Response:
     """The checkpoint's files as a tar.gz, streamed from its store a file at a time."""
-    row = await trial_reports.get_checkpoint(session, uuid)
-    if row.state != checkpoint_gc.ACTIVE:
-        shown = checkpoint_gc.SHOWN.get(row.state, row.state)
-        raise NotFound(f"checkpoint {row.uuid} is {shown}: its files are (being) deleted")
-    experiment = (await experiments.get_experiment(session, row.experiment_id)).experiment
-    stream = await checkpoint_download.tar_stream(
-        experiment.config.get("checkpoint_storage") or {}, row.uuid
-    )
+    filename, stream = await checkpoint_download.checkpoint_archive(session, uuid)
     return StreamingResponse(
         stream,
         media_type="application/gzip",
-        headers={"Content-Disposition": f'attachment; filename="{row.uuid}.tar.gz"'},
+        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
     )
 
 

@@ -31,21 +31,39 @@
     return Math.max(120, Math.floor(el.getBoundingClientRect().width || el.parentNode.clientWidth || 300));
   }
 
-  function makePlot(el, series, height, yRange, xIsTime) {
+  // Points where a series is sparse: a line needs two values, so a series with a single
+  // one (a trial stopped at its first validation) would otherwise draw nothing at all.
+  function sparsePoints(u, si, i0, i1) {
+    var values = u.data[si] || [];
+    var count = 0;
+    for (var i = i0; i <= i1; i++) if (values[i] !== null && values[i] !== undefined) count += 1;
+    return count <= 1 || u.bbox.width / (window.devicePixelRatio || 1) / count > 24;
+  }
+
+  // labels: {x, y} axis titles (drawn by uPlot on the canvas), or none.
+  function makePlot(el, series, height, yRange, xIsTime, labels) {
     var font = axisFont(el);
+    var xAxis = { font: font, size: xIsTime ? 44 : 30, ticks: { size: 3 }, stroke: "#5b6570", grid: { stroke: "#eef1f4" } };
+    var yAxis = { font: font, size: 40, ticks: { size: 3 }, stroke: "#5b6570", grid: { stroke: "#eef1f4" } };
+    if (labels) {
+      [[xAxis, labels.x], [yAxis, labels.y]].forEach(function (pair) {
+        pair[0].label = pair[1];
+        pair[0].labelFont = font;
+        pair[0].labelSize = 16;
+        pair[0].labelGap = 2;
+      });
+      yAxis.size = 48;
+    }
     var opts = {
       width: chartWidth(el),
       height: height,
       cursor: { drag: { x: false, y: false } },
       legend: { live: false },
       scales: { x: { time: xIsTime }, y: { range: yRange } },
-      axes: [
-        { font: font, size: xIsTime ? 44 : 30, ticks: { size: 3 }, stroke: "#5b6570", grid: { stroke: "#eef1f4" } },
-        { font: font, size: 40, ticks: { size: 3 }, stroke: "#5b6570", grid: { stroke: "#eef1f4" } },
-      ],
+      axes: [xAxis, yAxis],
       series: [{}].concat(
         series.map(function (label, i) {
-          return { label: label, stroke: PALETTE[i % PALETTE.length], width: 1.5, spanGaps: true, points: { show: false } };
+          return { label: label, stroke: PALETTE[i % PALETTE.length], width: 1.5, spanGaps: true, points: { show: sparsePoints, size: 6, fill: PALETTE[i % PALETTE.length] } };
         })
       ),
     };
@@ -161,34 +179,66 @@
       .catch(function () { /* the next poll retries */ });
   }
 
-  // -- trial metric charts (experiment page) -----------------------------------------------
+  // -- trial metric charts (experiment and trial pages) -----------------------------------
 
+  // One chart per metric, so a loss near 0 and an accuracy near 100 each get their own
+  // y axis; the x axis counts batches, as the trial reports them.
   function trialCharts() {
-    var els = document.querySelectorAll(".chart[data-chart='trial-metrics']");
-    if (!els.length) return;
-    var trial = els[0].dataset.trial;
-    var plots = {}; // group -> {plot, names}
+    var groups = document.querySelectorAll("[data-chart='trial-metrics']");
+    if (!groups.length) return;
+    var trial = groups[0].dataset.trial;
+    var plots = {}; // group|metric -> plot
+
+    // Every metric's box first, then the charts: each box's width depends on how many
+    // share the row, and a chart takes its width when it is made.
+    function metricCharts(groupEl, names) {
+      var made = names.map(function (name) {
+        var key = groupEl.dataset.group + "|" + name;
+        if (plots[key]) return null;
+        var figure = document.createElement("figure");
+        var caption = document.createElement("figcaption");
+        caption.textContent = name;
+        var el = document.createElement("div");
+        el.className = "chart";
+        el.dataset.metric = name;
+        figure.appendChild(caption);
+        figure.appendChild(el);
+        groupEl.appendChild(figure);
+        return [key, name, el];
+      });
+      names.forEach(function (name) {
+        var plot = plots[groupEl.dataset.group + "|" + name];
+        if (plot) plot.setSize({ width: chartWidth(plot.root.parentNode), height: plot.height });
+      });
+      made.forEach(function (item) {
+        if (item) plots[item[0]] = makePlot(item[2], [item[1]], 200, null, false, { x: "batches", y: item[1] });
+      });
+      return names.map(function (name) { return plots[groupEl.dataset.group + "|" + name]; });
+    }
 
     function draw(body) {
-      els.forEach(function (el) {
-        var group = body.groups[el.dataset.group] || { steps: [], series: {} };
+      groups.forEach(function (groupEl) {
+        var group = body.groups[groupEl.dataset.group] || { steps: [], series: {} };
         var names = Object.keys(group.series);
-        el.dataset.points = String(group.steps.length);
+        groupEl.dataset.points = String(group.steps.length);
         if (!group.steps.length || !names.length) {
-          if (!el.querySelector(".chart-empty")) {
+          if (!groupEl.querySelector(".chart-empty")) {
             var note = document.createElement("p");
             note.className = "chart-empty";
-            note.textContent = "No " + el.dataset.group + " metrics reported yet.";
-            el.replaceChildren(note);
+            note.textContent = "No " + groupEl.dataset.group + " metrics reported yet.";
+            groupEl.replaceChildren(note);
           }
           return;
         }
-        var current = plots[el.dataset.group];
-        if (!current || current.names.join("\u0000") !== names.join("\u0000")) {
-          current = { names: names, plot: makePlot(el, names, 240, null, false) };
-          plots[el.dataset.group] = current;
-        }
-        current.plot.setData([group.steps].concat(names.map(function (n) { return group.series[n]; })));
+        var note = groupEl.querySelector(".chart-empty");
+        if (note) note.remove();
+        metricCharts(groupEl, names).forEach(function (plot, i) {
+          var values = group.series[names[i]];
+          plot.setData([group.steps, values]);
+          plot.root.parentNode.dataset.points = String(
+            values.filter(function (v) { return v !== null; }).length
+          );
+        });
       });
     }
 
@@ -201,6 +251,18 @@
         .catch(function () { window.setTimeout(poll, POLL_MS * 2); });
     }
     poll();
+  }
+
+  // -- trials compared (one metric of several trials, drawn once) ---------------------------
+
+  function compareChart() {
+    var el = document.querySelector(".chart[data-chart='compare']");
+    if (!el) return;
+    var chart = JSON.parse(el.dataset.compare);
+    var labels = chart.series.map(function (s) { return s.label; });
+    var plot = makePlot(el, labels, 300, null, false, { x: "batches", y: chart.metric });
+    plot.setData([chart.steps].concat(chart.series.map(function (s) { return s.values; })));
+    el.dataset.points = String(chart.steps.length);
   }
 
   // -- logs (experiment page) --------------------------------------------------------------
@@ -222,7 +284,9 @@
       var fragment = document.createDocumentFragment();
       lines.forEach(function (line) {
         var row = document.createElement("span");
-        if (line.stdtype === "stderr") row.className = "stderr";
+        // Coloured by level: INFO on stderr (Python's logging) is no error.
+        if (line.level) row.className = "level-" + line.level.replace("LOG_LEVEL_", "").toLowerCase();
+        row.dataset.level = line.level || "";
         if (line.rank !== null && line.rank !== undefined) {
           var rank = document.createElement("span");
           rank.className = "rank";
@@ -321,6 +385,7 @@
     if (typeof uPlot !== "undefined") {
       attachAgentCharts();
       trialCharts();
+      compareChart();
     }
     logView();
     document.body.addEventListener("htmx:afterSettle", function () {
