@@ -113,10 +113,13 @@ def print_table(
     *,
     as_csv: bool = False,
     whole: Collection[str] = (),
+    wrap: Collection[str] = ("Reason", "State reason"),
 ) -> None:
-    """A table for people, or CSV with every value in full. A cell is never wrapped: where
-    the table must shrink, long text columns are cut with an ellipsis; ids, UUIDs, short
-    columns and the columns named in `whole` never are."""
+    """A table for people, or CSV with every value in full. Where the table must shrink,
+    long text columns are cut with an ellipsis; ids, UUIDs, short columns and the columns
+    named in `whole` never are. Columns named in `wrap` (the reasons: why a trial waits or
+    ended is the point of reading them) wrap at spaces onto more lines instead, never
+    splitting a word."""
     cells = [[cell_text(v) for v in row] for row in rows]
     if as_csv:
         writer = csv.writer(sys.stdout, lineterminator="\n")
@@ -127,7 +130,7 @@ def print_table(
     widths = column_widths(headers, cells, limit, whole)
     table = Table(show_lines=False, box=None, header_style="bold")
     for header, width in zip(headers, widths, strict=True):
-        table.add_column(header, no_wrap=True, overflow="ellipsis", width=width)
+        table.add_column(header, no_wrap=header not in wrap, overflow="ellipsis", width=width)
     for row in cells:
         table.add_row(*(Text(text) for text in row))  # values, never markup
     needed = sum(widths) + 2 * len(widths)

@@ -132,3 +132,23 @@ def test_metrics_line_names_each_metric() -> None:
     assert format_metrics({"loss": 0.13678912345, "lr": 1.2345678e-05, "step": 3}) == (
         "loss=0.136789, lr=1.23457e-05, step=3"
     )
+
+
+def test_a_reason_wraps_at_spaces_and_keeps_every_word(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Why a trial waits is what `det task list` is read for: cut to its first words it
+    # says nothing, so a reason wraps onto more lines instead, splitting no word.
+    reason = (
+        "slots_per_trial=12 can never be placed in pool default: its agents have 8 slots, "
+        "so a multi-agent trial needs a multiple of 8"
+    )
+    sink = io.StringIO()
+    monkeypatch.setattr(output, "stdout", Console(file=sink, width=100, highlight=False))
+    monkeypatch.setenv("COLUMNS", "100")
+    output.print_table(["Allocation ID", "State", "Reason"], [[f"{UUID}.1", "QUEUED", reason]])
+    lines = sink.getvalue().splitlines()
+    assert len(lines) > 2, lines  # wrapped
+    assert all(len(line.rstrip()) <= 100 for line in lines), lines
+    column = lines[0].index("Reason")
+    words = " ".join(line[column:].strip() for line in lines[1:]).split()
+    assert words == reason.split(), lines
+    assert "…" not in sink.getvalue()
