@@ -29,9 +29,9 @@ agent_listed() {
     local token
     token=$(curl -sf -X POST "http://127.0.0.1:$port/api/v1/auth/login" \
         -d '{"username": "determined", "password": ""}' |
-        python3 -c 'import json, sys; print(json.load(sys.stdin)["token"])') || return 1
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["token"])' 2>/dev/null) || return 1
     curl -sf -H "Authorization: Bearer $token" "http://127.0.0.1:$port/api/v1/agents" |
-        python3 -c 'import json, sys; sys.exit(0 if json.load(sys.stdin)["agents"] else 1)'
+        python3 -c 'import json, sys; sys.exit(0 if json.load(sys.stdin)["agents"] else 1)' 2>/dev/null
 }
 until agent_listed; do
     if ! kill -0 "$runner" 2>/dev/null; then
