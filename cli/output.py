@@ -113,13 +113,13 @@ def print_table(
     *,
     as_csv: bool = False,
     whole: Collection[str] = (),
-    wrap: Collection[str] = ("Reason", "State reason"),
+    wrap: Collection[str] = ("Reason", "State reason", "Value"),
 ) -> None:
     """A table for people, or CSV with every value in full. Where the table must shrink,
     long text columns are cut with an ellipsis; ids, UUIDs, short columns and the columns
     named in `whole` never are. Columns named in `wrap` (the reasons: why a trial waits or
-    ended is the point of reading them) wrap at spaces onto more lines instead, never
-    splitting a word."""
+    ended is the point of reading them; a describe's values) wrap at spaces onto more
+    lines instead, never splitting a word."""
     cells = [[cell_text(v) for v in row] for row in rows]
     if as_csv:
         writer = csv.writer(sys.stdout, lineterminator="\n")
