@@ -418,6 +418,7 @@ _SORT_COLUMNS: dict[str, Any] = {
     "SORT_BY_NUM_TRIALS": _trial_count(),
     "SORT_BY_SEARCHER_METRIC_VAL": ExperimentModel.best_metric,
 }
+_NULLABLE_SORTS = ("SORT_BY_SEARCHER_METRIC_VAL",)
 MAX_TEXT_FILTER = 256
 
 
@@ -476,12 +477,13 @@ async def list_experiments(
         or 0
     )
     order = column.desc() if descending else column.asc()
+    if sort_by in _NULLABLE_SORTS:
+        # Only there: NULLS LAST on a column without NULLs keeps Postgres off its index.
+        order = order.nulls_last()
     query = (
         _views_query()
         .where(*conditions)
-        .order_by(
-            order.nulls_last(), ExperimentModel.id.desc() if descending else ExperimentModel.id
-        )
+        .order_by(order, ExperimentModel.id.desc() if descending else ExperimentModel.id)
         .offset(offset)
     )
     if limit > 0:
