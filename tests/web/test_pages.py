@@ -1168,8 +1168,8 @@ async def test_tasks_page_lists_commands_with_their_page_logs_and_kill(
 async def test_unknown_tasks_get_the_not_found_page(web: httpx.AsyncClient) -> None:
     await bearer(web)
     experiment = await experiment_with_trials(web)
-    trial_task = (await web.get(f"/api/v1/experiments/{experiment['id']}/trials")).json()
-    trial_task_id = f"{experiment['id']}.{trial_task['trials'][0]['requestId']}"
+    trials = (await web.get(f"/api/v1/experiments/{experiment['id']}/trials")).json()["trials"]
+    trial_task_id = trials[0]["taskId"]  # a trial's task: not a command, notebook...
     for task_id in ("no-such-task", trial_task_id):
         reply = await web.get(f"/ui/tasks/{task_id}")
         assert reply.status_code == 404, task_id
