@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -103,13 +103,28 @@ FilterText = Annotated[str, Query(max_length=MAX_TEXT_FILTER, pattern=r"^[^\x00]
 def list_params(
     sort: SortKey = "id",
     order: Order | None = None,
-    state: ExperimentState | None = None,
-    searcher: SearcherName | None = None,
+    # The form sends "" for "any".
+    state: FilterText = "",
+    searcher: FilterText = "",
     user: FilterText = "",
     text: FilterText = "",
 ) -> ListParams:
     default: Order = "desc" if sort in DESCENDING_FIRST else "asc"
-    return ListParams(sort, order or default, state, searcher, user.strip(), text.strip())
+    states = [s.value for s in ExperimentState]
+    if state and state not in states:
+        raise InvalidArgument(f"state: {state[:32]!r} is not one of {', '.join(states)}")
+    if searcher and searcher not in SEARCHER_NAMES:
+        raise InvalidArgument(
+            f"searcher: {searcher[:32]!r} is not one of {', '.join(SEARCHER_NAMES)}"
+        )
+    return ListParams(
+        sort,
+        order or default,
+        ExperimentState(state) if state else None,
+        cast(SearcherName, searcher) if searcher else None,
+        user.strip(),
+        text.strip(),
+    )
 
 
 @router.get("/ui/experiments")

@@ -1081,31 +1081,31 @@ def test_experiment_list_columns_sort_and_each_filter_narrows_it(
 
     # Each filter narrows the list, and they add up.
     filters = page.locator("form.filters")
-    filters.get_by_label("Searcher", exact=True).select_option("single")
+    filters.locator("select[name=searcher]").select_option("single")
     filters.get_by_role("button", name="Filter").click()
     page.wait_for_url(re.compile(r"searcher=single"))
     assert shown_ids(page) == [single]
-    filters.get_by_label("Searcher", exact=True).select_option("")
-    filters.get_by_label("User").select_option("admin")
+    filters.locator("select[name=searcher]").select_option("")
+    filters.locator("select[name=user]").select_option("admin")
     filters.get_by_role("button", name="Filter").click()
     page.wait_for_url(re.compile(r"user=admin"))
     assert shown_ids(page) == [random]
-    filters.get_by_label("User").select_option("")
-    filters.get_by_label("Search", exact=True).fill("the baseline")  # the description, any case
+    filters.locator("select[name=user]").select_option("")
+    filters.locator("input[name=text]").fill("the baseline")  # the description, any case
     filters.get_by_role("button", name="Filter").click()
     page.wait_for_url(re.compile(r"text=the"))
     assert shown_ids(page) == [grid]
-    filters.get_by_label("Search", exact=True).fill(str(single))  # an exact id
+    filters.locator("input[name=text]").fill(str(single))  # an exact id
     filters.get_by_role("button", name="Filter").click()
     page.wait_for_url(re.compile(rf"text={single}"))
     # Other tests' experiments may hold these digits in their names; none of ours does.
     assert single in shown_ids(page) and not {grid, random} & set(shown_ids(page))
-    filters.get_by_label("Search", exact=True).fill(prefix)
-    filters.get_by_label("State").select_option("PAUSED")
+    filters.locator("input[name=text]").fill(prefix)
+    filters.locator("select[name=state]").select_option("PAUSED")
     filters.get_by_role("button", name="Filter").click()
     page.wait_for_url(re.compile(r"state=PAUSED"))
     assert sorted(shown_ids(page)) == sorted([single, grid, random])
-    filters.get_by_label("State").select_option("ACTIVE")
+    filters.locator("select[name=state]").select_option("ACTIVE")
     filters.get_by_role("button", name="Filter").click()
     page.wait_for_url(re.compile(r"state=ACTIVE"))
     assert shown_ids(page) == []

@@ -1060,6 +1060,8 @@ async def test_the_experiment_list_shows_searcher_trials_and_best_metric_sorts_a
     assert await order(sort="started", order="asc") == [alpha, bravo, charlie, delta]
     assert await order(sort="id", order="asc") == [alpha, bravo, charlie, delta]
 
+    # The filter form sends every field, empty for "any".
+    assert await order(state="", searcher="", user="", text="") == [delta, charlie, bravo, alpha]
     assert await order(searcher="grid") == [charlie]
     assert await order(text="resnet") == [alpha]  # the description, whatever the case
     assert await order(text="RAV") == [bravo]
@@ -1083,8 +1085,8 @@ async def test_bad_experiment_list_filters_say_what_is_wrong(web: httpx.AsyncCli
         ({"sort": "best_metric"}, "sort: Input should be"),
         ({"text": "x" * 257}, "text: String should have at most 256 characters"),
         ({"user": "nobody"}, "user: there is no user named 'nobody'"),
-        ({"searcher": "bayesian"}, "searcher: Input should be"),
-        ({"state": "RUNNING"}, "state: Input should be"),
+        ({"searcher": "bayesian"}, "searcher: 'bayesian' is not one of single, grid, random"),
+        ({"state": "RUNNING"}, "state: 'RUNNING' is not one of ACTIVE"),
     ):
         reply = await web.get("/ui/experiments", params=params)
         assert reply.status_code == 400, (params, reply.status_code)
