@@ -16,7 +16,7 @@ Setup is excluded: one experiment is created through the real service and its st
 copied N-1 times in bulk inserts, each with 3 trials and 2 validation reports per trial;
 `best_metric` is written as the report path would have left it (the searcher metric's
 best finite value). The target is p99 < 300 ms; `target_met` compares each scenario's p99
-with it. `--smoke` (300 experiments, 2 timed requests per scenario) runs every path.
+with it. `--smoke` (150 experiments, 1 timed request per scenario) runs every path.
 """
 
 from __future__ import annotations
@@ -269,14 +269,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     common.add_shape_flags(
         parser,
         quick="1,000 experiments, 10 requests per scenario",
-        smoke="300 experiments, 2 requests per scenario",
+        smoke="150 experiments, 1 request per scenario",
     )
     parser.add_argument("--experiments", type=int, default=None, help="default 10,000")
     parser.add_argument("--repeats", type=int, default=None, help="timed requests per scenario")
     parser.add_argument("--postgres", default=DEFAULT_ADMIN_DSN, help="admin DSN")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
-    experiments_count, repeats = {"full": (10_000, 40), "quick": (1_000, 10), "smoke": (300, 2)}[
+    experiments_count, repeats = {"full": (10_000, 40), "quick": (1_000, 10), "smoke": (150, 1)}[
         common.mode_of(args)
     ]
     if args.experiments is None:
