@@ -249,6 +249,7 @@ async def time_naive(app: FastAPI, repeats: int) -> dict[str, Any]:
             params=_Params(),
             pager=_Pager(total, len(views)),
             sort_url=lambda key: "#",
+            metric_of=lambda view: "validation_loss",
         )
         samples.append(time.perf_counter() - started)
         size = len(html)
@@ -267,8 +268,7 @@ class _FakeRequest:
 class _Params:
     sort = "id"
     order = "desc"
-    name = ""
-    state = None
+    filtered = False
 
 
 class _Pager:
@@ -292,7 +292,7 @@ async def measure(backend: str, args: argparse.Namespace) -> dict[str, Any]:
             "by_state": "/ui/experiments?sort=state",
             "last_page": f"/ui/experiments?page={last_page}",
             "state_filter": "/ui/experiments?state=ACTIVE",
-            "name_search": "/ui/experiments?name=bert-0",
+            "name_search": "/ui/experiments?text=bert-0",
             "per_page_200": "/ui/experiments?per_page=200",
         }
         pages = {}

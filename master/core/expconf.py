@@ -303,10 +303,14 @@ _ASHA_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+SearcherName = Literal["single", "grid", "random", "adaptive_asha", "async_halving"]
+SEARCHER_NAMES: tuple[str, ...] = get_args(SearcherName)
+
+
 class Searcher(_Strict):
     """How trials are chosen. One model for the three supported searchers."""
 
-    name: Literal["single", "grid", "random", "adaptive_asha", "async_halving"] | None = None
+    name: SearcherName | None = None
     metric: str | None = None
     smaller_is_better: bool = True
     max_length: MaxLengthSpec | None = None

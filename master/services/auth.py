@@ -297,6 +297,12 @@ async def list_users(session: AsyncSession) -> list[UserModel]:
     return list((await session.scalars(select(UserModel).order_by(UserModel.id))).all())
 
 
+async def list_usernames(session: AsyncSession) -> list[str]:
+    """Every user's name, A to Z (the dashboard's owner filters)."""
+    query = select(UserModel.username).order_by(UserModel.username)
+    return list((await session.scalars(query)).all())
+
+
 async def create_user(
     session: AsyncSession,
     actor: Actor,

@@ -28,6 +28,7 @@ from master.core.merge import merge_template
 from master.core.searcher import TrialPlan, count_trials, plan_trials
 from master.core.seeds import MAX_EXPERIMENT_SEED
 from master.db.models import (
+    MAX_INT,
     AllocationModel,
     AllocationState,
     ExperimentModel,
@@ -384,16 +385,19 @@ async def store_experiments(
     return views
 
 
-def _views_query() -> Select[ExperimentModel, str, int]:
-    trial_counts = (
-        select(TrialModel.experiment_id, func.count().label("n"))
-        .group_by(TrialModel.experiment_id)
-        .subquery()
-    )
+def _trial_count() -> Any:
+    """The number of trials, per row (one index lookup on trials by experiment)."""
     return (
-        select(ExperimentModel, UserModel.username, func.coalesce(trial_counts.c.n, 0))
-        .join(UserModel, ExperimentModel.owner_id == UserModel.id)
-        .outerjoin(trial_counts, trial_counts.c.experiment_id == ExperimentModel.id)
+        select(func.count())
+        .where(TrialModel.experiment_id == ExperimentModel.id)
+        .correlate(ExperimentModel)
+        .scalar_subquery()
+    )
+
+
+def _views_query() -> Select[ExperimentModel, str, int]:
+    return select(ExperimentModel, UserModel.username, _trial_count()).join(
+        UserModel, ExperimentModel.owner_id == UserModel.id
     )
 
 
@@ -404,12 +408,28 @@ async def get_experiment(session: AsyncSession, experiment_id: int) -> Experimen
     return ExperimentView(row[0], row[1], row[2])
 
 
-_SORT_COLUMNS = {
+# Determined's names, and SORT_BY_SEARCHER_TYPE of ours (the dashboard's searcher column).
+_SORT_COLUMNS: dict[str, Any] = {
     "SORT_BY_ID": ExperimentModel.id,
     "SORT_BY_START_TIME": ExperimentModel.start_time,
     "SORT_BY_NAME": ExperimentModel.name,
     "SORT_BY_STATE": ExperimentModel.state,
+    "SORT_BY_SEARCHER_TYPE": ExperimentModel.searcher_type,
+    "SORT_BY_NUM_TRIALS": _trial_count(),
+    "SORT_BY_SEARCHER_METRIC_VAL": ExperimentModel.best_metric,
 }
+_NULLABLE_SORTS = ("SORT_BY_SEARCHER_METRIC_VAL",)
+MAX_TEXT_FILTER = 256
+
+
+def matches_text(text: str) -> Any:
+    """Name or description containing `text` (case-insensitive), or the id it spells."""
+    condition = ExperimentModel.name.icontains(text, autoescape=True) | (
+        ExperimentModel.description.icontains(text, autoescape=True)
+    )
+    if text.isascii() and text.isdigit() and int(text) <= MAX_INT:
+        condition = condition | (ExperimentModel.id == int(text))
+    return condition
 
 
 async def list_experiments(
@@ -421,25 +441,51 @@ async def list_experiments(
     usernames: Sequence[str] = (),
     states_filter: Sequence[ExperimentState] = (),
     name: str | None = None,
+    text: str | None = None,
+    searchers: Sequence[str] = (),
     sort_by: str = "SORT_BY_ID",
     descending: bool = False,
 ) -> tuple[list[ExperimentView], int]:
-    query = _views_query()
-    if archived is not None:
-        query = query.where(ExperimentModel.archived == archived)
-    if usernames:
-        query = query.where(UserModel.username.in_(list(usernames)))
-    if states_filter:
-        query = query.where(ExperimentModel.state.in_([str(s) for s in states_filter]))
-    if name:
-        query = query.where(ExperimentModel.name.contains(name, autoescape=True))
-    total = await session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    """A page of experiments and how many match. Experiments without a value of the sort
+    column (no best metric yet) come last in either order."""
     column = _SORT_COLUMNS.get(sort_by)
     if column is None:
         raise InvalidArgument(f"sortBy: {sort_by!r} is not one of {', '.join(_SORT_COLUMNS)}")
+    if text is not None and len(text) > MAX_TEXT_FILTER:
+        raise InvalidArgument(f"text: at most {MAX_TEXT_FILTER} characters")
+    conditions = []
+    if archived is not None:
+        conditions.append(ExperimentModel.archived == archived)
+    if usernames:
+        conditions.append(UserModel.username.in_(list(usernames)))
+    if states_filter:
+        conditions.append(ExperimentModel.state.in_([str(s) for s in states_filter]))
+    if name:
+        conditions.append(ExperimentModel.name.contains(name, autoescape=True))
+    if text:
+        conditions.append(matches_text(text))
+    if searchers:
+        conditions.append(ExperimentModel.searcher_type.in_(list(searchers)))
+    # Counted without the trial counts: only the page's rows need them.
+    total = (
+        await session.scalar(
+            select(func.count())
+            .select_from(ExperimentModel)
+            .join(UserModel, ExperimentModel.owner_id == UserModel.id)
+            .where(*conditions)
+        )
+        or 0
+    )
     order = column.desc() if descending else column.asc()
-    query = query.order_by(order, ExperimentModel.id.desc() if descending else ExperimentModel.id)
-    query = query.offset(offset)
+    if sort_by in _NULLABLE_SORTS:
+        # Only there: NULLS LAST on a column without NULLs keeps Postgres off its index.
+        order = order.nulls_last()
+    query = (
+        _views_query()
+        .where(*conditions)
+        .order_by(order, ExperimentModel.id.desc() if descending else ExperimentModel.id)
+        .offset(offset)
+    )
     if limit > 0:
         query = query.limit(limit)
     rows = (await session.execute(query)).all()

@@ -243,12 +243,13 @@ async def list_tasks(
     *,
     owner_id: int | None = None,
     include_ended: bool = True,
+    newest_first: bool = False,
 ) -> list[TaskRow]:
     query = (
         select(TaskModel, AllocationModel, UserModel.username)
         .join(AllocationModel, AllocationModel.task_id == TaskModel.id)
         .join(UserModel, UserModel.id == TaskModel.owner_id)
-        .order_by(TaskModel.id)
+        .order_by(TaskModel.id.desc() if newest_first else TaskModel.id)
     )
     if kind is not None:
         query = query.where(TaskModel.type == kind)

@@ -170,7 +170,35 @@ async def report_metrics(
     )
     if group == TRAINING and steps_completed > trial.total_batches_processed:
         trial.total_batches_processed = steps_completed
+    if group == VALIDATION:
+        experiment = await session.get(ExperimentModel, trial.experiment_id)  # already loaded
+        assert experiment is not None  # foreign key
+        await record_best_metric(session, experiment, values)
     return trial
+
+
+async def record_best_metric(
+    session: AsyncSession, experiment: ExperimentModel, values: Mapping[str, Any]
+) -> None:
+    """Keep the experiment's best searcher metric if this validation report beats it.
+
+    One conditional UPDATE, so two trials reporting at once cannot overwrite a better value
+    with a worse one whichever commits first. NaN and infinities never count. A report that
+    replaces an earlier one of the same step (a rerun) cannot make the best worse: the best
+    seen is kept, as Determined keeps a trial's best validation."""
+    metric, smaller_is_better = searcher_metric(experiment.config)
+    value = numeric(values.get(metric)) if metric else None
+    if value is None or not math.isfinite(value):
+        return
+    column = ExperimentModel.best_metric
+    beaten = column > value if smaller_is_better else column < value
+    await session.execute(
+        update(ExperimentModel)
+        .where(ExperimentModel.id == experiment.id, column.is_(None) | beaten)
+        .values(best_metric=value)
+        # The loaded row may then hold an older best; nothing reads it in this request.
+        .execution_options(synchronize_session=False)
+    )
 
 
 async def metric_rows(

@@ -157,7 +157,14 @@ def _state_class(state: str) -> str:
         return "ok"
     if state in ("ERROR", "STOPPING_ERROR"):
         return "bad"
-    if state in ("CANCELED", "STOPPING_CANCELED", "STOPPING_KILLED", "PAUSED", "DELETED"):
+    if state in (
+        "CANCELED",
+        "STOPPING_CANCELED",
+        "STOPPING_KILLED",
+        "PAUSED",
+        "DELETED",
+        "TERMINATED",
+    ):
         return "muted"
     if state in ("QUEUED", "PENDING", "DELETING", "PARTIALLY_DELETED"):
         return "wait"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -14,11 +14,19 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from master.api.deps import MAX_INT, ObjectId, SessionDep
 from master.core import launch
 from master.core.errors import ConfigError
-from master.core.expconf import parse_yaml
+from master.core.expconf import SEARCHER_NAMES, SearcherName, parse_yaml
 from master.db.models import ExperimentState, TrialModel, TrialState
 from master.errors import InvalidArgument, MasterError
-from master.services import access, checkpoint_gc, experiments, logs, search, trial_reports
-from master.services.experiments import ExperimentView
+from master.services import (
+    access,
+    auth,
+    checkpoint_gc,
+    experiments,
+    logs,
+    search,
+    trial_reports,
+)
+from master.services.experiments import MAX_TEXT_FILTER, ExperimentView
 from master.services.logs import LogFilter
 from master.web.common import (
     Paging,
@@ -45,9 +53,15 @@ SORTS = {
     "name": "SORT_BY_NAME",
     "state": "SORT_BY_STATE",
     "started": "SORT_BY_START_TIME",
+    "searcher": "SORT_BY_SEARCHER_TYPE",
+    "trials": "SORT_BY_NUM_TRIALS",
+    "best": "SORT_BY_SEARCHER_METRIC_VAL",
 }
-SortKey = Literal["id", "name", "state", "started"]
+SortKey = Literal["id", "name", "state", "started", "searcher", "trials", "best"]
 Order = Literal["asc", "desc"]
+# Newest and largest first; names, states, searchers and metrics read best A to Z (a
+# loss's best is its smallest).
+DESCENDING_FIRST = ("id", "started", "trials")
 TRIALS_PER_PAGE = 25
 CHECKPOINTS_PER_PAGE = 20
 MAX_CHART_SERIES = 8
@@ -63,26 +77,54 @@ class ListParams:
     sort: SortKey
     order: Order
     state: ExperimentState | None
-    name: str
+    searcher: SearcherName | None
+    user: str
+    text: str
 
     def query(self) -> dict[str, str]:
         return {
             "sort": self.sort,
             "order": self.order,
             "state": self.state.value if self.state else "",
-            "name": self.name,
+            "searcher": self.searcher or "",
+            "user": self.user,
+            "text": self.text,
         }
+
+    @property
+    def filtered(self) -> bool:
+        return bool(self.state or self.searcher or self.user or self.text)
+
+
+# Neither NUL (Postgres text cannot hold it) nor more than the service's limit.
+FilterText = Annotated[str, Query(max_length=MAX_TEXT_FILTER, pattern=r"^[^\x00]*$")]
 
 
 def list_params(
     sort: SortKey = "id",
     order: Order | None = None,
-    state: ExperimentState | None = None,
-    name: Annotated[str, Query(max_length=256)] = "",
+    # The form sends "" for "any".
+    state: FilterText = "",
+    searcher: FilterText = "",
+    user: FilterText = "",
+    text: FilterText = "",
 ) -> ListParams:
-    # Newest first by id and start time; names and states read best A to Z.
-    default: Order = "desc" if sort in ("id", "started") else "asc"
-    return ListParams(sort, order or default, state, name.strip())
+    default: Order = "desc" if sort in DESCENDING_FIRST else "asc"
+    states = [s.value for s in ExperimentState]
+    if state and state not in states:
+        raise InvalidArgument(f"state: {state[:32]!r} is not one of {', '.join(states)}")
+    if searcher and searcher not in SEARCHER_NAMES:
+        raise InvalidArgument(
+            f"searcher: {searcher[:32]!r} is not one of {', '.join(SEARCHER_NAMES)}"
+        )
+    return ListParams(
+        sort,
+        order or default,
+        ExperimentState(state) if state else None,
+        cast(SearcherName, searcher) if searcher else None,
+        user.strip(),
+        text.strip(),
+    )
 
 
 @router.get("/ui/experiments")
@@ -93,12 +135,17 @@ async def experiments_page(
     paged: PagingDep,
     params: Annotated[ListParams, Depends(list_params)],
 ) -> Response:
+    usernames = await auth.list_usernames(session)
+    if params.user and params.user not in usernames:
+        raise InvalidArgument(f"user: there is no user named {params.user!r}")
     views, total = await experiments.list_experiments(
         session,
         offset=paged.offset,
         limit=paged.per_page,
         states_filter=[params.state] if params.state else (),
-        name=params.name or None,
+        usernames=[params.user] if params.user else (),
+        searchers=[params.searcher] if params.searcher else (),
+        text=params.text or None,
         sort_by=SORTS[params.sort],
         descending=params.order == "desc",
     )
@@ -107,19 +154,27 @@ async def experiments_page(
         "rows": views,
         "params": params,
         "states": list(ExperimentState),
+        "searchers": SEARCHER_NAMES,
+        "usernames": usernames,
         "pager": page_links("/ui/experiments", paged, total, len(views), params.query()),
         "per_page": paged.per_page,
         "sort_url": lambda key: _sort_url(params, paged, key),
+        "metric_of": metric_of,
     }
     template = "experiments_table.html" if is_htmx(request) else "experiments.html"
     return page_response(request, template, context, web=web)
+
+
+def metric_of(view: ExperimentView) -> str | None:
+    """The searcher metric's name (the best metric column shows it with the value)."""
+    return trial_reports.searcher_metric(view.experiment.config)[0]
 
 
 def _sort_url(params: ListParams, paged: Paging, key: str) -> str:
     if params.sort == key:
         order = "desc" if params.order == "asc" else "asc"
     else:
-        order = "desc" if key in ("id", "started") else "asc"
+        order = "desc" if key in DESCENDING_FIRST else "asc"
     query = {**params.query(), "sort": key, "order": order, "per_page": str(paged.per_page)}
     return "/ui/experiments?" + urlencode({k: v for k, v in query.items() if v})
 
@@ -448,18 +503,29 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
+LogsAfter = Annotated[int | None, Query(ge=0, le=2**63 - 1)]
+LogsRank = Annotated[int | None, Query(ge=0, le=MAX_INT)]
+LogsLimit = Annotated[int, Query(ge=1, le=MAX_LOG_LINES)]
+
+
 @router.get("/ui/trials/{trial_id}/logs.json")
 async def trial_logs(
     trial_id: ObjectId,
     session: SessionDep,
     _web: WebSessionDep,
-    after: int | None = Query(None, ge=0, le=2**63 - 1),
-    rank: int | None = Query(None, ge=0, le=MAX_INT),
-    limit: int = Query(500, ge=1, le=MAX_LOG_LINES),
+    after: LogsAfter = None,
+    rank: LogsRank = None,
+    limit: LogsLimit = 500,
+) -> Response:
+    target = await logs.get_trial_target(session, trial_id)
+    return await log_feed(session, target, after, rank, limit)
+
+
+async def log_feed(
+    session: AsyncSession, target: logs.LogTarget, after: int | None, rank: int | None, limit: int
 ) -> Response:
     """Lines after `after` (a line id), oldest first; `finished` once no more can come."""
-    target = await logs.get_trial_target(session, trial_id)
-    # Read the state first: a line stored before the trial ended is then in this batch.
+    # Read the state first: a line stored before the end is then in this batch.
     finished = await logs.is_finished(session, target)
     where = LogFilter(rank_ids=(rank,) if rank is not None else ())
     rows = await logs.read_logs(session, target, where, after_id=after, limit=limit)

@@ -14,6 +14,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from master.db.models import ExperimentModel
 from master.db.session import session_scope
 from master.services import scheduler
 from resolute_proto.agent.v1 import agent_pb2 as pb
@@ -571,6 +572,43 @@ async def test_best_validation_spans_the_experiments_trials(api: httpx.AsyncClie
     await ok(report(api, third, "validation", 10, {"accuracy": 0.01}))  # not the metric
     path = f"/api/v1/experiments/{first.experiment_id}/searcher/best_searcher_validation_metric"
     assert await ok(api.get(path)) == {"metric": 0.1}
+
+
+async def stored_best(app: FastAPI, experiment_id: int) -> float | None:
+    async with session_scope(app.state.session_factory) as session:
+        experiment = await session.get(ExperimentModel, experiment_id)
+        assert experiment is not None
+        return experiment.best_metric
+
+
+STORED_BEST_CASES: list[tuple[str, list[Any], float | None]] = [
+    # NaN and infinities are never best, whichever way is better.
+    ("metric: loss", ["NaN", "-Infinity", 0.5, 0.2, 0.4, "Infinity"], 0.2),
+    ("metric: accuracy, smaller_is_better: false", ["Infinity", 0.5, 0.9, 0.7], 0.9),
+    ("metric: loss", ["NaN", "text", True], None),
+]
+
+
+async def test_the_stored_best_metric_only_improves_and_ignores_non_finite_values(
+    api: httpx.AsyncClient, app: FastAPI
+) -> None:
+    for searcher, values, best in STORED_BEST_CASES:
+        first, second = await submit(api, TWO_TRIALS_BY.format(searcher=searcher))
+        name = searcher.split(",")[0].split(": ")[1]
+        assert await stored_best(app, first.experiment_id) is None
+        for steps, value in enumerate(values, start=1):
+            await ok(report(api, first, "validation", steps * 10, {name: value}))
+        # Training reports and other metrics never count, however good.
+        await ok(report(api, second, "training", 10, {name: 0.0 if best is None else best * 2}))
+        await ok(report(api, second, "validation", 10, {"other": 0.0, name: "NaN"}))
+        assert await stored_best(app, first.experiment_id) == best, searcher
+        if best is not None:
+            # The scan the API's best_searcher_validation_metric does agrees.
+            path = (
+                f"/api/v1/experiments/{first.experiment_id}"
+                "/searcher/best_searcher_validation_metric"
+            )
+            assert await ok(api.get(path)) == {"metric": best}, searcher
 
 
 # -- progress and runner state ---------------------------------------------------------------

@@ -35,3 +35,28 @@ def test_smoke_dashboard_benchmark_renders_full_pages(repo_root: Path) -> None:
         assert run["page"]["last_page"]["rows"] == last_page_rows
         assert run["page"]["per_page_200"]["rows"] == 200
         assert run["naive_every_experiment_in_one_page"]["rows"] == experiments
+
+
+def test_smoke_experiments_list_benchmark_runs_every_scenario(repo_root: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_experiments_list", "--smoke"],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["mode"] == "smoke" and report["machine"]["cpu_model"]
+    for backend in ("sqlite", "postgres"):
+        run = report[backend]
+        if "skipped" in run:
+            continue
+        pages = run["page"]
+        assert pages["first_page"]["rows"] == 50
+        assert pages["by_best_metric"]["rows"] == 50
+        assert pages["text_exact_id"]["rows"] == 1
+        assert 0 < pages["text_name"]["rows"] <= 50
+        assert 0 < pages["user_filter_and_best"]["rows"] <= 50
+        assert all(p["n"] == report["parameters"]["repeats"] for p in pages.values())

@@ -972,3 +972,242 @@ def test_trials_compared_on_one_chart_of_a_chosen_metric(
     problem = page.get_by_role("alert").inner_text()
     assert "training metric named 'nope'" in problem and "They report: loss." in problem
     assert page.locator(".chart[data-chart='compare']").count() == 0
+
+
+# -- issue 28 part 5: the experiments list's columns and filters, and the tasks pages ------
+
+
+def paused_experiment(
+    cluster: Cluster, name: str, searcher: dict[str, Any], token: str | None = None, **extra: Any
+) -> int:
+    """An experiment that never takes the slot: created paused, through the API."""
+    config = {
+        "name": name,
+        "entrypoint": "python3 train.py",
+        "searcher": {"metric": "loss", "max_length": 1, **searcher},
+        **extra,
+    }
+    body = {"config": json.dumps(config), "activate": False, "modelDefinition": []}
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    reply = cluster.master.http("POST", "/api/v1/experiments", json=body, headers=headers)
+    assert reply.status_code == 200, reply.text
+    experiment_id: int = reply.json()["experiment"]["id"]
+    return experiment_id
+
+
+def report_validation_loss(cluster: Cluster, experiment_id: int, loss: float, token: str) -> None:
+    """A validation report for the experiment's first trial, as its ranks would send one."""
+    trials = cluster.master.api("GET", f"/api/v1/experiments/{experiment_id}/trials")["trials"]
+    trial = min(trials, key=lambda t: t["id"])
+    body = {
+        "group": "validation",
+        "metrics": {
+            "trialId": trial["id"],
+            "trialRunId": 0,  # never run
+            "stepsCompleted": 10,
+            "metrics": {"avgMetrics": {"loss": loss}},
+        },
+    }
+    reply = cluster.master.http(
+        "POST",
+        f"/api/v1/trials/{trial['id']}/metrics",
+        json=body,
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert reply.status_code == 200, reply.text
+
+
+def shown_ids(page: Any) -> list[int]:
+    ids = page.locator("#experiments-table tbody tr[data-experiment-id]").evaluate_all(
+        "rows => rows.map(row => Number(row.dataset.experimentId))"
+    )
+    return list(ids)
+
+
+def test_experiment_list_columns_sort_and_each_filter_narrows_it(
+    page: Any, cluster: Cluster, screenshot_dir: Path
+) -> None:
+    # No digits in the names, so that searching for an id matches none of them by name.
+    prefix = unique("listed").translate(str.maketrans("0123456789", "ghijklmnop"))
+    mine = cluster.master.login()
+    admin = cluster.master.login("admin")
+    single = paused_experiment(cluster, f"{prefix}-single", {"name": "single"})
+    grid = paused_experiment(
+        cluster,
+        f"{prefix}-grid",
+        {"name": "grid"},
+        hyperparameters={"lr": {"type": "categorical", "vals": [0.1, 0.2, 0.3]}},
+        description="The Baseline",
+    )
+    random = paused_experiment(
+        cluster,
+        f"{prefix}-random",
+        {"name": "random", "max_trials": 2},
+        token=admin,
+        hyperparameters={"lr": {"type": "double", "minval": 0.1, "maxval": 0.2}},
+    )
+    report_validation_loss(cluster, single, 0.5, mine)
+    report_validation_loss(cluster, grid, 0.25, mine)
+
+    page.goto(f"/ui/experiments?text={prefix}")
+    assert shown_ids(page) == [random, grid, single]  # newest first
+    headers = page.locator("#experiments-table thead th").all_inner_texts()
+    assert [h.split()[0] for h in headers[:6]] == [
+        "ID",
+        "Name",
+        "State",
+        "Searcher",
+        "Trials",
+        "Best",
+    ]
+    row = page.locator(f"tr[data-experiment-id='{grid}']")
+    assert row.locator("[data-col=searcher]").inner_text() == "grid"
+    assert row.locator("[data-col=trials]").inner_text() == "3"
+    assert row.locator("[data-col=best]").inner_text() == "loss 0.25"
+
+    # Sorting: the best metric, smallest first, then largest; no value yet comes last.
+    page.get_by_role("link", name="Best metric").click()
+    page.wait_for_url(re.compile(r"sort=best"))
+    assert shown_ids(page) == [grid, single, random]
+    page.get_by_role("link", name=re.compile("^Best metric")).click()
+    page.wait_for_url(re.compile(r"order=desc"))
+    assert shown_ids(page) == [single, grid, random]
+    page.get_by_role("link", name=re.compile("^Trials")).click()
+    page.wait_for_url(re.compile(r"sort=trials"))
+    assert shown_ids(page) == [grid, random, single]
+    page.get_by_role("link", name=re.compile("^Searcher")).click()
+    page.wait_for_url(re.compile(r"sort=searcher"))
+    assert shown_ids(page) == [grid, random, single]
+
+    # Each filter narrows the list, and they add up.
+    filters = page.locator("form.filters")
+    filters.locator("select[name=searcher]").select_option("single")
+    filters.get_by_role("button", name="Filter").click()
+    page.wait_for_url(re.compile(r"searcher=single"))
+    assert shown_ids(page) == [single]
+    filters.locator("select[name=searcher]").select_option("")
+    filters.locator("select[name=user]").select_option("admin")
+    filters.get_by_role("button", name="Filter").click()
+    page.wait_for_url(re.compile(r"user=admin"))
+    assert shown_ids(page) == [random]
+    filters.locator("select[name=user]").select_option("")
+    filters.locator("input[name=text]").fill("the baseline")  # the description, any case
+    filters.get_by_role("button", name="Filter").click()
+    page.wait_for_url(re.compile(r"text=the"))
+    assert shown_ids(page) == [grid]
+    filters.locator("input[name=text]").fill(str(single))  # an exact id
+    filters.get_by_role("button", name="Filter").click()
+    page.wait_for_url(re.compile(rf"text={single}"))
+    # Other tests' experiments may hold these digits in their names; none of ours does.
+    assert single in shown_ids(page) and not {grid, random} & set(shown_ids(page))
+    filters.locator("input[name=text]").fill(prefix)
+    filters.locator("select[name=state]").select_option("PAUSED")
+    filters.get_by_role("button", name="Filter").click()
+    page.wait_for_url(re.compile(r"state=PAUSED"))
+    assert sorted(shown_ids(page)) == sorted([single, grid, random])
+    filters.locator("select[name=state]").select_option("ACTIVE")
+    filters.get_by_role("button", name="Filter").click()
+    page.wait_for_url(re.compile(r"state=ACTIVE"))
+    assert shown_ids(page) == []
+    assert "No experiments match these filters" in page.locator("#experiments-table").inner_text()
+    page.goto(f"/ui/experiments?text={prefix}&sort=best")
+    screenshot(page, screenshot_dir, "experiments-columns")
+    assert_fits_width(page, "the experiments list")
+
+
+def command_state(cluster: Cluster, task_id: str) -> str:
+    state: str = cluster.master.api("GET", f"/api/v1/commands/{task_id}")["command"]["state"]
+    return state
+
+
+def test_a_commands_logs_are_shown_and_kill_ends_it(
+    page: Any, cluster: Cluster, screenshot_dir: Path
+) -> None:
+    body = {"config": {"entrypoint": "echo task-says-hello; sleep 600", "resources": {"slots": 0}}}
+    task_id = cluster.master.api("POST", "/api/v1/commands", json=body)["command"]["id"]
+    try:
+        page.goto("/ui/tasks")
+        row = page.locator(f"#interactive-tasks tr[data-task-id='{task_id}']")
+        page.wait_for_function(
+            f"() => document.querySelector(\"tr[data-task-id='{task_id}']\")"
+            "?.dataset.state === 'RUNNING'",
+            timeout=WAIT_MS,
+        )
+        cells = row.locator("td").all_inner_texts()
+        assert cells[0] == "command" and cells[1] == task_id[:8] and cells[2] == "determined"
+        assert "RUNNING" in cells[3]
+        screenshot(page, screenshot_dir, "tasks-interactive")
+        row.get_by_role("link", name="Logs").click()
+        page.wait_for_url(f"**/ui/tasks/{task_id}#logs")
+        logs = page.locator("pre[data-logs]")
+        page.wait_for_function(
+            "el => el.textContent.includes('task-says-hello')",
+            arg=logs.element_handle(),
+            timeout=WAIT_MS,
+        )
+        assert "echo task-says-hello" in page.locator("#task-live").inner_text()
+        screenshot(page, screenshot_dir, "task-logs")
+
+        dialogs: list[str] = []
+
+        def accept(dialog: Any) -> None:
+            dialogs.append(dialog.message)
+            dialog.accept()
+
+        page.once("dialog", accept)
+        page.locator("#task-live").get_by_role("button", name="Kill").click()
+        page.wait_for_url(f"**/ui/tasks/{task_id}?notice=killed")
+        assert dialogs and f"Kill command {task_id[:8]}" in dialogs[0]
+        page.wait_for_function(
+            "() => document.querySelector('#task-live').dataset.state === 'TERMINATED'",
+            timeout=WAIT_MS,
+        )
+        assert "killed by determined" in page.locator("#task-reason").inner_text()
+        page.wait_for_function(
+            "() => document.querySelector('[data-log-status]').textContent"
+            ".includes('The command has ended')",
+            timeout=WAIT_MS,
+        )
+        assert page.get_by_role("button", name="Kill").count() == 0
+        assert command_state(cluster, task_id) == "STATE_TERMINATED"
+    finally:
+        cluster.master.http("POST", f"/api/v1/commands/{task_id}/kill")
+
+
+def test_another_users_task_cannot_be_killed_and_unknown_tasks_are_not_found(
+    browser: Any, cluster: Cluster, screenshot_dir: Path
+) -> None:
+    admin = cluster.master.login("admin")
+    body = {"config": {"entrypoint": "sleep 600", "resources": {"slots": 0}}}
+    reply = cluster.master.http(
+        "POST", "/api/v1/commands", json=body, headers={"Authorization": f"Bearer {admin}"}
+    )
+    assert reply.status_code == 200, reply.text
+    task_id = reply.json()["command"]["id"]
+    # Its own context: the console reports the 403 and 404 loads, which are the point here.
+    context = browser.new_context(viewport=DESKTOP, base_url=cluster.master.url)
+    try:
+        page = context.new_page()
+        sign_in(page)
+        page.goto(f"/ui/tasks/{task_id}")
+        assert "admin" in page.locator("#task-live").inner_text()
+        page.once("dialog", lambda dialog: dialog.accept())
+        with page.expect_navigation() as navigation:
+            page.locator("#task-live").get_by_role("button", name="Kill").click()
+        assert navigation.value.status == 403
+        banner = page.get_by_role("alert").inner_text()
+        assert "belongs to admin; only its owner or an admin may kill it" in banner
+        screenshot(page, screenshot_dir, "task-kill-refused")
+        task = cluster.master.api("GET", f"/api/v1/commands/{task_id}")["command"]
+        assert task["state"] != "STATE_TERMINATED" and not task["endReason"]
+
+        reply = page.goto("/ui/tasks/no-such-task")
+        assert reply.status == 404
+        assert "task no-such-task not found" in page.locator("main").inner_text()
+        nav = page.locator("header.top nav").get_by_role("link").all_inner_texts()
+        assert nav == ["Cluster", "Experiments", "Tasks", "Templates"]
+    finally:
+        context.close()
+        cluster.master.http(
+            "POST", f"/api/v1/commands/{task_id}/kill", headers={"Authorization": f"Bearer {admin}"}
+        )

@@ -328,7 +328,7 @@ async def test_experiment_list_pages_and_sorts(web: httpx.AsyncClient) -> None:
     assert shown(second.text) == ["charlie"]
     beyond = await web.get("/ui/experiments", params={"page": 9})
     assert beyond.status_code == 200 and "Last page" in beyond.text
-    filtered = await web.get("/ui/experiments", params={"name": "rav", "state": "ACTIVE"})
+    filtered = await web.get("/ui/experiments", params={"text": "RAV", "state": "ACTIVE"})
     assert shown(filtered.text) == ["bravo"]
     fragment = await web.get("/ui/experiments", headers=HTMX)
     assert fragment.text.startswith('<div id="experiments-table"') and "<html" not in fragment.text
@@ -348,7 +348,10 @@ async def test_bad_paging_and_sorting_parameters_are_refused_cleanly(
         "/ui/experiments?sort=owner",
         "/ui/experiments?order=sideways",
         "/ui/experiments?state=RUNNING",
-        f"/ui/experiments?name={'x' * 300}",
+        f"/ui/experiments?text={'x' * 300}",
+        "/ui/experiments?text=a%00b",
+        "/ui/experiments?searcher=bayesian",
+        "/ui/experiments?user=nobody",
         "/ui/templates?per_page=-1",
         "/ui/tasks?page=1.5",
         "/ui/cluster?per_page=x",
@@ -748,7 +751,19 @@ async def test_random_template_forms_never_fail_the_server(
 @given(
     params=st.dictionaries(
         st.sampled_from(
-            ["page", "per_page", "sort", "order", "state", "name", "trial", "trials_page"]
+            [
+                "page",
+                "per_page",
+                "sort",
+                "order",
+                "state",
+                "text",
+                "user",
+                "searcher",
+                "trial",
+                "trials_page",
+                "interactive_page",
+            ]
         ),
         values,
     )
@@ -897,7 +912,8 @@ def progress_cell(page: str, experiment_id: int) -> str:
     )
     assert row, f"no row for experiment {experiment_id}"
     cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.DOTALL)
-    return html.unescape(re.sub(r"<[^>]+>", "", cells[2])).strip()  # name, state, progress
+    # name, state, searcher, trials, best metric, progress
+    return html.unescape(re.sub(r"<[^>]+>", "", cells[5])).strip()
 
 
 async def test_an_asha_experiment_shows_each_trials_rung_and_why_the_searcher_stopped_it(
@@ -950,3 +966,220 @@ async def test_an_asha_experiment_shows_each_trials_rung_and_why_the_searcher_st
     ]
     shown = progress_cell((await web.get("/ui/experiments")).text, other["id"])
     assert shown == ("\u2013" if progress is None else f"{progress * 100:.0f}%")
+
+
+# -- issue 28 part 5: the experiments list's columns and filters, and the tasks pages ------
+
+GRID_YAML = """\
+name: charlie
+entrypoint: python3 train.py
+hyperparameters:
+  lr: {type: categorical, vals: [0.1, 0.2]}
+searcher: {name: grid, metric: validation_loss, max_length: {batches: 100}}
+"""
+SINGLE_YAML = """\
+name: bravo
+entrypoint: python3 train.py
+searcher: {name: single, metric: validation_loss, max_length: {batches: 100}}
+"""
+
+
+async def report_validation(
+    client: httpx.AsyncClient, experiment_id: int, steps: int, value: Any
+) -> None:
+    """A validation report for the experiment's first trial, as its ranks would send it."""
+    tasks = (await client.get("/api/v1/tasks")).json()["allocationIdToSummary"]
+    task = min(
+        (t for t in tasks.values() if t["experimentId"] == experiment_id),
+        key=lambda t: t["trialId"],
+    )
+    body = {
+        "group": "validation",
+        "metrics": {
+            "trialId": task["trialId"],
+            "trialRunId": int(task["allocationId"].split(".")[1]),
+            "stepsCompleted": steps,
+            "metrics": {"avgMetrics": {"validation_loss": value}},
+        },
+    }
+    reply = await client.post(f"/api/v1/trials/{task['trialId']}/metrics", json=body)
+    assert reply.status_code == 200, reply.text
+
+
+def listed(page: str) -> list[int]:
+    return [int(i) for i in re.findall(r'<tr data-experiment-id="(\d+)">', page)]
+
+
+def cell(page: str, experiment_id: int, column: str) -> str:
+    row = re.search(rf'<tr data-experiment-id="{experiment_id}">(.*?)</tr>', page, re.S)
+    assert row, f"no row for experiment {experiment_id}"
+    found = re.search(rf'<td data-col="{column}"[^>]*>(.*?)</td>', row.group(1), re.S)
+    assert found, f"no {column} column"
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", "", found.group(1))).split())
+
+
+async def test_the_experiment_list_shows_searcher_trials_and_best_metric_sorts_and_filters(
+    web: httpx.AsyncClient, admin: httpx.AsyncClient
+) -> None:
+    await bearer(web)
+    config = EXPERIMENT_YAML.replace("name: mnist-random", "name: alpha\ndescription: ResNet base")
+    alpha = (await experiment_with_trials(web, config=config))["id"]
+    bravo = (await experiment_with_trials(web, config=SINGLE_YAML))["id"]
+    charlie = (await experiment_with_trials(web, config=GRID_YAML))["id"]
+    reply = await create_experiment(admin, config=SINGLE_YAML.replace("bravo", "delta"))
+    delta = reply.json()["experiment"]["id"]
+    for steps, value in ((10, 0.5), (20, 0.1368), (30, "NaN"), (40, 0.2)):
+        await report_validation(web, alpha, steps, value)
+    await report_validation(web, bravo, 10, 0.3)
+    await report_validation(admin, delta, 10, 0.7)
+
+    page = (await web.get("/ui/experiments")).text
+    assert listed(page) == [delta, charlie, bravo, alpha]
+    for header in ("Searcher", "Trials", "Best metric"):
+        assert f">{header}</a></th>" in page, header
+    assert [cell(page, alpha, c) for c in ("searcher", "trials", "best")] == [
+        "random",
+        "3",
+        "validation_loss 0.1368",
+    ]
+    none = "\u2013"  # an en dash, as tables show a missing value
+    assert [cell(page, charlie, c) for c in ("searcher", "trials", "best")] == ["grid", "2", none]
+
+    async def order(**params: str) -> list[int]:
+        reply = await web.get("/ui/experiments", params=params)
+        assert reply.status_code == 200, (params, reply.text)
+        return listed(reply.text)
+
+    # No best metric yet comes last, either way round.
+    assert await order(sort="best") == [alpha, bravo, delta, charlie]
+    assert await order(sort="best", order="desc") == [delta, bravo, alpha, charlie]
+    assert await order(sort="trials") == [alpha, charlie, delta, bravo]
+    assert await order(sort="searcher") == [charlie, alpha, bravo, delta]
+    assert await order(sort="name") == [alpha, bravo, charlie, delta]
+    assert await order(sort="state", order="asc") == [alpha, bravo, charlie, delta]
+    assert await order(sort="started", order="asc") == [alpha, bravo, charlie, delta]
+    assert await order(sort="id", order="asc") == [alpha, bravo, charlie, delta]
+
+    # The filter form sends every field, empty for "any".
+    assert await order(state="", searcher="", user="", text="") == [delta, charlie, bravo, alpha]
+    assert await order(searcher="grid") == [charlie]
+    assert await order(text="resnet") == [alpha]  # the description, whatever the case
+    assert await order(text="RAV") == [bravo]
+    assert await order(text=str(charlie)) == [charlie]
+    assert await order(user="admin") == [delta]
+    assert await order(user="determined", searcher="single") == [bravo]
+    await web.post(f"/api/v1/experiments/{charlie}/kill")
+    assert await order(state="CANCELED") == [charlie]
+    empty = await web.get("/ui/experiments", params={"text": "zzz"})
+    assert listed(empty.text) == [] and "match these filters" in empty.text
+    # The filters stay in the sort links, the pager and the form.
+    filtered = (await web.get("/ui/experiments", params={"user": "determined"})).text
+    assert "user=determined" in html.unescape(
+        re.findall(r'<th[^>]*><a href="([^"]+)"', filtered)[0]
+    )
+    assert "<option selected>determined</option>" in filtered
+
+
+async def test_bad_experiment_list_filters_say_what_is_wrong(web: httpx.AsyncClient) -> None:
+    for params, says in (
+        ({"sort": "best_metric"}, "sort: Input should be"),
+        ({"text": "x" * 257}, "text: String should have at most 256 characters"),
+        ({"user": "nobody"}, "user: there is no user named 'nobody'"),
+        ({"searcher": "bayesian"}, "searcher: 'bayesian' is not one of single, grid, random"),
+        ({"state": "RUNNING"}, "state: 'RUNNING' is not one of ACTIVE"),
+    ):
+        reply = await web.get("/ui/experiments", params=params)
+        assert reply.status_code == 400, (params, reply.status_code)
+        problem = re.search(r'<p class="problem" role="alert">(.*?)</p>', reply.text, re.S)
+        assert problem and says in html.unescape(problem.group(1)), (params, reply.text[-800:])
+        assert 'href="/ui/experiments"' in reply.text  # the navigation is kept
+
+
+COMMAND = {"config": {"entrypoint": "sleep 600", "resources": {"slots": 0}}}
+
+
+async def command_state(client: httpx.AsyncClient, task_id: str) -> str:
+    reply = await client.get(f"/api/v1/commands/{task_id}")
+    assert reply.status_code == 200, reply.text
+    state: str = reply.json()["command"]["state"]
+    return state
+
+
+async def test_tasks_page_lists_commands_with_their_page_logs_and_kill(
+    web: httpx.AsyncClient, admin: httpx.AsyncClient, app: FastAPI
+) -> None:
+    await bearer(web)
+    mine = (await web.post("/api/v1/commands", json=COMMAND)).json()["command"]["id"]
+    theirs = (await admin.post("/api/v1/commands", json=COMMAND)).json()["command"]["id"]
+
+    page = (await web.get("/ui/tasks")).text
+    rows = re.findall(r'<tr data-task-id="([^"]+)" data-state="([A-Z]+)">', page)
+    assert rows == [(theirs, "PENDING"), (mine, "PENDING")]  # newest first
+    row = re.search(rf'<tr data-task-id="{mine}".*?</tr>', page, re.S)
+    assert row and ">command</td>" in row.group(0) and ">determined</td>" in row.group(0)
+    assert f'href="/ui/tasks/{mine}#logs"' in row.group(0)
+    assert f'action="/ui/tasks/{mine}/kill"' in row.group(0)
+    assert "/proxy/" not in row.group(0)  # a command serves nothing to open
+    live = await web.get("/ui/tasks", headers=HTMX)
+    assert live.text.startswith('<section id="tasks-live"') and mine in live.text
+
+    task_page = await web.get(f"/ui/tasks/{mine}")
+    assert task_page.status_code == 200
+    assert "sleep 600" in task_page.text and f'data-logs-url="/ui/tasks/{mine}/logs.json"' in (
+        task_page.text
+    )
+    moment = datetime(2026, 11, 28, 10, 0, tzinfo=UTC)
+    async with session_scope(app.state.session_factory) as session:
+        await append_logs(
+            session, "agent-1", [LogLine(f"{mine}.1", None, "stdout", moment, "hi\n")]
+        )
+    feed = (await web.get(f"/ui/tasks/{mine}/logs.json")).json()
+    assert [line["message"] for line in feed["lines"]] == ["hi"] and feed["finished"] is False
+
+    token = csrf_of(task_page.text)
+    refused = await post_form(web, f"/ui/tasks/{theirs}/kill", {}, csrf=token)
+    assert refused.status_code == 403
+    assert "belongs to admin; only its owner or an admin may kill it" in html.unescape(refused.text)
+    assert await command_state(admin, theirs) == "STATE_QUEUED"
+    assert (await post_form(web, f"/ui/tasks/{mine}/kill", {}, csrf=None)).status_code == 403
+    assert await command_state(web, mine) == "STATE_QUEUED"
+
+    killed = await post_form(web, f"/ui/tasks/{mine}/kill", {}, csrf=token)
+    assert killed.status_code == 303
+    assert killed.headers["location"] == f"/ui/tasks/{mine}?notice=killed"
+    assert await command_state(web, mine) == "STATE_TERMINATED"
+    ended = await web.get(killed.headers["location"])
+    assert "killed by determined" in ended.text and 'hx-trigger="every 2s"' not in ended.text
+    assert f'action="/ui/tasks/{mine}/kill"' not in ended.text
+    feed = (await web.get(f"/ui/tasks/{mine}/logs.json", params={"after": feed["last"]})).json()
+    assert feed["finished"] is True
+    # An admin may kill anyone's.
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://master"
+    ) as browser:
+        reply = await browser.post(
+            "/ui/login", data={"username": "admin", "password": ""}, headers=ORIGIN
+        )
+        assert reply.status_code == 303
+        admin_token = await web_csrf(browser)
+        reply = await post_form(browser, f"/ui/tasks/{theirs}/kill", {}, csrf=admin_token)
+        assert reply.status_code == 303
+    assert await command_state(admin, theirs) == "STATE_TERMINATED"
+
+
+async def test_unknown_tasks_get_the_not_found_page(web: httpx.AsyncClient) -> None:
+    await bearer(web)
+    experiment = await experiment_with_trials(web)
+    trials = (await web.get(f"/api/v1/experiments/{experiment['id']}/trials")).json()["trials"]
+    trial_task_id = trials[0]["taskId"]  # a trial's task: not a command, notebook...
+    for task_id in ("no-such-task", trial_task_id):
+        reply = await web.get(f"/ui/tasks/{task_id}")
+        assert reply.status_code == 404, task_id
+        assert f"task {task_id} not found" in reply.text
+        assert '<a href="/ui/tasks"' in reply.text  # the navigation is kept
+        feed = await web.get(f"/ui/tasks/{task_id}/logs.json")
+        assert feed.status_code == 404 and feed.json()["code"] == 5
+    token = await web_csrf(web)
+    missing = await post_form(web, "/ui/tasks/no-such-task/kill", {}, csrf=token)
+    assert missing.status_code == 404 and "task no-such-task not found" in missing.text
+    assert (await web.get(f"/ui/tasks/{'x' * 65}")).status_code == 400

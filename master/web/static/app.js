@@ -265,7 +265,7 @@
     el.dataset.points = String(chart.steps.length);
   }
 
-  // -- logs (experiment page) --------------------------------------------------------------
+  // -- logs (experiment, trial and task pages) --------------------------------------------
 
   var MAX_LOG_LINES = 5000;
 
@@ -308,7 +308,7 @@
       var params = new URLSearchParams({ limit: "500" });
       if (state.last !== null) params.set("after", String(state.last));
       if (rankSelect && rankSelect.value !== "") params.set("rank", rankSelect.value);
-      fetchJson("/ui/trials/" + encodeURIComponent(pre.dataset.trial) + "/logs.json?" + params.toString())
+      fetchJson(pre.dataset.logsUrl + "?" + params.toString())
         .then(function (body) {
           if (generation !== state.generation) return;
           append(body.lines);
@@ -317,7 +317,7 @@
           pre.dataset.lines = String(state.count);
           if (body.lines.length === 500) return load();
           state.running = false;
-          if (state.finished) say("The trial has ended; " + state.count + " lines.");
+          if (state.finished) say("The " + (pre.dataset.logsWhat || "trial") + " has ended; " + state.count + " lines.");
           else if (follow && follow.checked) {
             say("Following…");
             window.setTimeout(function () { if (generation === state.generation) load(); }, 2000);
