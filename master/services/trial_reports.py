@@ -170,22 +170,23 @@ async def report_metrics(
     )
     if group == TRAINING and steps_completed > trial.total_batches_processed:
         trial.total_batches_processed = steps_completed
-    if group == VALIDATION:
-        experiment = await session.get(ExperimentModel, trial.experiment_id)  # already loaded
-        assert experiment is not None  # foreign key
-        await record_best_metric(session, experiment, values)
     return trial
 
 
 async def record_best_metric(
-    session: AsyncSession, experiment: ExperimentModel, values: Mapping[str, Any]
+    session: AsyncSession, trial: TrialModel, values: Mapping[str, Any]
 ) -> None:
     """Keep the experiment's best searcher metric if this validation report beats it.
+    Called after the searcher has seen the report: an ASHA search takes the scheduler's lock
+    before the experiment's (the order a release takes them in), and this UPDATE locks the
+    experiment's row, so it must not come first (on Postgres that order deadlocks).
 
     One conditional UPDATE, so two trials reporting at once cannot overwrite a better value
     with a worse one whichever commits first. NaN and infinities never count. A report that
     replaces an earlier one of the same step (a rerun) cannot make the best worse: the best
     seen is kept, as Determined keeps a trial's best validation."""
+    experiment = await session.get(ExperimentModel, trial.experiment_id)
+    assert experiment is not None  # foreign key
     metric, smaller_is_better = searcher_metric(experiment.config)
     value = numeric(values.get(metric)) if metric else None
     if value is None or not math.isfinite(value):

@@ -83,6 +83,7 @@ async def report_metrics(
         stopped = await search.on_validation(
             session, trial, body.metrics.metrics.avg_metrics, body.metrics.steps_completed
         )
+        await trial_reports.record_best_metric(session, trial, body.metrics.metrics.avg_metrics)
         if stopped:
             # Told now, not at the hub's next tick: every batch after the decision is waste.
             await session.commit()
