@@ -234,7 +234,10 @@ class MasterClient:
             ) from None
         except httpx.HTTPError as exc:
             hint = ""
-            if isinstance(exc, httpx.RemoteProtocolError) and self.base_url.startswith("http:"):
+            # Plain http to a TLS port ends as a protocol error, or, as seen under load, as a
+            # connection reset: either way the likely cause is the scheme.
+            plain_to_tls = isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError)
+            if plain_to_tls and self.base_url.startswith("http:"):
                 hint = " (if the master serves https, use https://)"
             raise CliError(f"request to {self.base_url}{path} failed: {exc}{hint}") from None
         if reply.status_code != 200:
