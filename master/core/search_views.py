@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -51,9 +51,10 @@ class ConstantHyperparameter:
 def searched_hyperparameters(
     config: Mapping[str, Any] | None,
 ) -> tuple[list[SearchedHyperparameter], list[ConstantHyperparameter]]:
-    """The experiment's `hyperparameters` split into those searched and those fixed, in the
-    order the config lists them, nested groups flattened to dotted names. A range of one
-    value or a single category is a constant: plotting it would show a vertical line."""
+    """The experiment's `hyperparameters` split into those searched and those fixed, by
+    name (Postgres keeps a config's keys in an order of its own), nested groups flattened
+    to dotted names. A range of one value or a single category is a constant: plotting it
+    would show a vertical line."""
     searched: list[SearchedHyperparameter] = []
     constants: list[ConstantHyperparameter] = []
 
@@ -72,6 +73,8 @@ def searched_hyperparameters(
                     constants.append(found)
 
     walk(config or {}, ())
+    searched.sort(key=lambda h: h.path)
+    constants.sort(key=lambda c: c.path)
     return searched, constants
 
 
@@ -236,7 +239,7 @@ def _scatter(
     y_ticks: list[Tick],
     y_title: str,
 ) -> Scatter:
-    x_scale, x_ticks, x_title = _x_axis(hyperparameter)
+    x_scale, x_ticks, x_title = _axis(hyperparameter, LEFT, WIDTH - RIGHT)
     points: list[ScatterPoint] = []
     unplaced: list[int] = []
     for outcome in scored:
@@ -255,8 +258,11 @@ def _scatter(
     return Scatter(hyperparameter, x_title, y_title, x_ticks, y_ticks, points, unplaced)
 
 
-def _x_axis(h: SearchedHyperparameter) -> tuple[Any, list[Tick], str]:
-    start, end = LEFT, WIDTH - RIGHT
+def _axis(
+    h: SearchedHyperparameter, start: float, end: float, vertical: bool = False
+) -> tuple[Callable[[Any], float | None], list[Tick], str]:
+    """The hyperparameter's scale from value to pixels (None: not placeable), its ticks and
+    its title, for an axis from `start` to `end` pixels."""
     if h.kind == "categorical":
         keys = [_key(c) for c in h.categories]
         count = len(keys)
@@ -270,8 +276,8 @@ def _x_axis(h: SearchedHyperparameter) -> tuple[Any, list[Tick], str]:
         # Every label when they fit (about 6 pixels a character), else every k-th, so
         # none overlap.
         labels = [shown(c, 16) for c in h.categories]
-        widest = max(len(label) for label in labels) * 6 + 8
-        every = max(1, math.ceil(count * widest / (end - start)))
+        room = 14 if vertical else max(len(label) for label in labels) * 6 + 8
+        every = max(1, math.ceil(count * room / abs(end - start)))
         ticks = [
             Tick(_to_pixels(i, -0.5, count - 0.5, start, end), label)
             for i, label in enumerate(labels)
@@ -296,7 +302,9 @@ def _x_axis(h: SearchedHyperparameter) -> tuple[Any, list[Tick], str]:
         base = f"{h.base:g}"
         return logarithmic, ticks, f"{h.name} (log scale, base {base})"
     lo, hi = min(h.low, h.high), max(h.low, h.high)
-    pad = (hi - lo) * 0.04 if h.kind == "double" else 0.5
+    pad = (hi - lo) * 0.04
+    if h.kind == "int":
+        pad = max(pad, 0.5)  # whole numbers: the end values half a step in from the axes
 
     def linear(value: Any) -> float | None:
         number = _number(value)
@@ -305,6 +313,87 @@ def _x_axis(h: SearchedHyperparameter) -> tuple[Any, list[Tick], str]:
     values = nice_ticks(lo, hi, integers=h.kind == "int")
     ticks = [Tick(_to_pixels(v, lo - pad, hi + pad, start, end), _tick_label(v)) for v in values]
     return linear, ticks, h.name
+
+
+@dataclass(frozen=True)
+class ParallelAxis:
+    x: float
+    name: str
+    ticks: list[Tick]  # `at` is the y in pixels
+
+
+@dataclass(frozen=True)
+class ParallelLine:
+    trial_id: int
+    points: str  # SVG polyline points: "x,y x,y ..."
+    metric: float
+    best: bool
+    end: tuple[float, float]  # on the metric's axis, where the best one is named
+
+
+@dataclass(frozen=True)
+class ParallelCoordinates:
+    axes: list[ParallelAxis]  # the searched hyperparameters, then the metric
+    lines: list[ParallelLine]  # the best last, so it is drawn on top
+    width: int
+    height: int
+    top: int
+    bottom: int
+
+    @property
+    def best(self) -> ParallelLine | None:
+        return next((line for line in self.lines if line.best), None)
+
+
+PARALLEL_HEIGHT, PARALLEL_TOP, PARALLEL_BOTTOM = 300, 34, 16
+PARALLEL_SPACING, PARALLEL_MARGIN, PARALLEL_RIGHT = 130, 70, 150
+
+
+def parallel_coordinates(
+    searched: Sequence[SearchedHyperparameter],
+    outcomes: Sequence[TrialOutcome],
+    metric: str,
+    smaller_is_better: bool,
+) -> ParallelCoordinates | None:
+    """Every searched hyperparameter and the metric as vertical axes, each trial with a
+    metric a line across them. None with fewer than two searched hyperparameters (the
+    scatter says it all) or no metric yet. A trial missing a value has no line."""
+    scored = [o for o in outcomes if o.metric is not None]
+    if len(searched) < 2 or not scored:
+        return None
+    best = best_trial(scored, smaller_is_better)
+    low, high = PARALLEL_HEIGHT - PARALLEL_BOTTOM, PARALLEL_TOP
+    # Room on the right for the metric's ticks and the best trial's name.
+    width = PARALLEL_MARGIN + PARALLEL_SPACING * len(searched) + PARALLEL_RIGHT
+    scales: list[Callable[[Any], float | None]] = []
+    axes: list[ParallelAxis] = []
+    for i, h in enumerate(searched):
+        scale, ticks, _title = _axis(h, low, high, vertical=True)
+        axes.append(ParallelAxis(PARALLEL_MARGIN + i * PARALLEL_SPACING, h.name, ticks))
+        scales.append(scale)
+    values = [o.metric for o in scored if o.metric is not None]
+    y_low, y_high = _padded(min(values), max(values))
+    metric_ticks = [
+        Tick(_to_pixels(v, y_low, y_high, low, high), _tick_label(v))
+        for v in nice_ticks(y_low, y_high)
+    ]
+    axes.append(ParallelAxis(width - PARALLEL_RIGHT, metric, metric_ticks))
+    lines = []
+    for outcome in scored:
+        assert outcome.metric is not None
+        ys = [
+            scale(value_at(outcome.hparams, h.path))
+            for scale, h in zip(scales, searched, strict=True)
+        ]
+        ys.append(_to_pixels(outcome.metric, y_low, y_high, low, high))
+        if any(y is None for y in ys):
+            continue
+        points = " ".join(f"{axis.x:g},{y:g}" for axis, y in zip(axes, ys, strict=True))
+        is_best = best is not None and outcome.trial_id == best.trial_id
+        end = (axes[-1].x, ys[-1] or 0.0)
+        lines.append(ParallelLine(outcome.trial_id, points, outcome.metric, is_best, end))
+    lines.sort(key=lambda line: (line.best, line.trial_id))
+    return ParallelCoordinates(axes, lines, width, PARALLEL_HEIGHT, high, low)
 
 
 def _to_pixels(value: float, low: float, high: float, start: float, end: float) -> float:

@@ -29,21 +29,21 @@ HYPERPARAMETERS: dict[str, Any] = {
 def test_searched_hyperparameters_are_split_from_constants_and_nested_ones_named_by_path() -> None:
     searched, constants = sv.searched_hyperparameters(HYPERPARAMETERS)
     assert [(h.name, h.kind) for h in searched] == [
-        ("lr", "log"),
-        ("layers", "int"),
         ("dropout", "double"),
-        ("optimizer", "categorical"),
+        ("layers", "int"),
+        ("lr", "log"),
         ("model.width", "int"),
+        ("optimizer", "categorical"),
     ]
-    lr = searched[0]
+    lr = searched[2]
     assert math.isclose(lr.low, 1e-4) and math.isclose(lr.high, 0.1) and lr.base == 10
-    assert searched[3].categories == ("adam", "sgd", {"name": "lamb"})
+    assert searched[4].categories == ("adam", "sgd", {"name": "lamb"})
     # A single category or a one-value range is as constant as a plain value.
     assert [(c.name, c.value) for c in constants] == [
+        ("fixed_range", 3),
         ("global_batch_size", 64),
         ("model.activation", "relu"),
         ("one_choice", "only"),
-        ("fixed_range", 3),
     ]
     assert sv.searched_hyperparameters(None) == ([], [])
     assert sv.value_at({"model": {"width": 16}}, ("model", "width")) == 16
@@ -78,7 +78,7 @@ TRIALS = [
 
 def test_each_searched_hyperparameter_gets_a_plot_of_the_trials_with_a_metric() -> None:
     found = plots(TRIALS)
-    assert list(found) == ["lr", "layers", "dropout", "optimizer", "model.width"]
+    assert list(found) == ["dropout", "layers", "lr", "model.width", "optimizer"]
     lr = found["lr"]
     assert [p.trial_id for p in lr.points] == [1, 4, 2]  # no metric: no point; best drawn last
     assert lr.best is not None and lr.best.trial_id == 2
@@ -246,3 +246,33 @@ def test_brackets_are_pictured_separately() -> None:
     # Larger is better: 0.7 ranks first.
     assert [c.trial_id for c in first[0].cards] == [2, 1]
     assert [c.trial_id for col in pictures[1].columns for c in col.cards] == [3]
+
+
+def test_parallel_coordinates_draw_a_line_per_trial_across_every_axis() -> None:
+    searched, _ = sv.searched_hyperparameters(HYPERPARAMETERS)
+    trials = [t for t in TRIALS if t.trial_id != 2] + [
+        outcome(5, 0.2, lr=1e-3, layers=3, dropout=0.2, optimizer="adam", model={"width": 16})
+    ]
+    parallel = sv.parallel_coordinates(searched, trials, "loss", smaller_is_better=True)
+    assert parallel is not None
+    assert [a.name for a in parallel.axes] == [
+        "dropout",
+        "layers",
+        "lr",
+        "model.width",
+        "optimizer",
+        "loss",
+    ]
+    xs = [a.x for a in parallel.axes]
+    assert xs == sorted(xs) and xs[-1] < parallel.width
+    # Trial 3 has no metric: no line. The best is drawn last and ends on the metric axis.
+    assert [line.trial_id for line in parallel.lines] == [1, 4, 5]
+    assert parallel.best is parallel.lines[-1] and parallel.best.trial_id == 5
+    assert parallel.best.end[0] == xs[-1]
+    for line in parallel.lines:
+        points = [tuple(map(float, p.split(","))) for p in line.points.split()]
+        assert [x for x, _ in points] == xs
+        assert all(parallel.top <= y <= parallel.bottom for _, y in points)
+    # One searched hyperparameter: its scatter says it all.
+    assert sv.parallel_coordinates(searched[:1], trials, "loss", True) is None
+    assert sv.parallel_coordinates(searched, [outcome(1, None)], "loss", True) is None
