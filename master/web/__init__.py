@@ -7,7 +7,15 @@ from fastapi import APIRouter, FastAPI, Request, Response
 from starlette.exceptions import HTTPException
 
 from master.errors import NotFound
-from master.web import auth, cluster, config_templates, experiments, tasks, trials
+from master.web import (
+    auth,
+    cluster,
+    config_templates,
+    experiments,
+    search_views,
+    tasks,
+    trials,
+)
 from master.web.common import (
     STATIC_DIR,
     STATIC_PREFIX,
@@ -18,7 +26,7 @@ from master.web.common import (
 )
 
 router = APIRouter(include_in_schema=False)
-for _module in (auth, cluster, experiments, trials, tasks, config_templates):
+for _module in (auth, cluster, experiments, search_views, trials, tasks, config_templates):
     router.include_router(_module.router)
 
 
