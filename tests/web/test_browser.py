@@ -1031,7 +1031,7 @@ def bulk_trials(master: MasterProcess, experiment_id: int, reports: list[int]) -
 
 
 def test_a_hundred_trials_overlaid_thinned_with_a_note_best_n_and_a_readout(
-    page: Any, cluster: Cluster, screenshot_dir: Path
+    page: Any, browser: Any, cluster: Cluster, screenshot_dir: Path
 ) -> None:
     searcher = {"name": "single", "metric": "validation_loss"}
     experiment = paused_experiment(cluster, unique("hundred"), searcher)
@@ -1076,6 +1076,18 @@ def test_a_hundred_trials_overlaid_thinned_with_a_note_best_n_and_a_readout(
     assert "They report: accuracy, validation_loss." in problem
     assert page.locator(".chart[data-chart='compare']").count() == 0
     screenshot(page, screenshot_dir, "trials-compared-unknown-metric")
+
+    phone = browser.new_context(viewport=PHONE, base_url=cluster.master.url)
+    console = ConsoleLog()
+    small = phone.new_page()
+    console.watch(small)
+    sign_in(small)
+    small.goto(f"/ui/experiments/{experiment}/compare?best=10")
+    small.locator(".chart[data-chart='compare'][data-drawn]").wait_for()
+    small.screenshot(path=str(screenshot_dir / "trials-compared-phone-390x844.png"), full_page=True)
+    assert_fits_width(small, "the compare page at phone size")
+    phone.close()
+    assert not console.errors, "\n".join(console.errors)
 
 
 # -- issue 28 part 5: the experiments list's columns and filters, and the tasks pages ------

@@ -322,8 +322,8 @@
     var trials = chart.trials;
     var data = compareAligned(trials);
     var font = axisFont(el);
-    var axis = function (label) {
-      return { font: font, size: 48, ticks: { size: 3 }, stroke: "#5b6570", grid: { stroke: "#eef1f4" }, label: label, labelFont: font, labelSize: 16, labelGap: 2 };
+    var axis = function (label, size) {
+      return { font: font, size: size, ticks: { size: 3 }, stroke: "#5b6570", grid: { stroke: "#eef1f4" }, label: label, labelFont: font, labelSize: 16, labelGap: 2 };
     };
     var drawn = false;
     var opts = {
@@ -332,7 +332,7 @@
       cursor: { drag: { x: false, y: false }, points: { show: false } },
       legend: { live: false },
       scales: { x: { time: false } },
-      axes: [axis("batches"), axis(chart.metric)],
+      axes: [axis("batches", 30), axis(chart.metric, 48)],
       series: [{}].concat(trials.map(function (t, i) {
         var colour = compareColour(i);
         return { label: t.label, stroke: colour, width: trials.length > 20 ? 1 : 1.5, spanGaps: true, points: { show: sparsePoints, size: 6, fill: colour } };
