@@ -269,15 +269,19 @@ async def _names_of_first_reports(session: AsyncSession, ids: list[int], group: 
 async def _reported_anywhere(
     session: AsyncSession, ids: list[int], group: str, metric: str
 ) -> bool:
-    """Whether any report of these trials holds `metric` (a scan, only for a name that
-    neither the first nor the latest reports hold)."""
+    """Whether any report of these trials holds `metric` as a finite number, as the
+    chooser's names do (a scan, only for a name the first and latest reports lack)."""
     if not ids:
         return False
     value = _sortable_value(session, metric)
     query = value.joined(
         select(Metrics.id)
         .select_from(Metrics)
-        .where(Metrics.trial_id.in_(ids), Metrics.group_name == group)
+        .where(
+            Metrics.trial_id.in_(ids),
+            Metrics.group_name == group,
+            value.expression.is_not(None),
+        )
     )
     return await session.scalar(query.limit(1)) is not None
 

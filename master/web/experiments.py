@@ -392,6 +392,8 @@ BEST_SHORTCUTS = (5, 10, 25, 100)
 MetricGroup = Literal["training", "validation"]
 ComparedTrials = Annotated[list[Annotated[int, Field(ge=0, le=MAX_INT)]], Query()]
 BestCount = Annotated[int | None, Query(ge=1, le=trial_compare.MAX_COMPARED)]
+# The name goes to the database as a parameter: no NUL, which Postgres text cannot hold.
+MetricName = Annotated[str, Query(max_length=256, pattern=r"^[^\x00]*$")]
 
 
 def compare_chart(comparison: trial_compare.Comparison, group: str) -> dict[str, Any]:
@@ -443,7 +445,7 @@ async def compare_trials(
     web: WebSessionDep,
     trial: ComparedTrials = [],  # noqa: B006 - FastAPI copies defaults
     best: BestCount = None,
-    metric: Annotated[str, Query(max_length=256)] = "",
+    metric: MetricName = "",
     group: MetricGroup = "validation",
 ) -> Response:
     """One chart of a metric for the chosen trials: those ticked, the best N by the searcher

@@ -406,6 +406,7 @@ async def test_trial_and_compare_pages_refuse_bad_ids_and_parameters_cleanly(
         (f"{compare}?best=0", 400),
         (f"{compare}?best=101", 400),
         (f"{compare}?best=2&trial=1", 400),
+        (f"{compare}?metric=a%00b", 400),
         ("/ui/experiments/999/compare", 404),
         ("/ui/checkpoints/no-such-checkpoint/download", 404),
     ):
@@ -1288,3 +1289,27 @@ async def test_unknown_tasks_get_the_not_found_page(web: httpx.AsyncClient) -> N
     missing = await post_form(web, "/ui/tasks/no-such-task/kill", {}, csrf=token)
     assert missing.status_code == 404 and "task no-such-task not found" in missing.text
     assert (await web.get(f"/ui/tasks/{'x' * 65}")).status_code == 400
+
+
+async def test_compare_reads_a_metric_whose_name_has_quotes_dots_and_accents(
+    web: httpx.AsyncClient,
+) -> None:
+    """The database picks the value out of the JSON by key, whatever the key holds."""
+    await bearer(web)
+    experiment = await experiment_with_trials(web)
+    trial_id = (await trials_of(web, experiment["id"]))[0]["id"]
+    name = 'top-1 "acc." é/%'
+    for steps in (10, 20):
+        await report_at(web, trial_id, "validation", steps, {name: steps / 100, "x": True})
+    page = await web.get(
+        f"/ui/experiments/{experiment['id']}/compare", params={"trial": trial_id, "metric": name}
+    )
+    assert page.status_code == 200, page.text
+    chart = compare_chart(page.text)
+    assert chart["metric"] == name
+    assert (chart["trials"][0]["steps"], chart["trials"][0]["values"]) == ([10, 20], [0.1, 0.2])
+    # A boolean is no number: not offered, and named as unknown when asked for.
+    unknown = await web.get(
+        f"/ui/experiments/{experiment['id']}/compare", params={"trial": trial_id, "metric": "x"}
+    )
+    assert f"They report: {name}." in html.unescape(unknown.text)
