@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
 from master.db.migrate import alembic_config, run_alembic
 from master.db.session import create_engine
@@ -42,3 +43,35 @@ async def test_upgrade_check_downgrade(
         await run_alembic(engine, "upgrade", "head")
     finally:
         await engine.dispose()
+
+
+async def test_reports_are_numbered_in_step_order_when_0016_upgrades(
+    backend: str, database_url_factory: Callable[[str], str], tmp_path: Path
+) -> None:
+    """Existing reports get the ordinal and thinning level the report path would give."""
+    from benchmarks.bench_compare_view import seed  # a small experiment, inserted in bulk
+    from master.core.thinning import thinning_level
+
+    url = database_url_factory(backend)
+    await seed(url, trials=2, reports=40, naive=False)
+    engine = create_engine(async_database_url(url, tmp_path))  # type: ignore[arg-type]
+    try:
+        await run_alembic(engine, "downgrade", "0015")
+        await run_alembic(engine, "upgrade", "head")
+        async with engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    text(
+                        "SELECT trial_id, steps_completed, ordinal, thinning_level"
+                        " FROM trial_metrics ORDER BY trial_id, steps_completed"
+                    )
+                )
+            ).all()
+    finally:
+        await engine.dispose()
+    assert len(rows) == 80
+    by_trial: dict[int, list[tuple[int, int]]] = {}
+    for trial_id, _steps, ordinal, level in rows:
+        by_trial.setdefault(trial_id, []).append((ordinal, level))
+    for numbered in by_trial.values():
+        assert numbered == [(n, thinning_level(n)) for n in range(40)]

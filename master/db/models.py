@@ -16,6 +16,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     MetaData,
+    SmallInteger,
     String,
     Text,
     TypeDecorator,
@@ -345,7 +346,11 @@ class TrialMetricModel(Base):
     """
 
     __tablename__ = "trial_metrics"
-    __table_args__ = (UniqueConstraint("trial_id", "group_name", "steps_completed"),)
+    __table_args__ = (
+        UniqueConstraint("trial_id", "group_name", "steps_completed"),
+        # Every 2**L-th report of a trial's group, read without the others (core.thinning).
+        Index("ix_trial_metrics_thinning", "trial_id", "group_name", "thinning_level"),
+    )
 
     id: Mapped[int] = mapped_column(_BIG_ID, primary_key=True, autoincrement=True)
     trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
@@ -355,6 +360,12 @@ class TrialMetricModel(Base):
     # {name: number | "NaN" | "Infinity" | "-Infinity" | null}
     metrics: Mapped[dict[str, Any]] = mapped_column(JsonType)
     report_time: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # The report's place among its trial's reports of this group (0 first) and the trailing
+    # zero bits of that place (master.core.thinning), set when it is first written; a
+    # report that replaces one of the same step keeps them. Rows written without them
+    # (0, 0) are drawn only at full resolution.
+    ordinal: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    thinning_level: Mapped[int] = mapped_column(SmallInteger, default=0, server_default="0")
 
 
 class CheckpointModel(Base):

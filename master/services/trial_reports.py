@@ -16,6 +16,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from master.core import thinning
 from master.core.asha import ASHA_SEARCHERS
 from master.db.models import (
     MAX_INT,
@@ -141,6 +142,7 @@ async def report_metrics(
             f"metrics.trialRunId: run {trial_run_id} is not trial {trial_id}'s current run "
             f"{trial.run_id}; a process of an earlier run is still reporting"
         )
+    ordinal = await _next_ordinal(session, trial_id, group)
     row = {
         "trial_id": trial_id,
         "group_name": group,
@@ -148,6 +150,8 @@ async def report_metrics(
         "trial_run_id": trial_run_id,
         "metrics": clean_metric_values(values, "metrics.metrics.avgMetrics"),
         "report_time": report_time or utcnow(),
+        "ordinal": ordinal,
+        "thinning_level": thinning.thinning_level(ordinal),
     }
     # One statement, so two reports of the same step racing each other cannot fail on the
     # unique key: the later one wins, as a rerun's report replaces the earlier run's.
@@ -171,6 +175,20 @@ async def report_metrics(
     if group == TRAINING and steps_completed > trial.total_batches_processed:
         trial.total_batches_processed = steps_completed
     return trial
+
+
+async def _next_ordinal(session: AsyncSession, trial_id: int, group: str) -> int:
+    """One past the ordinal of the group's report of the highest step: reports come in step
+    order, and a run resumed from a checkpoint deletes the later ones first, so this counts
+    the reports kept. Two reports racing may share an ordinal, which only makes the thinned
+    chart a little uneven. A replaced step keeps its first ordinal (the upsert leaves it)."""
+    latest = await session.scalar(
+        select(TrialMetricModel.ordinal)
+        .where(TrialMetricModel.trial_id == trial_id, TrialMetricModel.group_name == group)
+        .order_by(TrialMetricModel.steps_completed.desc())
+        .limit(1)
+    )
+    return 0 if latest is None else min(latest + 1, MAX_INT)
 
 
 async def record_best_metric(

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal, cast
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Query, Request, Response
+from pydantic import Field
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.api.deps import MAX_INT, ObjectId, SessionDep
@@ -24,6 +25,7 @@ from master.services import (
     experiments,
     logs,
     search,
+    trial_compare,
     trial_reports,
 )
 from master.services.experiments import MAX_TEXT_FILTER, ExperimentView
@@ -385,33 +387,54 @@ async def _page_with_error(
 
 # -- trials compared ---------------------------------------------------------------------
 
-MAX_COMPARED = MAX_CHART_SERIES
-MAX_COMPARE_CHOICES = 200
+MAX_COMPARE_CHOICES = 1000  # checkboxes on the page; any trial can still be named in the URL
+BEST_SHORTCUTS = (5, 10, 25, 100)
 MetricGroup = Literal["training", "validation"]
+ComparedTrials = Annotated[list[Annotated[int, Field(ge=0, le=MAX_INT)]], Query()]
+BestCount = Annotated[int | None, Query(ge=1, le=trial_compare.MAX_COMPARED)]
+# The name goes to the database as a parameter: no NUL, which Postgres text cannot hold.
+MetricName = Annotated[str, Query(max_length=256, pattern=r"^[^\x00]*$")]
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """One metric of several trials on shared steps (None where a trial has no value)."""
+def compare_chart(comparison: trial_compare.Comparison, group: str) -> dict[str, Any]:
+    """What app.js draws: each trial's steps and values (its own x values, since thinned
+    trials skip different steps), and how thinned each is."""
+    return {
+        "metric": comparison.metric,
+        "group": group,
+        "trials": [
+            {
+                "id": s.trial_id,
+                "label": f"trial {s.trial_id}",
+                "steps": s.steps,
+                "values": s.values,
+                "stride": s.stride,
+                "reports": s.reports,
+            }
+            for s in comparison.series
+        ],
+    }
 
-    steps: list[int]
-    series: dict[int, list[float | None]]
-    names: list[str]  # the metrics these trials report in the group, for the chooser
 
-
-def compare_metric(rows: list[Any], trial_ids: list[int], metric: str) -> Comparison:
-    names = sorted(
-        {k for r in rows for k, v in r.metrics.items() if trial_reports.numeric(v) is not None}
+def nth(number: int) -> str:
+    """2nd, 4th, 32nd: how the thinned note names a stride."""
+    suffix = (
+        "th" if number % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
     )
-    steps = sorted({r.steps_completed for r in rows if metric in r.metrics})
-    at = {step: i for i, step in enumerate(steps)}
-    series: dict[int, list[float | None]] = {t: [None] * len(steps) for t in trial_ids}
-    for r in rows:
-        if metric in r.metrics:
-            series[r.trial_id][at[r.steps_completed]] = _finite(
-                trial_reports.numeric(r.metrics[metric])
-            )
-    return Comparison(steps, series, names)
+    return f"{number:,}{suffix}"
+
+
+def thinned_note(comparison: trial_compare.Comparison) -> str | None:
+    """Says what the chart leaves out, so thinning never hides an extreme silently."""
+    strides = comparison.strides
+    if not strides:
+        return None
+    every = nth(strides[0]) if len(strides) == 1 else f"{nth(strides[0])} to {nth(strides[-1])}"
+    return (
+        f"Thinned to every {every} report (and each trial's latest) for trials with more than "
+        f"{comparison.max_points:,} reports: a spike between the points drawn "
+        "may not show. A trial's own page draws every report."
+    )
 
 
 @router.get("/ui/experiments/{experiment_id}/compare")
@@ -420,47 +443,56 @@ async def compare_trials(
     experiment_id: ObjectId,
     session: SessionDep,
     web: WebSessionDep,
-    trial: Annotated[list[int], Query()] = [],  # noqa: B006 - FastAPI copies defaults
-    metric: Annotated[str, Query(max_length=256)] = "",
+    trial: ComparedTrials = [],  # noqa: B006 - FastAPI copies defaults
+    best: BestCount = None,
+    metric: MetricName = "",
     group: MetricGroup = "validation",
 ) -> Response:
-    """One chart of a metric for the chosen trials (all of the first few by default)."""
+    """One chart of a metric for the chosen trials: those ticked, the best N by the searcher
+    metric, or by default the experiment's first MAX_COMPARED."""
     view = await experiments.get_experiment(session, experiment_id)
-    choices, _total = await experiments.list_trials(
+    if len(trial) > trial_compare.MAX_COMPARED:
+        raise InvalidArgument(
+            f"trial: at most {trial_compare.MAX_COMPARED} trials in one chart; "
+            f"{len(trial)} were chosen"
+        )
+    if trial and best is not None:
+        raise InvalidArgument("best: choose trials with trial=... or best=N, not both")
+    choices, total = await experiments.list_trials(
         session, experiment_id, offset=0, limit=MAX_COMPARE_CHOICES
     )
-    if len(trial) > MAX_COMPARED:
-        raise InvalidArgument(f"trial: at most {MAX_COMPARED} trials in one chart")
-    for trial_id in trial:
-        await _selected_trial(session, experiment_id, trial_id)
-    selected = list(dict.fromkeys(trial)) or [t.id for t in choices[:MAX_COMPARED]]
+    if best is not None:
+        selected = await trial_compare.best_trials(session, view.experiment, best)
+    elif trial:
+        selected = await trial_compare.trials_of_experiment(session, experiment_id, trial)
+    else:
+        selected = [t.id for t in choices[: trial_compare.MAX_COMPARED]]
     searcher_metric, _smaller = trial_reports.searcher_metric(view.experiment.config)
-    rows = await trial_reports.metric_rows_of_trials(session, selected, group)
-    names = compare_metric(rows, selected, "").names
-    chosen = metric or (searcher_metric if searcher_metric in names else next(iter(names), ""))
-    comparison = compare_metric(rows, selected, chosen)
+    comparison = await trial_compare.compare(session, selected, group, metric, searcher_metric)
     problem = None
-    if metric and metric not in names:
-        reported = ", ".join(names) if names else "none"
+    if comparison.unknown_metric:
+        reported = ", ".join(comparison.names) if comparison.names else "none"
         problem = (
             f"No selected trial reported a {group} metric named {metric!r}. "
             f"They report: {reported}."
         )
-    chart = {
-        "metric": chosen,
-        "steps": comparison.steps,
-        "series": [{"label": f"trial {t}", "values": v} for t, v in comparison.series.items()],
-    }
     context = {
         "nav": "experiments",
         "view": view,
         "choices": choices,
+        "total_trials": total,
         "selected": selected,
-        "metric": chosen,
+        "best": best,
+        "best_shortcuts": [n for n in BEST_SHORTCUTS if n < total],
+        "searcher_metric": searcher_metric,
+        "max_compared": trial_compare.MAX_COMPARED,
+        "metric": comparison.metric,
         "group": group,
-        "names": names,
+        "names": comparison.names,
         "problem": problem,
-        "chart": chart if chosen and not problem else None,
+        "strides": comparison.strides,
+        "thinned_note": thinned_note(comparison),
+        "chart": compare_chart(comparison, group) if comparison.points else None,
     }
     return page_response(request, "compare.html", context, web=web)
 

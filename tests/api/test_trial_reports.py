@@ -13,10 +13,12 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
+from sqlalchemy import select
 
-from master.db.models import ExperimentModel
+from master.core.thinning import FIRST_REPORT_LEVEL
+from master.db.models import CheckpointModel, ExperimentModel, TrialMetricModel, TrialModel
 from master.db.session import session_scope
-from master.services import scheduler
+from master.services import scheduler, trial_reports
 from resolute_proto.agent.v1 import agent_pb2 as pb
 from tests.api.test_agent_link import connect, exited, hub_of, of_kind, sent
 from tests.factories import create_experiment, row_counts
@@ -233,6 +235,46 @@ async def test_the_same_step_reported_again_replaces_the_value(api: httpx.AsyncC
     assert await curve(api, trial, "training") == [("training", 10, {"loss": 0.5})]
     workloads = (await ok(api.get(f"/api/v1/trials/{trial.id}/workloads")))["workloads"]
     assert len(workloads) == 1
+
+
+async def test_report_ordinals_count_the_reports_kept_across_a_resume(
+    api: httpx.AsyncClient, app: FastAPI
+) -> None:
+    """What the compare chart thins by: each group numbered on its own, a replaced step
+    keeping its number, and a run resumed from a checkpoint numbering on from the reports
+    it keeps."""
+    (trial,) = await submit(api)
+    for steps in (10, 20, 30, 40, 50):
+        await ok(report(api, trial, "validation", steps, {"loss": 1.0}))
+    await ok(report(api, trial, "validation", 20, {"loss": 0.5}))
+    await ok(report(api, trial, "training", 10, {"loss": 1.0}))
+    uuid = await save(api, trial, 30)
+    async with session_scope(app.state.session_factory) as session:
+        row = await session.get(TrialModel, trial.id)
+        checkpoint = await session.get(CheckpointModel, uuid)
+        assert row is not None and checkpoint is not None
+        await trial_reports.start_run_from(session, row, checkpoint)  # drops steps 40, 50
+    await ok(report(api, trial, "validation", 40, {"loss": 0.4}))
+    async with session_scope(app.state.session_factory) as session:
+        numbered = (
+            await session.execute(
+                select(
+                    TrialMetricModel.group_name,
+                    TrialMetricModel.steps_completed,
+                    TrialMetricModel.ordinal,
+                    TrialMetricModel.thinning_level,
+                )
+                .where(TrialMetricModel.trial_id == trial.id)
+                .order_by(TrialMetricModel.group_name, TrialMetricModel.steps_completed)
+            )
+        ).all()
+    assert [tuple(r) for r in numbered] == [
+        ("training", 10, 0, FIRST_REPORT_LEVEL),
+        ("validation", 10, 0, FIRST_REPORT_LEVEL),
+        ("validation", 20, 1, 0),
+        ("validation", 30, 2, 1),
+        ("validation", 40, 3, 0),
+    ]
 
 
 async def test_refused_metric_reports_store_nothing(api: httpx.AsyncClient) -> None:

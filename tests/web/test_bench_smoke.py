@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.web.conftest import chromium_path
+
 
 def test_smoke_dashboard_benchmark_renders_full_pages(repo_root: Path) -> None:
     result = subprocess.run(
@@ -61,3 +63,24 @@ def test_smoke_experiments_list_benchmark_runs_every_scenario(repo_root: Path) -
         assert 0 < pages["text_name"]["rows"] <= 50
         assert 0 < pages["user_filter_and_best"]["rows"] <= 50
         assert all(p["n"] == report["parameters"]["repeats"] for p in pages.values())
+
+
+def test_smoke_compare_view_benchmark_draws_the_chart_in_chromium(repo_root: Path) -> None:
+    chromium_path()  # skips (or fails in CI) without Debian's chromium, as the browser tests
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_compare_view", "--smoke"],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["mode"] == "smoke" and report["machine"]["cpu_model"]
+    shape = report["shape"]
+    page = report["sqlite"]["page"]
+    assert page["series_drawn"] == shape["trials"]
+    assert page["chart_drawn"]["n"] == shape["timed_loads"]
+    assert page["thinned_strides"] == "2"  # 3,000 reports a trial: every 2nd is drawn
+    assert report["sqlite"]["naive"]["reports_read"] == shape["reports_stored"]

@@ -21,8 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import insert
 
 from harness.cluster import AgentProcess
+from master.core.thinning import thinning_level
+from master.db.models import TrialMetricModel, TrialModel
 from master.db.session import create_engine, create_session_factory, session_scope
 from master.services import agents as agent_service
 from master.services.agents import AgentRegistration, Device
@@ -972,6 +975,119 @@ def test_trials_compared_on_one_chart_of_a_chosen_metric(
     problem = page.get_by_role("alert").inner_text()
     assert "training metric named 'nope'" in problem and "They report: loss." in problem
     assert page.locator(".chart[data-chart='compare']").count() == 0
+
+
+def bulk_trials(master: MasterProcess, experiment_id: int, reports: list[int]) -> list[int]:
+    """Trials of the experiment with `reports[i]` validation reports each, written straight
+    into the running master's database, numbered as the report path numbers them (100
+    trials reporting through the API would take minutes). Trial i's loss is worse by
+    i / 100, so the best trials are the first ones."""
+
+    async def work() -> list[int]:
+        engine = create_engine(async_database_url("", master.data_dir))
+        try:
+            async with session_scope(create_session_factory(engine)) as session:
+                ids = list(
+                    (
+                        await session.scalars(
+                            insert(TrialModel).returning(
+                                TrialModel.id, sort_by_parameter_order=True
+                            ),
+                            [
+                                {
+                                    "experiment_id": experiment_id,
+                                    "request_id": f"bulk-{i}",
+                                    "state": "COMPLETED",
+                                    "hparams": {"lr": 0.1},
+                                    "seed": i,
+                                    "run_id": 1,
+                                    "total_batches_processed": count * 10,
+                                }
+                                for i, count in enumerate(reports)
+                            ],
+                        )
+                    ).all()
+                )
+                rows = [
+                    {
+                        "trial_id": trial_id,
+                        "group_name": "validation",
+                        "steps_completed": (n + 1) * 10,
+                        "trial_run_id": 1,
+                        "metrics": {"validation_loss": 1 / (n + 1) + i / 100, "accuracy": 0.5},
+                        "ordinal": n,
+                        "thinning_level": thinning_level(n),
+                    }
+                    for i, (trial_id, count) in enumerate(zip(ids, reports, strict=True))
+                    for n in range(count)
+                ]
+                await session.execute(insert(TrialMetricModel), rows)
+            return ids
+        finally:
+            await engine.dispose()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, work()).result()
+
+
+def test_a_hundred_trials_overlaid_thinned_with_a_note_best_n_and_a_readout(
+    page: Any, browser: Any, cluster: Cluster, screenshot_dir: Path
+) -> None:
+    searcher = {"name": "single", "metric": "validation_loss"}
+    experiment = paused_experiment(cluster, unique("hundred"), searcher)
+    # The first trial reports 3,100 times: more than a trial may draw, so every 4th is.
+    trials = bulk_trials(cluster.master, experiment, [3_100] + [120] * 99)
+    query = "&".join(f"trial={t}" for t in trials)
+    page.goto(f"/ui/experiments/{experiment}/compare?{query}")
+    chart = page.locator(".chart[data-chart='compare']")
+    page.wait_for_function("el => el.dataset.drawn === 'true'", arg=chart.element_handle())
+    assert chart.get_attribute("data-series") == "100"
+    legend = chart.locator(".u-legend .u-series")
+    assert legend.count() == 100 and legend.nth(99).inner_text().strip() == f"trial {trials[-1]}"
+    note = page.get_by_role("note")
+    assert "Thinned to every 4th report" in note.inner_text()
+    assert note.get_attribute("data-thinned") == "4"
+    assert page.get_by_label(str(trials[50]), exact=True).is_checked()
+
+    # Pointing at the lines reads a trial's value out.
+    box = chart.locator("canvas").bounding_box()
+    readout = page.locator("[data-compare-readout]")
+    for x in (0.3, 0.5, 0.7):
+        for y in (0.2, 0.4, 0.6, 0.8):
+            page.mouse.move(box["x"] + box["width"] * x, box["y"] + box["height"] * y)
+            if readout.get_attribute("data-trial"):
+                break
+        if readout.get_attribute("data-trial"):
+            break
+    assert re.match(r"trial \d+ · batch [\d,]+ · validation_loss \d", readout.inner_text())
+    screenshot(page, screenshot_dir, "trials-compared-100")
+
+    page.get_by_role("link", name="best 5", exact=True).click()
+    page.wait_for_url(re.compile(r"best=5"))
+    chart = page.locator(".chart[data-chart='compare']")
+    page.wait_for_function("el => el.dataset.drawn === 'true'", arg=chart.element_handle())
+    labels = [t.strip() for t in chart.locator(".u-legend .u-series").all_inner_texts()]
+    assert labels == [f"trial {t}" for t in trials[:5]]  # best first
+    assert page.get_by_role("note").count() == 1  # the long trial is among the best
+
+    page.goto(f"/ui/experiments/{experiment}/compare?{query}&metric=nope")
+    problem = page.get_by_role("alert").inner_text()
+    assert "validation metric named 'nope'" in problem
+    assert "They report: accuracy, validation_loss." in problem
+    assert page.locator(".chart[data-chart='compare']").count() == 0
+    screenshot(page, screenshot_dir, "trials-compared-unknown-metric")
+
+    phone = browser.new_context(viewport=PHONE, base_url=cluster.master.url)
+    console = ConsoleLog()
+    small = phone.new_page()
+    console.watch(small)
+    sign_in(small)
+    small.goto(f"/ui/experiments/{experiment}/compare?best=10")
+    small.locator(".chart[data-chart='compare'][data-drawn]").wait_for()
+    small.screenshot(path=str(screenshot_dir / "trials-compared-phone-390x844.png"), full_page=True)
+    assert_fits_width(small, "the compare page at phone size")
+    phone.close()
+    assert not console.errors, "\n".join(console.errors)
 
 
 # -- issue 28 part 5: the experiments list's columns and filters, and the tasks pages ------

@@ -5,11 +5,13 @@ the JSON feeds the charts and the log view poll."""
 from __future__ import annotations
 
 import html
+import json
 import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+import pytest
 from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -17,7 +19,7 @@ from hypothesis import strategies as st
 from master.db.models import AllocationModel
 from master.db.session import session_scope
 from master.services import agents as agent_service
-from master.services import scheduler
+from master.services import scheduler, trial_compare
 from master.services.logs import LogLine, append_logs
 from master.services.metrics import GpuReading, MetricReading, MetricsBuffer
 from resolute_proto.agent.v1 import agent_pb2 as pb
@@ -390,7 +392,7 @@ async def test_trial_and_compare_pages_refuse_bad_ids_and_parameters_cleanly(
     await bearer(web)
     experiment = await experiment_with_trials(web)
     compare = f"/ui/experiments/{experiment['id']}/compare"
-    many = "&".join(f"trial={i}" for i in range(9))
+    many = "&".join(f"trial={i}" for i in range(101))
     for path, status in (
         ("/ui/trials/abc", 400),
         ("/ui/trials/-1", 400),
@@ -400,6 +402,11 @@ async def test_trial_and_compare_pages_refuse_bad_ids_and_parameters_cleanly(
         (f"{compare}?trial=abc", 400),
         (f"{compare}?{many}", 400),
         (f"{compare}?trial=999", 404),
+        (f"{compare}?trial={2**40}", 400),
+        (f"{compare}?best=0", 400),
+        (f"{compare}?best=101", 400),
+        (f"{compare}?best=2&trial=1", 400),
+        (f"{compare}?metric=a%00b", 400),
         ("/ui/experiments/999/compare", 404),
         ("/ui/checkpoints/no-such-checkpoint/download", 404),
     ):
@@ -411,6 +418,105 @@ async def test_trial_and_compare_pages_refuse_bad_ids_and_parameters_cleanly(
     reply = await web.get(f"{compare}?metric=loss")
     assert reply.status_code == 200
     assert "named &#39;loss&#39;" in reply.text and "They report: none." in reply.text
+    too_many = await web.get(f"{compare}?{many}")
+    assert "trial: at most 100 trials in one chart; 101 were chosen" in too_many.text
+    both = await web.get(f"{compare}?best=2&trial=1")
+    assert "best: choose trials with trial=... or best=N, not both" in both.text
+
+
+async def test_compare_refuses_a_trial_of_another_experiment_with_a_404_naming_it(
+    web: httpx.AsyncClient,
+) -> None:
+    await bearer(web)
+    mine = await experiment_with_trials(web)
+    other = await experiment_with_trials(web)
+    stranger = (await trials_of(web, other["id"]))[0]["id"]
+    own = (await trials_of(web, mine["id"]))[0]["id"]
+    reply = await web.get(f"/ui/experiments/{mine['id']}/compare?trial={own}&trial={stranger}")
+    assert reply.status_code == 404
+    assert (
+        f"trial {stranger} is not a trial of experiment {mine['id']} "
+        f"(it belongs to experiment {other['id']})"
+    ) in html.unescape(reply.text)
+    assert 'href="/ui/experiments"' in reply.text  # the navigation stays
+
+
+def compare_chart(page: str) -> dict[str, Any]:
+    """The data the compare page hands its chart (what app.js draws)."""
+    found = re.search(r'<script type="application/json" id="compare-data">(.*?)</script>', page)
+    assert found, "the page has a chart"
+    chart: dict[str, Any] = json.loads(found.group(1))
+    return chart
+
+
+async def report_at(
+    client: httpx.AsyncClient, trial_id: int, group: str, steps: int, metrics: dict[str, Any]
+) -> None:
+    tasks = (await client.get("/api/v1/tasks")).json()["allocationIdToSummary"]
+    run = max(int(a.split(".")[1]) for a, t in tasks.items() if t.get("trialId") == trial_id)
+    body = {
+        "group": group,
+        "metrics": {
+            "trialId": trial_id,
+            "trialRunId": run,
+            "stepsCompleted": steps,
+            "metrics": {"avgMetrics": metrics},
+        },
+    }
+    reply = await client.post(f"/api/v1/trials/{trial_id}/metrics", json=body)
+    assert reply.status_code == 200, reply.text
+
+
+async def test_compare_thins_long_trials_to_every_nth_report_and_says_so(
+    web: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await bearer(web)
+    experiment = await experiment_with_trials(web)
+    long, short, silent = [t["id"] for t in await trials_of(web, experiment["id"])]
+    for n in range(10):  # ordinals 0..9
+        await report_at(web, long, "validation", (n + 1) * 10, {"validation_loss": 1 / (n + 1)})
+    await report_at(web, long, "validation", 50, {"validation_loss": 9.0})  # a rerun's step 50
+    for n in range(3):
+        await report_at(web, short, "validation", (n + 1) * 10, {"validation_loss": 0.5})
+    monkeypatch.setattr(trial_compare, "MAX_POINTS_PER_TRIAL", 4)
+    page = await web.get(f"/ui/experiments/{experiment['id']}/compare")
+    assert page.status_code == 200, page.text
+    chart = compare_chart(page.text)
+    assert chart["metric"] == "validation_loss"
+    first, second, third = chart["trials"]
+    # Every 4th report (ordinals 0, 4, 8) and the latest (9): 4 of 10 points.
+    assert (first["id"], first["stride"], first["reports"]) == (long, 4, 10)
+    assert first["steps"] == [10, 50, 90, 100]
+    assert first["values"] == [1.0, 9.0, 1 / 9, 0.1]
+    assert (second["id"], second["stride"], second["steps"]) == (short, 1, [10, 20, 30])
+    assert (third["id"], third["steps"]) == (silent, [])
+    note = re.search(r'<p class="thinned-note"[^>]*data-thinned="4">(.*?)</p>', page.text)
+    assert note and "Thinned to every 4th report" in html.unescape(note.group(1))
+
+    # Nothing over the limit: every report drawn, and no note.
+    monkeypatch.setattr(trial_compare, "MAX_POINTS_PER_TRIAL", 2000)
+    full = await web.get(f"/ui/experiments/{experiment['id']}/compare?trial={long}")
+    assert compare_chart(full.text)["trials"][0]["steps"] == [n * 10 for n in range(1, 11)]
+    assert "thinned-note" not in full.text
+    # The trial page's own feed always reads every report.
+    feed = (await web.get(f"/ui/trials/{long}/metrics.json")).json()
+    assert len(feed["groups"]["validation"]["steps"]) == 10
+
+
+async def test_compare_best_n_ranks_trials_by_the_searcher_metric(web: httpx.AsyncClient) -> None:
+    await bearer(web)
+    experiment = await experiment_with_trials(web)
+    a, b, c = [t["id"] for t in await trials_of(web, experiment["id"])]
+    for trial_id, losses in ((a, [0.9, 0.4]), (b, [0.2, 0.3]), (c, ["NaN", True])):
+        for n, loss in enumerate(losses):
+            await report_at(web, trial_id, "validation", (n + 1) * 10, {"validation_loss": loss})
+    page = await web.get(f"/ui/experiments/{experiment['id']}/compare?best=2")
+    assert page.status_code == 200, page.text
+    assert [t["id"] for t in compare_chart(page.text)["trials"]] == [b, a]  # 0.2, then 0.4
+    # A trial with no finite number is never "best"; a metric nobody reports is named.
+    one = await web.get(f"/ui/experiments/{experiment['id']}/compare?best=5&metric=accuracy")
+    assert "No selected trial reported a validation metric named &#39;accuracy&#39;" in one.text
+    assert "They report: validation_loss." in one.text
 
 
 # -- the experiment page and its actions ---------------------------------------------------
@@ -1183,3 +1289,27 @@ async def test_unknown_tasks_get_the_not_found_page(web: httpx.AsyncClient) -> N
     missing = await post_form(web, "/ui/tasks/no-such-task/kill", {}, csrf=token)
     assert missing.status_code == 404 and "task no-such-task not found" in missing.text
     assert (await web.get(f"/ui/tasks/{'x' * 65}")).status_code == 400
+
+
+async def test_compare_reads_a_metric_whose_name_has_quotes_dots_and_accents(
+    web: httpx.AsyncClient,
+) -> None:
+    """The database picks the value out of the JSON by key, whatever the key holds."""
+    await bearer(web)
+    experiment = await experiment_with_trials(web)
+    trial_id = (await trials_of(web, experiment["id"]))[0]["id"]
+    name = 'top-1 "acc." é/%'
+    for steps in (10, 20):
+        await report_at(web, trial_id, "validation", steps, {name: steps / 100, "x": True})
+    page = await web.get(
+        f"/ui/experiments/{experiment['id']}/compare", params={"trial": trial_id, "metric": name}
+    )
+    assert page.status_code == 200, page.text
+    chart = compare_chart(page.text)
+    assert chart["metric"] == name
+    assert (chart["trials"][0]["steps"], chart["trials"][0]["values"]) == ([10, 20], [0.1, 0.2])
+    # A boolean is no number: not offered, and named as unknown when asked for.
+    unknown = await web.get(
+        f"/ui/experiments/{experiment['id']}/compare", params={"trial": trial_id, "metric": "x"}
+    )
+    assert f"They report: {name}." in html.unescape(unknown.text)
