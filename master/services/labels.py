@@ -1,0 +1,102 @@
+"""Experiment labels: what a label may be, changing an experiment's labels, listing and
+filtering by them.
+
+An experiment's labels are an ordered list without repeats in `experiments.labels`; its
+config's `labels` key is rewritten with it, as Determined keeps labels in the config."""
+
+from __future__ import annotations
+
+import unicodedata
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Select, exists, func, literal, literal_column, select
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from master.db.models import ExperimentModel
+from master.errors import InvalidArgument
+
+MAX_LABEL_CHARS = 255
+MAX_LABELS = 100
+# Unicode's control characters, and lone surrogates (no database can store them as text).
+_REFUSED_CATEGORIES = {"Cc": "a control character", "Cs": "a lone surrogate"}
+
+
+def label_problem(label: object) -> str | None:
+    """Why `label` cannot be a label, or None."""
+    if not isinstance(label, str):
+        return f"must be a string, not {type(label).__name__}"
+    if not label.strip():
+        return "is empty" if not label else "is only spaces"
+    if len(label) > MAX_LABEL_CHARS:
+        return f"is {len(label)} characters long; at most {MAX_LABEL_CHARS}"
+    for char in label:
+        kind = _REFUSED_CATEGORIES.get(unicodedata.category(char))
+        if kind is not None:
+            return f"holds {kind} (U+{ord(char):04X})"
+    return None
+
+
+def checked_label(label: object, where: str) -> str:
+    problem = label_problem(label)
+    if problem is not None:
+        raise InvalidArgument(f"{where}: the label {problem}")
+    return str(label)
+
+
+def checked_labels(labels: object, where: str) -> list[str]:
+    """The labels in their order, each once; a 400 naming the first bad one otherwise."""
+    if not isinstance(labels, list | tuple):
+        raise InvalidArgument(f"{where}: must be a list of strings")
+    kept = list(dict.fromkeys(checked_label(v, f"{where}[{i}]") for i, v in enumerate(labels)))
+    if len(kept) > MAX_LABELS:
+        raise InvalidArgument(
+            f"{where}: {len(kept)} labels; an experiment may have at most {MAX_LABELS}"
+        )
+    return kept
+
+
+def set_labels(experiment: ExperimentModel, labels: Sequence[str]) -> None:
+    """Give the experiment these (checked) labels, in the column and in its config."""
+    experiment.labels = list(labels)
+    experiment.config = {**experiment.config, "labels": list(labels)}
+
+
+def with_label(experiment: ExperimentModel, label: str) -> list[str]:
+    """The experiment's labels with `label` added at the end; unchanged if it is there."""
+    label = checked_label(label, "label")
+    current = list(experiment.labels)
+    if label in current:
+        return current
+    if len(current) >= MAX_LABELS:
+        raise InvalidArgument(
+            f"label: experiment {experiment.id} has {len(current)} labels already; "
+            f"at most {MAX_LABELS}"
+        )
+    return [*current, label]
+
+
+def has_label(session: AsyncSession, label: str) -> Any:
+    """A WHERE condition: the experiment carries `label` (exactly: case and spaces count)."""
+    if session.get_bind().dialect.name == "postgresql":
+        # jsonb containment: some element of the array equals the label.
+        return ExperimentModel.labels.op("@>")(literal([label], JSONB))
+    elements = func.json_each(ExperimentModel.labels).table_valued("value")
+    match: Select[Any] = (
+        select(literal_column("1")).select_from(elements).where(elements.c.value == label)
+    )
+    return exists(match)
+
+
+async def label_counts(session: AsyncSession, project_id: int | None = None) -> list[str]:
+    """Every label in use, the most used first (then A to Z), as Determined lists them."""
+    query = select(ExperimentModel.labels)
+    if project_id is not None:
+        query = query.where(ExperimentModel.project_id == project_id)
+    counts: Counter[str] = Counter()
+    # Read in Python: the lists are short, and SQLite and Postgres unnest JSON differently.
+    for labels in (await session.scalars(query)).all():
+        counts.update(labels or [])
+    return sorted(counts, key=lambda label: (-counts[label], label))
