@@ -22,6 +22,7 @@ from master.services import (
     auth,
     checkpoint_gc,
     experiments,
+    labels,
     logs,
     search,
     trial_reports,
@@ -67,6 +68,7 @@ CHECKPOINTS_PER_PAGE = 20
 MAX_CHART_SERIES = 8
 MAX_LOG_LINES = 1000
 MAX_RANK_CHOICES = 64
+MAX_LABEL_CHOICES = 200  # the label filter suggests the most used ones
 
 
 # -- the list ----------------------------------------------------------------------------
@@ -80,6 +82,7 @@ class ListParams:
     searcher: SearcherName | None
     user: str
     text: str
+    label: str
 
     def query(self) -> dict[str, str]:
         return {
@@ -89,11 +92,12 @@ class ListParams:
             "searcher": self.searcher or "",
             "user": self.user,
             "text": self.text,
+            "label": self.label,
         }
 
     @property
     def filtered(self) -> bool:
-        return bool(self.state or self.searcher or self.user or self.text)
+        return bool(self.state or self.searcher or self.user or self.text or self.label)
 
 
 # Neither NUL (Postgres text cannot hold it) nor more than the service's limit.
@@ -108,6 +112,7 @@ def list_params(
     searcher: FilterText = "",
     user: FilterText = "",
     text: FilterText = "",
+    label: FilterText = "",
 ) -> ListParams:
     default: Order = "desc" if sort in DESCENDING_FIRST else "asc"
     states = [s.value for s in ExperimentState]
@@ -117,6 +122,9 @@ def list_params(
         raise InvalidArgument(
             f"searcher: {searcher[:32]!r} is not one of {', '.join(SEARCHER_NAMES)}"
         )
+    # A label is matched exactly, spaces and case included, as the API's filter does.
+    if label and (problem := labels.label_problem(label)) is not None:
+        raise InvalidArgument(f"label: the label {problem}")
     return ListParams(
         sort,
         order or default,
@@ -124,6 +132,7 @@ def list_params(
         cast(SearcherName, searcher) if searcher else None,
         user.strip(),
         text.strip(),
+        label,
     )
 
 
@@ -146,6 +155,7 @@ async def experiments_page(
         usernames=[params.user] if params.user else (),
         searchers=[params.searcher] if params.searcher else (),
         text=params.text or None,
+        with_labels=[params.label] if params.label else (),
         sort_by=SORTS[params.sort],
         descending=params.order == "desc",
     )
@@ -159,9 +169,13 @@ async def experiments_page(
         "pager": page_links("/ui/experiments", paged, total, len(views), params.query()),
         "per_page": paged.per_page,
         "sort_url": lambda key: _sort_url(params, paged, key),
+        "label_url": lambda label: _label_url(params, paged, label),
         "metric_of": metric_of,
     }
-    template = "experiments_table.html" if is_htmx(request) else "experiments.html"
+    if is_htmx(request):  # the table refreshing itself: the form's choices are there already
+        return page_response(request, "experiments_table.html", context, web=web)
+    context["known_labels"] = (await labels.label_counts(session))[:MAX_LABEL_CHOICES]
+    template = "experiments.html"
     return page_response(request, template, context, web=web)
 
 
@@ -176,6 +190,12 @@ def _sort_url(params: ListParams, paged: Paging, key: str) -> str:
     else:
         order = "desc" if key in DESCENDING_FIRST else "asc"
     query = {**params.query(), "sort": key, "order": order, "per_page": str(paged.per_page)}
+    return "/ui/experiments?" + urlencode({k: v for k, v in query.items() if v})
+
+
+def _label_url(params: ListParams, paged: Paging, label: str) -> str:
+    """The list filtered by this label, other filters and the sort kept (the first page)."""
+    query = {**params.query(), "label": label, "per_page": str(paged.per_page)}
     return "/ui/experiments?" + urlencode({k: v for k, v in query.items() if v})
 
 
