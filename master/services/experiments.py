@@ -729,26 +729,30 @@ async def experiment_for_update(session: AsyncSession, experiment_id: int) -> Ex
 async def patch_experiment(
     session: AsyncSession, experiment_id: int, patch: ExperimentPatch, actor: str
 ) -> ExperimentView:
-    """Every field is checked before any is applied, so a refused patch changes nothing."""
-    name = description = None
-    if patch.name is not None:
+    """Every field is checked before any is applied, so a refused patch changes nothing.
+    Values the experiment has already pass as they are: Determined's client sends back
+    what it read, and an old label or name must not block the change the user asked for."""
+    experiment = await experiment_for_update(session, experiment_id)
+    name = description = new_labels = None
+    if patch.name is not None and patch.name != experiment.name:
         name = _checked_text(patch.name, "name", MAX_NAME_CHARS, blank_ok=False)
-    if patch.description is not None:
+    if patch.description is not None and patch.description != experiment.description:
         description = _checked_text(
             patch.description, "description", MAX_DESCRIPTION_CHARS, blank_ok=True
         )
-    new_labels = None if patch.labels is None else labels.checked_labels(patch.labels, "labels")
-    experiment = await experiment_for_update(session, experiment_id)
+    if patch.labels is not None:
+        checked = labels.checked_labels(patch.labels, "labels", kept=experiment.labels)
+        new_labels = checked if checked != experiment.labels else None
     changed = []
-    if name is not None and name != experiment.name:
+    if name is not None:
         experiment.name = name
         experiment.config = {**experiment.config, "name": name}
         changed.append("name")
-    if description is not None and description != experiment.description:
+    if description is not None:
         experiment.description = description
         experiment.config = {**experiment.config, "description": description}
         changed.append("description")
-    if new_labels is not None and new_labels != experiment.labels:
+    if new_labels is not None:
         labels.set_labels(experiment, new_labels)
         changed.append("labels")
     if changed:

@@ -46,16 +46,26 @@ def checked_label(label: object, where: str) -> str:
     return str(label)
 
 
-def checked_labels(labels: object, where: str) -> list[str]:
-    """The labels in their order, each once; a 400 naming the first bad one otherwise."""
+def checked_labels(labels: object, where: str, kept: Sequence[str] = ()) -> list[str]:
+    """The labels in their order, each once; a 400 naming the first bad one otherwise.
+    Labels in `kept` (the experiment's own, stored before these rules) pass as they are,
+    and so does a count that does not grow."""
     if not isinstance(labels, list | tuple):
         raise InvalidArgument(f"{where}: must be a list of strings")
-    kept = list(dict.fromkeys(checked_label(v, f"{where}[{i}]") for i, v in enumerate(labels)))
-    if len(kept) > MAX_LABELS:
-        raise InvalidArgument(
-            f"{where}: {len(kept)} labels; an experiment may have at most {MAX_LABELS}"
+    old = set(kept)
+    result = list(
+        dict.fromkeys(
+            value
+            if isinstance(value, str) and value in old
+            else checked_label(value, f"{where}[{i}]")
+            for i, value in enumerate(labels)
         )
-    return kept
+    )
+    if len(result) > max(MAX_LABELS, len(kept)):
+        raise InvalidArgument(
+            f"{where}: {len(result)} labels; an experiment may have at most {MAX_LABELS}"
+        )
+    return result
 
 
 def set_labels(experiment: ExperimentModel, labels: Sequence[str]) -> None:
