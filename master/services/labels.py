@@ -28,14 +28,16 @@ def label_problem(label: object) -> str | None:
     """Why `label` cannot be a label, or None."""
     if not isinstance(label, str):
         return f"must be a string, not {type(label).__name__}"
-    if not label.strip():
-        return "is empty" if not label else "is only spaces"
+    if not label:
+        return "is empty"
     if len(label) > MAX_LABEL_CHARS:
         return f"is {len(label)} characters long; at most {MAX_LABEL_CHARS}"
     for char in label:
         kind = _REFUSED_CATEGORIES.get(unicodedata.category(char))
         if kind is not None:
             return f"holds {kind} (U+{ord(char):04X})"
+    if not label.strip():
+        return "is only spaces"
     return None
 
 
