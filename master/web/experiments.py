@@ -174,7 +174,7 @@ async def experiments_page(
     }
     if is_htmx(request):  # the table refreshing itself: the form's choices are there already
         return page_response(request, "experiments_table.html", context, web=web)
-    context["known_labels"] = (await labels.label_counts(session))[:MAX_LABEL_CHOICES]
+    context["known_labels"] = await labels.label_counts(session, limit=MAX_LABEL_CHOICES)
     template = "experiments.html"
     return page_response(request, template, context, web=web)
 
