@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import typer
 import yaml
@@ -32,6 +33,8 @@ from cli.state import client
 from cli.trials import fetch_workloads, format_value, print_workloads
 
 app = typer.Typer(help="Create and manage experiments.", no_args_is_help=True)
+label_app = typer.Typer(help="Add or remove an experiment's labels.", no_args_is_help=True)
+app.add_typer(label_app, name="label")
 
 
 # Where `det e wait` stops; PAUSED stops it too, as Determined's client refuses to wait on it.
@@ -105,6 +108,9 @@ def _with_overrides(config_file: Path, config_text: str, overrides: list[str]) -
 def list_experiments(
     ctx: typer.Context,
     show_all: bool = typer.Option(False, "--all", "-a", help="Everyone's, archived included."),
+    with_labels: list[str] | None = typer.Option(
+        None, "--label", "-l", help="Only experiments with this label; repeat for all of several."
+    ),
     as_json: bool = JsonOpt,
     as_csv: bool = CsvOpt,
 ) -> None:
@@ -113,6 +119,8 @@ def list_experiments(
         one_format(as_json, as_csv)
         api = client(ctx)
         params: dict[str, Any] = {}
+        if with_labels:
+            params["labels"] = with_labels
         if not show_all:
             params.update(archived="false", users=api.get("/api/v1/me")["user"]["username"])
         experiments: list[dict[str, Any]] = api.get_all(
@@ -133,6 +141,7 @@ def list_experiments(
                 short_time(e["startTime"]),
                 short_time(e.get("endTime")),
                 e.get("resourcePool") or "",
+                labels_text(e),
             ]
             for e in experiments
         ]
@@ -147,7 +156,8 @@ def list_experiments(
             "Start Time",
             "End Time",
         ]
-        print_table([*headers, "Resource Pool"], rows, as_csv=as_csv)
+        # Labels last: the columns before keep their places for scripts reading the CSV.
+        print_table([*headers, "Resource Pool", "Labels"], rows, as_csv=as_csv)
 
 
 @app.command("describe")
@@ -180,6 +190,7 @@ def describe(
             [
                 ["ID", experiment["id"]],
                 ["Name", experiment["name"]],
+                ["Labels", labels_text(experiment) or "-"],
                 ["State", state_name(experiment["state"])],
                 ["Progress", progress_text(experiment.get("progress"))],
                 ["Owner", experiment["username"]],
@@ -221,6 +232,11 @@ def describe(
         if show_config:
             stdout.print()
             print_yaml(experiment["config"])
+
+
+def labels_text(experiment: dict[str, Any]) -> str:
+    """The labels in the order they were added, comma-separated (CSV keeps them whole)."""
+    return ", ".join(experiment.get("labels") or [])
 
 
 def progress_text(progress: float | None) -> str:
@@ -302,6 +318,37 @@ def wait(
         stdout.print(f"Experiment {experiment_id} ended: {state_name(state)}", markup=False)
         if state != "STATE_COMPLETED":
             raise typer.Exit(1)
+
+
+def _label_path(experiment_id: int, label: str) -> str:
+    # Every reserved character quoted, dots too, so no label reads as a path of its own.
+    return f"/api/v1/experiments/{experiment_id}/labels/" + quote(label, safe="").replace(
+        ".", "%2E"
+    )
+
+
+@label_app.command("add")
+def add_label(
+    ctx: typer.Context,
+    experiment_id: int = typer.Argument(..., min=0, help="Experiment ID."),
+    label: str = typer.Argument(..., help="The label (at most 255 characters)."),
+) -> None:
+    """Label an experiment; a label it has already stays as it is."""
+    with cli_errors():
+        client(ctx).request("PUT", _label_path(experiment_id, label))
+        stdout.print(f"Added label '{label}' to experiment {experiment_id}", markup=False)
+
+
+@label_app.command("remove")
+def remove_label(
+    ctx: typer.Context,
+    experiment_id: int = typer.Argument(..., min=0, help="Experiment ID."),
+    label: str = typer.Argument(..., help="The label."),
+) -> None:
+    """Remove a label from an experiment; removing one it lacks changes nothing."""
+    with cli_errors():
+        client(ctx).request("DELETE", _label_path(experiment_id, label))
+        stdout.print(f"Removed label '{label}' from experiment {experiment_id}", markup=False)
 
 
 def _action(verb: str, past: str) -> Any:

@@ -22,6 +22,7 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
     false,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
@@ -260,6 +261,9 @@ class ExperimentModel(Base):
     # so the list can show and sort it without reading metrics. Only improved, by one
     # conditional UPDATE in master.services.trial_reports.record_best_metric.
     best_metric: Mapped[float | None] = mapped_column(Float)
+    # Its labels, in the order they were added, each once (master.services.labels checks
+    # them). The config's `labels` key mirrors this list, as Determined's config does.
+    labels: Mapped[list[str]] = mapped_column(JsonType, default=list, server_default=text("'[]'"))
 
     owner: Mapped[UserModel] = relationship(lazy="raise")
     project: Mapped[ProjectModel] = relationship(lazy="raise")

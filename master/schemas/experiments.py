@@ -25,6 +25,27 @@ class ExperimentCreate(WireInput):
     unmanaged: bool | None = None
 
 
+class ExperimentPatchBody(WireInput):
+    """Determined's v1PatchExperiment. Its client sends back what it read (id, name,
+    description, notes, labels) with the labels changed; values are checked by the service."""
+
+    id: DbInt | None = None
+    name: str | None = None
+    description: str | None = None
+    notes: str | None = None
+    labels: Any = None
+    # Determined's, refused with a reason: resolute changes them otherwise or not at all.
+    resources: Any = None
+    checkpoint_storage: Any = None
+
+
+class LabelList(WireModel):
+    """Determined's v1PutExperimentLabelResponse, v1DeleteExperimentLabelResponse and
+    v1GetExperimentLabelsResponse."""
+
+    labels: list[str]
+
+
 class PreviewSearchRequest(WireInput):
     """Determined's v1PreviewHPSearchRequest: the experiment config, as an object."""
 
@@ -90,7 +111,7 @@ class Experiment(WireModel):
             resource_pool=row.resource_pool,
             user_id=row.owner_id,
             display_name=view.username,
-            labels=list(row.config.get("labels") or []),
+            labels=list(row.labels),
             template_name=row.template_name,
             experiment_seed=row.experiment_seed,
             launch_layout=launch.stored_layout(row.config),

@@ -41,7 +41,7 @@ from master.db.models import (
     utcnow,
 )
 from master.errors import Conflict, InvalidArgument, NotFound
-from master.services import allocations, checkpoint_gc, search, states, trial_reports
+from master.services import allocations, checkpoint_gc, labels, search, states, trial_reports
 from master.services.configs import config_errors_as_invalid_argument
 from master.services.model_definitions import (
     PackedModelDefinition,
@@ -143,6 +143,7 @@ async def prepare_experiment(
             reproducibility["experiment_seed"] = secrets.randbelow(MAX_EXPERIMENT_SEED + 1)
         seed = int(reproducibility["experiment_seed"])
         trial_count = count_trials(effective["searcher"], effective.get("hyperparameters") or {})
+    effective["labels"] = labels.checked_labels(effective.get("labels") or [], "labels")
     await trial_reports.check_source_checkpoint(session, effective["searcher"])
     resources = effective.setdefault("resources", {})
     pool = settings.pool(resources.get("resource_pool") or settings.default_compute_pool)
@@ -317,6 +318,7 @@ def new_experiment(
         "end_time": None,
         "launch_reason": prepared.launch_reason,
         "searcher_state": searcher_state,
+        "labels": effective["labels"],
     }
     return NewExperiment(
         row=row,
@@ -443,11 +445,13 @@ async def list_experiments(
     name: str | None = None,
     text: str | None = None,
     searchers: Sequence[str] = (),
+    with_labels: Sequence[str] = (),
     sort_by: str = "SORT_BY_ID",
     descending: bool = False,
 ) -> tuple[list[ExperimentView], int]:
     """A page of experiments and how many match. Experiments without a value of the sort
-    column (no best metric yet) come last in either order."""
+    column (no best metric yet) come last in either order. `with_labels`: those carrying
+    every one of these labels, as Determined's `labels` filter."""
     column = _SORT_COLUMNS.get(sort_by)
     if column is None:
         raise InvalidArgument(f"sortBy: {sort_by!r} is not one of {', '.join(_SORT_COLUMNS)}")
@@ -466,6 +470,8 @@ async def list_experiments(
         conditions.append(matches_text(text))
     if searchers:
         conditions.append(ExperimentModel.searcher_type.in_(list(searchers)))
+    for label in dict.fromkeys(with_labels):
+        conditions.append(labels.has_label(session, labels.checked_label(label, "labels")))
     # Counted without the trial counts: only the page's rows need them.
     total = (
         await session.scalar(
@@ -681,6 +687,100 @@ async def set_job_priority(
     }
     log.info("job %s (experiment %s) priority -> %s by %s", job_id, experiment.id, priority, actor)
     return experiment
+
+
+# -- changing an experiment's name, description and labels ----------------------------------
+
+MAX_NAME_CHARS = 512  # as the config's name
+MAX_DESCRIPTION_CHARS = 65536
+
+
+@dataclass(frozen=True)
+class ExperimentPatch:
+    """Determined's PatchExperiment as far as resolute keeps it; None leaves a field as is.
+    Values are as the request sent them, checked by patch_experiment."""
+
+    name: str | None = None
+    description: str | None = None
+    labels: Any = None
+
+
+def _checked_text(value: str, where: str, limit: int, *, blank_ok: bool) -> str:
+    if not blank_ok and not value.strip():
+        raise InvalidArgument(f"{where}: must not be empty")
+    if len(value) > limit:
+        raise InvalidArgument(f"{where}: is {len(value)} characters long; at most {limit}")
+    if "\x00" in value or any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+        raise InvalidArgument(f"{where}: holds a NUL character or a lone surrogate")
+    return value
+
+
+async def experiment_for_update(session: AsyncSession, experiment_id: int) -> ExperimentModel:
+    """The experiment's row, locked against a concurrent change on Postgres (SQLite has a
+    single writer), so two label changes never lose one another."""
+    experiment = await session.scalar(
+        select(ExperimentModel).where(ExperimentModel.id == experiment_id).with_for_update()
+    )
+    if experiment is None:
+        raise NotFound(f"experiment {experiment_id} not found")
+    return experiment
+
+
+async def patch_experiment(
+    session: AsyncSession, experiment_id: int, patch: ExperimentPatch, actor: str
+) -> ExperimentView:
+    """Every field is checked before any is applied, so a refused patch changes nothing.
+    Values the experiment has already pass as they are: Determined's client sends back
+    what it read, and an old label or name must not block the change the user asked for."""
+    experiment = await experiment_for_update(session, experiment_id)
+    name = description = new_labels = None
+    if patch.name is not None and patch.name != experiment.name:
+        name = _checked_text(patch.name, "name", MAX_NAME_CHARS, blank_ok=False)
+    if patch.description is not None and patch.description != experiment.description:
+        description = _checked_text(
+            patch.description, "description", MAX_DESCRIPTION_CHARS, blank_ok=True
+        )
+    if patch.labels is not None:
+        checked = labels.checked_labels(patch.labels, "labels", kept=experiment.labels)
+        new_labels = checked if checked != experiment.labels else None
+    changed = []
+    if name is not None:
+        experiment.name = name
+        experiment.config = {**experiment.config, "name": name}
+        changed.append("name")
+    if description is not None:
+        experiment.description = description
+        experiment.config = {**experiment.config, "description": description}
+        changed.append("description")
+    if new_labels is not None:
+        labels.set_labels(experiment, new_labels)
+        changed.append("labels")
+    if changed:
+        await session.flush()
+        log.info("experiment %s: %s changed by %s", experiment_id, ", ".join(changed), actor)
+    return await get_experiment(session, experiment_id)
+
+
+async def add_label(session: AsyncSession, experiment_id: int, label: str, actor: str) -> list[str]:
+    """The experiment's labels after adding `label` (at the end; a label it has stays put)."""
+    experiment = await experiment_for_update(session, experiment_id)
+    new_labels = labels.with_label(experiment, label)
+    if new_labels != experiment.labels:
+        labels.set_labels(experiment, new_labels)
+        log.info("experiment %s: label %r added by %s", experiment_id, label, actor)
+    return new_labels
+
+
+async def remove_label(
+    session: AsyncSession, experiment_id: int, label: str, actor: str
+) -> list[str]:
+    """The experiment's labels after removing `label`; removing one it lacks changes nothing."""
+    experiment = await experiment_for_update(session, experiment_id)
+    new_labels = [kept for kept in experiment.labels if kept != label]
+    if new_labels != experiment.labels:
+        labels.set_labels(experiment, new_labels)
+        log.info("experiment %s: label %r removed by %s", experiment_id, label, actor)
+    return new_labels
 
 
 # -- what Determined's Python SDK reads ------------------------------------------------------

@@ -23,6 +23,7 @@ from master.services import (
     auth,
     checkpoint_gc,
     experiments,
+    labels,
     logs,
     search,
     trial_compare,
@@ -69,6 +70,7 @@ CHECKPOINTS_PER_PAGE = 20
 MAX_CHART_SERIES = 8
 MAX_LOG_LINES = 1000
 MAX_RANK_CHOICES = 64
+MAX_LABEL_CHOICES = 200  # the label filter suggests the most used ones
 
 
 # -- the list ----------------------------------------------------------------------------
@@ -82,6 +84,7 @@ class ListParams:
     searcher: SearcherName | None
     user: str
     text: str
+    label: str
 
     def query(self) -> dict[str, str]:
         return {
@@ -91,11 +94,12 @@ class ListParams:
             "searcher": self.searcher or "",
             "user": self.user,
             "text": self.text,
+            "label": self.label,
         }
 
     @property
     def filtered(self) -> bool:
-        return bool(self.state or self.searcher or self.user or self.text)
+        return bool(self.state or self.searcher or self.user or self.text or self.label)
 
 
 # Neither NUL (Postgres text cannot hold it) nor more than the service's limit.
@@ -110,6 +114,7 @@ def list_params(
     searcher: FilterText = "",
     user: FilterText = "",
     text: FilterText = "",
+    label: FilterText = "",
 ) -> ListParams:
     default: Order = "desc" if sort in DESCENDING_FIRST else "asc"
     states = [s.value for s in ExperimentState]
@@ -119,6 +124,9 @@ def list_params(
         raise InvalidArgument(
             f"searcher: {searcher[:32]!r} is not one of {', '.join(SEARCHER_NAMES)}"
         )
+    # A label is matched exactly, spaces and case included, as the API's filter does.
+    if label and (problem := labels.label_problem(label)) is not None:
+        raise InvalidArgument(f"label: the label {problem}")
     return ListParams(
         sort,
         order or default,
@@ -126,6 +134,7 @@ def list_params(
         cast(SearcherName, searcher) if searcher else None,
         user.strip(),
         text.strip(),
+        label,
     )
 
 
@@ -148,6 +157,7 @@ async def experiments_page(
         usernames=[params.user] if params.user else (),
         searchers=[params.searcher] if params.searcher else (),
         text=params.text or None,
+        with_labels=[params.label] if params.label else (),
         sort_by=SORTS[params.sort],
         descending=params.order == "desc",
     )
@@ -161,9 +171,13 @@ async def experiments_page(
         "pager": page_links("/ui/experiments", paged, total, len(views), params.query()),
         "per_page": paged.per_page,
         "sort_url": lambda key: _sort_url(params, paged, key),
+        "label_url": lambda label: _label_url(params, paged, label),
         "metric_of": metric_of,
     }
-    template = "experiments_table.html" if is_htmx(request) else "experiments.html"
+    if is_htmx(request):  # the table refreshing itself: the form's choices are there already
+        return page_response(request, "experiments_table.html", context, web=web)
+    context["known_labels"] = await labels.label_counts(session, limit=MAX_LABEL_CHOICES)
+    template = "experiments.html"
     return page_response(request, template, context, web=web)
 
 
@@ -178,6 +192,12 @@ def _sort_url(params: ListParams, paged: Paging, key: str) -> str:
     else:
         order = "desc" if key in DESCENDING_FIRST else "asc"
     query = {**params.query(), "sort": key, "order": order, "per_page": str(paged.per_page)}
+    return "/ui/experiments?" + urlencode({k: v for k, v in query.items() if v})
+
+
+def _label_url(params: ListParams, paged: Paging, label: str) -> str:
+    """The list filtered by this label, other filters and the sort kept (the first page)."""
+    query = {**params.query(), "label": label, "per_page": str(paged.per_page)}
     return "/ui/experiments?" + urlencode({k: v for k, v in query.items() if v})
 
 

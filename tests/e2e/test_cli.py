@@ -276,6 +276,43 @@ def test_a_narrow_listing_cuts_long_names_never_ids_or_states(
     assert [e["name"] for e in listed if e["id"] == experiment_id] == [name]
 
 
+def test_labels_add_remove_list_describe(master: MasterProcess, tmp_path: Path) -> None:
+    """`det e label add|remove` as in Determined's client; labels in list (last column,
+    whole in --csv and --json) and describe; `det e list --label` keeps those with all."""
+    config = write(tmp_path / "labelled.yaml", experiment_yaml(extra="labels: [cfg]\n"))
+    experiment_id = created_id(master.det("e", "create", "--paused", str(config)))
+    other_id = created_id(master.det("e", "create", "--paused", str(config)))
+    odd = unique("team/vision ..%20")  # slashes, dots and a percent travel quoted
+    for label in ("second", odd):
+        added = ok(master.det("e", "label", "add", str(experiment_id), label))
+        assert lines(added.stdout) == [f"Added label '{label}' to experiment {experiment_id}"]
+    ok(master.det("e", "label", "add", str(experiment_id), "second"))  # once only
+    assert stored(master, experiment_id)["labels"] == ["cfg", "second", odd]
+    removed = ok(master.det("e", "label", "remove", str(experiment_id), "cfg"))
+    assert lines(removed.stdout) == [f"Removed label 'cfg' from experiment {experiment_id}"]
+    assert stored(master, experiment_id)["labels"] == ["second", odd]
+
+    as_csv = ok(master.det("e", "list", "--csv"))
+    table = list(csv.reader(io.StringIO(as_csv.stdout)))
+    assert table[0][-1] == "Labels", describe_run(as_csv)
+    rows = {int(r[0]): r[-1] for r in table[1:]}
+    assert rows[experiment_id] == f"second, {odd}" and rows[other_id] == "cfg"
+    filtered = parse_json(master.det("e", "list", "--json", "--label", odd, "-l", "second"))
+    assert [e["id"] for e in filtered] == [experiment_id]
+    assert filtered[0]["labels"] == ["second", odd]
+    table_text = ok(master.det("e", "list", "--label", "cfg")).stdout
+    assert str(other_id) in table_text and f"\n{experiment_id} " not in table_text
+
+    described = ok(master.det("e", "describe", str(experiment_id)))
+    assert re.search(rf"Labels\s+second, {re.escape(odd)}", described.stdout), described.stdout
+
+    refused = master.det("e", "label", "add", str(experiment_id), "tab\there")
+    assert_one_line_error(refused, "label: the label holds a control character (U+0009)")
+    refused = master.det("e", "label", "add", "999999", "x")
+    assert_one_line_error(refused, "experiment 999999 not found")
+    assert stored(master, experiment_id)["labels"] == ["second", odd]
+
+
 # --- errors: exit 1, one line on stderr naming the problem, nothing on stdout -----------
 
 BAD_YAML = "name: bad\nentrypoint: python3 train.py\nsearcher: name: single\n"

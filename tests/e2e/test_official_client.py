@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 from pathlib import Path
@@ -149,3 +150,98 @@ def test_bad_config_error_is_one_readable_line(master: MasterProcess, tmp_path: 
     assert last.startswith("Failed to create experiment: invalid config: "), describe_run(result)
     assert "resources.slots_per_trial" in last and '{"code"' not in last
     assert master.api("GET", "/api/v1/experiments")["pagination"]["total"] == before
+
+
+LABELLED_YAML = """\
+name: labelled
+entrypoint: python3 train.py
+searcher: {name: single, metric: loss, max_length: {batches: 10}}
+labels: [from-config]
+"""
+
+# Runs in the official client's venv: the SDK's add_label/remove_label (PUT and DELETE of
+# one label) and set_labels (a PATCH with the labels only).
+SDK_LABELS_SCRIPT = """
+import json, sys
+from determined.experimental import client
+
+master, experiment_id = sys.argv[1], int(sys.argv[2])
+client.login(master=master, user="determined", password="")
+exp = client.get_experiment(experiment_id)
+exp.add_label("sdk/with slash")
+after_add = sorted(exp.labels)
+exp.remove_label("from-config")
+after_remove = sorted(exp.labels)
+exp.set_labels({"only"})
+print("RESULT " + json.dumps([after_add, after_remove, sorted(exp.labels)]))
+"""
+
+
+def test_experiment_label_add_remove(master: MasterProcess) -> None:
+    """`det experiment label add|remove`: the client reads the experiment, then PATCHes it
+    with its labels changed; `describe` shows them."""
+    created = master.api("POST", "/api/v1/experiments", json={"config": LABELLED_YAML})
+    experiment_id = created["experiment"]["id"]
+
+    def labels() -> list[str]:
+        stored: list[str] = master.api("GET", f"/api/v1/experiments/{experiment_id}")["experiment"][
+            "labels"
+        ]
+        return stored
+
+    added = ok(master.official("experiment", "label", "add", str(experiment_id), "two words"))
+    assert lines(added.stdout) == [f"Added label 'two words' to experiment {experiment_id}"]
+    no_version_warning(added)
+    assert labels() == ["from-config", "two words"]
+    again = ok(master.official("e", "label", "add", str(experiment_id), "two words"))
+    assert "Added label" in again.stdout and labels() == ["from-config", "two words"]
+
+    table = ok(master.official("experiment", "describe", str(experiment_id)))
+    assert "Labels" in table.stdout and "from-config, two words" in table.stdout, table.stdout
+
+    removed = ok(
+        master.official("experiment", "label", "remove", str(experiment_id), "from-config")
+    )
+    assert lines(removed.stdout) == [f"Removed label 'from-config' from experiment {experiment_id}"]
+    assert labels() == ["two words"]
+    listed = master.api("GET", "/api/v1/experiments", params={"labels": "two words"})
+    assert [e["id"] for e in listed["experiments"]] == [experiment_id]
+
+    refused = master.official("experiment", "label", "add", str(experiment_id), "x" * 256)
+    assert refused.returncode == 1, describe_run(refused)
+    assert "the label is 256 characters long; at most 255" in refused.stderr, describe_run(refused)
+    assert "Traceback" not in refused.stderr
+    assert labels() == ["two words"]
+
+
+def test_sdk_labels(master: MasterProcess, tmp_path: Path) -> None:
+    client_path = official_client_path()
+    assert client_path is not None
+    created = master.api("POST", "/api/v1/experiments", json={"config": LABELLED_YAML})
+    experiment_id = created["experiment"]["id"]
+    # A token cache of its own, and nothing that would log in as someone else.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DET_")}
+    env.update(XDG_CONFIG_HOME=str(tmp_path / "xdg"), PYTHONUNBUFFERED="1")
+    result = subprocess.run(
+        [
+            str(client_path.parent / "python"),
+            "-c",
+            SDK_LABELS_SCRIPT,
+            master.url,
+            str(experiment_id),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, describe_run(result)
+    [line] = [line for line in lines(result.stdout) if line.startswith("RESULT ")]
+    after_add, after_remove, after_set = json.loads(line.removeprefix("RESULT "))
+    assert after_add == ["from-config", "sdk/with slash"]
+    assert after_remove == ["sdk/with slash"]
+    assert after_set == ["only"]
+    stored = master.api("GET", f"/api/v1/experiments/{experiment_id}")["experiment"]
+    assert stored["labels"] == ["only"]

@@ -62,6 +62,8 @@ def test_smoke_experiments_list_benchmark_runs_every_scenario(repo_root: Path) -
         assert pages["text_exact_id"]["rows"] == 1
         assert 0 < pages["text_name"]["rows"] <= 50
         assert 0 < pages["user_filter_and_best"]["rows"] <= 50
+        assert 0 < pages["label_filter"]["rows"] <= 50
+        assert pages["label_filter_rare"]["rows"] >= 1
         assert all(p["n"] == report["parameters"]["repeats"] for p in pages.values())
 
 

@@ -1154,6 +1154,7 @@ def test_experiment_list_columns_sort_and_each_filter_narrows_it(
         {"name": "grid"},
         hyperparameters={"lr": {"type": "categorical", "vals": [0.1, 0.2, 0.3]}},
         description="The Baseline",
+        labels=[f"{prefix}-tag", "baseline"],
     )
     random = paused_experiment(
         cluster,
@@ -1168,9 +1169,10 @@ def test_experiment_list_columns_sort_and_each_filter_narrows_it(
     page.goto(f"/ui/experiments?text={prefix}")
     assert shown_ids(page) == [random, grid, single]  # newest first
     headers = page.locator("#experiments-table thead th").all_inner_texts()
-    assert [h.split()[0] for h in headers[:6]] == [
+    assert [h.split()[0] for h in headers[:7]] == [
         "ID",
         "Name",
+        "Labels",
         "State",
         "Searcher",
         "Trials",
@@ -1180,6 +1182,10 @@ def test_experiment_list_columns_sort_and_each_filter_narrows_it(
     assert row.locator("[data-col=searcher]").inner_text() == "grid"
     assert row.locator("[data-col=trials]").inner_text() == "3"
     assert row.locator("[data-col=best]").inner_text() == "loss 0.25"
+    assert row.locator("[data-col=labels] .label").all_inner_texts() == [
+        f"{prefix}-tag",
+        "baseline",
+    ]
 
     # Sorting: the best metric, smallest first, then largest; no value yet comes last.
     page.get_by_role("link", name="Best metric").click()
@@ -1217,6 +1223,11 @@ def test_experiment_list_columns_sort_and_each_filter_narrows_it(
     # Other tests' experiments may hold these digits in their names; none of ours does.
     assert single in shown_ids(page) and not {grid, random} & set(shown_ids(page))
     filters.locator("input[name=text]").fill(prefix)
+    filters.locator("input[name=label]").fill(f"{prefix}-tag")
+    filters.get_by_role("button", name="Filter").click()
+    page.wait_for_url(re.compile(r"label="))
+    assert shown_ids(page) == [grid]
+    filters.locator("input[name=label]").fill("")
     filters.locator("select[name=state]").select_option("PAUSED")
     filters.get_by_role("button", name="Filter").click()
     page.wait_for_url(re.compile(r"state=PAUSED"))
@@ -1226,9 +1237,14 @@ def test_experiment_list_columns_sort_and_each_filter_narrows_it(
     page.wait_for_url(re.compile(r"state=ACTIVE"))
     assert shown_ids(page) == []
     assert "No experiments match these filters" in page.locator("#experiments-table").inner_text()
+    # A label in the table is a link to the list filtered by it, the other filters kept.
     page.goto(f"/ui/experiments?text={prefix}&sort=best")
     screenshot(page, screenshot_dir, "experiments-columns")
     assert_fits_width(page, "the experiments list")
+    page.locator(f"tr[data-experiment-id='{grid}'] a.label", has_text="baseline").click()
+    page.wait_for_url(re.compile(r"label=baseline"))
+    assert shown_ids(page) == [grid]
+    assert page.locator("input[name=label]").input_value() == "baseline"
 
 
 def command_state(cluster: Cluster, task_id: str) -> str:

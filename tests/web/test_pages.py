@@ -866,6 +866,7 @@ async def test_random_template_forms_never_fail_the_server(
                 "text",
                 "user",
                 "searcher",
+                "label",
                 "trial",
                 "trials_page",
                 "interactive_page",
@@ -1017,9 +1018,9 @@ def progress_cell(page: str, experiment_id: int) -> str:
         re.DOTALL,
     )
     assert row, f"no row for experiment {experiment_id}"
-    cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.DOTALL)
-    # name, state, searcher, trials, best metric, progress
-    return html.unescape(re.sub(r"<[^>]+>", "", cells[5])).strip()
+    cell = re.search(r'<td data-col="progress"[^>]*>(.*?)</td>', row.group(1), re.DOTALL)
+    assert cell, "no progress column"
+    return html.unescape(re.sub(r"<[^>]+>", "", cell.group(1))).strip()
 
 
 async def test_an_asha_experiment_shows_each_trials_rung_and_why_the_searcher_stopped_it(
@@ -1199,6 +1200,69 @@ async def test_bad_experiment_list_filters_say_what_is_wrong(web: httpx.AsyncCli
         problem = re.search(r'<p class="problem" role="alert">(.*?)</p>', reply.text, re.S)
         assert problem and says in html.unescape(problem.group(1)), (params, reply.text[-800:])
         assert 'href="/ui/experiments"' in reply.text  # the navigation is kept
+
+
+async def test_the_experiment_list_shows_labels_and_filters_by_one(
+    web: httpx.AsyncClient,
+) -> None:
+    await bearer(web)
+    config = SINGLE_YAML + "labels: [vision, 'base line']\n"
+    vision = (await experiment_with_trials(web, config=config))["id"]
+    other = (await experiment_with_trials(web, config=SINGLE_YAML + "labels: [nlp]\n"))["id"]
+    plain = (await experiment_with_trials(web, config=GRID_YAML))["id"]
+    assert (await web.put(f"/api/v1/experiments/{other}/labels/a%26b")).status_code == 200
+
+    page = (await web.get("/ui/experiments")).text
+    assert "<th>Labels</th>" in page
+    assert cell(page, vision, "labels") == "vision base line"
+    assert cell(page, other, "labels") == "nlp a&b"
+    assert cell(page, plain, "labels") == ""
+    # The form suggests the labels in use; each label links to the list filtered by it.
+    assert '<option value="a&amp;b">' in page and '<option value="vision">' in page
+    links = re.findall(r'<a class="label" href="([^"]+)"', page)
+    assert "/ui/experiments?sort=id&order=desc&label=a%26b&per_page=50" in map(html.unescape, links)
+
+    async def order(**params: str) -> list[int]:
+        reply = await web.get("/ui/experiments", params=params)
+        assert reply.status_code == 200, (params, reply.text)
+        return listed(reply.text)
+
+    assert await order(label="vision") == [vision]
+    assert await order(label="base line") == [vision]
+    assert await order(label="a&b") == [other]
+    assert await order(label="Vision") == []  # exact, as the API's filter
+    assert await order(label="vision", searcher="grid") == []
+    assert await order(label="nlp", user="determined", text="bravo", state="ACTIVE") == [other]
+    assert await order(state="", searcher="", user="", text="", label="") == [plain, other, vision]
+    # The label stays in the sort links, the form, and the table's own refresh.
+    filtered = await web.get("/ui/experiments", params={"label": "base line", "sort": "name"})
+    sort_link = html.unescape(re.findall(r'<th[^>]*><a href="([^"]+)"', filtered.text)[0])
+    assert "label=base+line" in sort_link
+    assert 'name="label" value="base line"' in filtered.text
+    refreshed = await web.get("/ui/experiments", params={"label": "base line"}, headers=HTMX)
+    assert listed(refreshed.text) == [vision] and "<datalist" not in refreshed.text
+
+    experiment_page = (await web.get(f"/ui/experiments/{vision}")).text
+    shown = re.search(r'<div class="labels" id="experiment-labels">(.*?)</div>', experiment_page)
+    assert shown and re.findall(r'<a class="label"[^>]*>([^<]*)</a>', shown.group(1)) == [
+        "vision",
+        "base line",
+    ]
+    assert 'href="/ui/experiments?label=base%20line"' in shown.group(1)
+    bare = (await web.get(f"/ui/experiments/{plain}")).text
+    assert re.search(r'id="experiment-labels">.*none.*</div>', bare)
+
+
+async def test_bad_label_filters_say_what_is_wrong(web: httpx.AsyncClient) -> None:
+    for label, says in (
+        ("x" * 256, "label: the label is 256 characters long; at most 255"),
+        ("a\tb", "label: the label holds a control character (U+0009)"),
+        ("  ", "label: the label is only spaces"),
+    ):
+        reply = await web.get("/ui/experiments", params={"label": label})
+        assert reply.status_code == 400, (label, reply.status_code)
+        problem = re.search(r'<p class="problem" role="alert">(.*?)</p>', reply.text, re.S)
+        assert problem and says in html.unescape(problem.group(1)), reply.text[-800:]
 
 
 COMMAND = {"config": {"entrypoint": "sleep 600", "resources": {"slots": 0}}}

@@ -23,7 +23,9 @@ from master.schemas.experiments import (
     Experiment,
     ExperimentCreate,
     ExperimentList,
+    ExperimentPatchBody,
     ExperimentResponse,
+    LabelList,
     MetricsReportOut,
     ModelDefinition,
     PreviewSearchRequest,
@@ -31,7 +33,15 @@ from master.schemas.experiments import (
     TrialList,
     TrialResponse,
 )
-from master.services import access, allocations, checkpoint_gc, experiments, search, trial_reports
+from master.services import (
+    access,
+    allocations,
+    checkpoint_gc,
+    experiments,
+    labels,
+    search,
+    trial_reports,
+)
 from master.services.access import Actor
 
 log = logging.getLogger(__name__)
@@ -100,6 +110,7 @@ async def list_experiments(
     users: Annotated[list[str], Query()] = [],  # noqa: B006 - FastAPI copies defaults
     states: Annotated[list[str], Query()] = [],  # noqa: B006
     name: str | None = None,
+    with_labels: Annotated[list[str], Query(alias="labels")] = [],  # noqa: B006
     sort_by: Annotated[str, Query(alias="sortBy")] = "SORT_BY_ID",
     order_by: Annotated[str, Query(alias="orderBy")] = "ORDER_BY_ASC",
 ) -> ExperimentList:
@@ -113,6 +124,7 @@ async def list_experiments(
         usernames=users,
         states_filter=_parse_states(states),
         name=name,
+        with_labels=with_labels,
         sort_by=sort_by,
         descending=_check_order(order_by),
     )
@@ -131,6 +143,63 @@ async def get_experiment(
     return ExperimentResponse(
         experiment=Experiment.of(view).model_copy(update={"best_validation_metric": best})
     )
+
+
+@router.patch("/experiments/{experiment_id}")
+async def patch_experiment(
+    experiment_id: ObjectId, body: ExperimentPatchBody, session: SessionDep, user: CurrentUser
+) -> ExperimentResponse:
+    """Determined's PatchExperiment: `det experiment label add|remove` sends the labels it
+    read with one added or removed; the SDK's set_labels sends a new list."""
+    if body.id is not None and body.id != experiment_id:
+        raise InvalidArgument(f"id: {body.id} is not the experiment in the path ({experiment_id})")
+    if body.notes:
+        raise InvalidArgument("notes: experiment notes are not kept by this master")
+    if body.resources is not None:
+        raise InvalidArgument(
+            "resources: not changed by a patch here; `det job update --priority` sets priority"
+        )
+    if body.checkpoint_storage is not None:
+        raise InvalidArgument("checkpointStorage: an experiment's storage settings are final")
+    await access.require_experiment_owner(session, Actor.of(user), experiment_id, "change it")
+    patch = experiments.ExperimentPatch(
+        name=body.name, description=body.description, labels=body.labels
+    )
+    view = await experiments.patch_experiment(session, experiment_id, patch, user.username)
+    return ExperimentResponse(experiment=Experiment.of(view))
+
+
+@router.put("/experiments/{experiment_id}/labels/{label:path}")
+async def put_experiment_label(
+    experiment_id: ObjectId, label: str, session: SessionDep, user: CurrentUser
+) -> LabelList:
+    """Determined's PutExperimentLabel (the SDK's add_label). `:path`, because the SDK
+    leaves a `/` in a label unquoted."""
+    await access.require_experiment_owner(session, Actor.of(user), experiment_id, "label it")
+    return LabelList(
+        labels=await experiments.add_label(session, experiment_id, label, user.username)
+    )
+
+
+@router.delete("/experiments/{experiment_id}/labels/{label:path}")
+async def delete_experiment_label(
+    experiment_id: ObjectId, label: str, session: SessionDep, user: CurrentUser
+) -> LabelList:
+    """Determined's DeleteExperimentLabel (the SDK's remove_label)."""
+    await access.require_experiment_owner(session, Actor.of(user), experiment_id, "label it")
+    return LabelList(
+        labels=await experiments.remove_label(session, experiment_id, label, user.username)
+    )
+
+
+@router.get("/experiment/labels")
+async def list_experiment_labels(
+    session: SessionDep,
+    _user: CurrentUser,
+    project_id: Annotated[int | None, Query(alias="projectId", ge=0, le=MAX_INT)] = None,
+) -> LabelList:
+    """Every label in use, the most used first (Determined's GetExperimentLabels)."""
+    return LabelList(labels=await labels.label_counts(session, project_id))
 
 
 @router.post("/experiments/{experiment_id}/kill")
