@@ -75,3 +75,35 @@ async def test_reports_are_numbered_in_step_order_when_0016_upgrades(
         by_trial.setdefault(trial_id, []).append((ordinal, level))
     for numbered in by_trial.values():
         assert numbered == [(n, thinning_level(n)) for n in range(40)]
+
+
+async def test_a_sqlite_downgrade_keeps_every_row_and_foreign_keys_stay_on(
+    database_url_factory: Callable[[str], str], tmp_path: Path
+) -> None:
+    """Batch mode rebuilds `experiments` to drop a column; with foreign keys on, the drop
+    cascaded into every trial and report (found when 0017's downgrade emptied
+    trial_metrics). Migrations turn them off, and the pooled connection gets them back."""
+    from benchmarks.bench_compare_view import seed
+
+    url = database_url_factory("sqlite")
+    await seed(url, trials=2, reports=5, naive=False)
+    engine = create_engine(async_database_url(url, tmp_path))  # type: ignore[arg-type]
+
+    async def counts() -> tuple[int, int, int]:
+        async with engine.connect() as conn:
+            # The pool hands back the connection the migration used.
+            assert (await conn.exec_driver_sql("PRAGMA foreign_keys")).scalar() == 1
+            found = []
+            for table in ("experiments", "trials", "trial_metrics"):
+                found.append((await conn.execute(text(f"SELECT count(*) FROM {table}"))).scalar())
+            return found[0], found[1], found[2]
+
+    try:
+        before = await counts()
+        await run_alembic(engine, "downgrade", "0014")  # drops columns of experiments
+        await run_alembic(engine, "upgrade", "head")
+        after = await counts()
+    finally:
+        await engine.dispose()
+    assert before[2] == 10
+    assert after == before

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from alembic import command
@@ -37,9 +39,31 @@ def alembic_config(connection: object | None = None) -> Config:
     return cfg
 
 
+@asynccontextmanager
+async def _migration_connection(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A connection to migrate on. On SQLite, foreign keys are off while it migrates: batch
+    mode rebuilds a table by copy, drop and rename, and with them on the drop cascades into
+    every row that references the table (a downgrade of a column of `experiments` deleted
+    every trial). SQLite's ALTER TABLE guide does the same. The pragma only takes effect
+    outside a transaction, so it is set and restored around commits, and restored before
+    the connection goes back to the pool."""
+    async with engine.connect() as conn:
+        sqlite = conn.dialect.name == "sqlite"
+        if sqlite:
+            await conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            await conn.commit()
+        try:
+            yield conn
+        finally:
+            if sqlite:
+                await conn.rollback()  # nothing: every path commits before this
+                await conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+                await conn.commit()
+
+
 async def upgrade_to_head(engine: AsyncEngine) -> None:
     """Upgrade under an advisory lock on Postgres, so concurrent masters migrate once."""
-    async with engine.connect() as conn:
+    async with _migration_connection(engine) as conn:
         postgres = conn.dialect.name == "postgresql"
         if postgres:
             await conn.exec_driver_sql(f"SELECT pg_advisory_lock({MIGRATION_LOCK_ID})")
@@ -60,7 +84,7 @@ def _upgrade(sync_conn: object) -> None:
 
 async def run_alembic(engine: AsyncEngine, fn: str, *args: str) -> None:
     """Run one alembic command (`upgrade`, `downgrade`, `check`, ...) on the engine's database."""
-    async with engine.connect() as conn:
+    async with _migration_connection(engine) as conn:
         await conn.run_sync(_run_command, fn, args)
         await conn.commit()
 
