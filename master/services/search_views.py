@@ -4,16 +4,15 @@ value of the searcher's metric, and an ASHA search's trials by rung. The picture
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.core import search_views as pictures
-from master.db.models import TrialMetricModel, TrialModel, TrialState
+from master.db.models import TrialModel, TrialState
 from master.errors import InvalidArgument
-from master.services import experiments, search, trial_reports
+from master.services import experiments, search, trial_compare, trial_reports
 from master.services.experiments import ExperimentView
 
 
@@ -34,29 +33,19 @@ class HyperparameterView:
 
 async def hyperparameter_view(session: AsyncSession, experiment_id: int) -> HyperparameterView:
     """Every trial's hyperparameters and best searcher metric (NotFound for an unknown
-    experiment). The best is taken as the trials table takes it: `trial_reports.best_of`."""
+    experiment). The best is the value `trial_reports.best_of` picks for the trials table,
+    aggregated by the database."""
     view = await experiments.get_experiment(session, experiment_id)
     config = view.experiment.config
     metric, smaller = trial_reports.searcher_metric(config)
     trials, _total = await experiments.list_trials(session, experiment_id, offset=0, limit=0)
-    rows = await trial_reports.metric_rows_of_trials(
-        session, [t.id for t in trials], trial_reports.VALIDATION
+    best = (
+        await trial_compare.best_values(session, experiment_id, metric, smaller) if metric else {}
     )
-    by_trial: dict[int, list[TrialMetricModel]] = {}
-    for row in rows:
-        by_trial.setdefault(row.trial_id, []).append(row)
-    outcomes = []
-    for trial in trials:
-        best_row = trial_reports.best_of(by_trial.get(trial.id, []), metric, smaller)
-        value = trial_reports.numeric(best_row.metrics.get(metric)) if best_row and metric else None
-        outcomes.append(
-            pictures.TrialOutcome(
-                trial.id,
-                trial.state,
-                trial.hparams or {},
-                value if value is not None and math.isfinite(value) else None,
-            )
-        )
+    outcomes = [
+        pictures.TrialOutcome(trial.id, trial.state, trial.hparams or {}, best.get(trial.id))
+        for trial in trials
+    ]
     searched, constants = pictures.searched_hyperparameters(config.get("hyperparameters"))
     return HyperparameterView(
         view,

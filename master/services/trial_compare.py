@@ -108,21 +108,29 @@ async def best_trials(session: AsyncSession, experiment: ExperimentModel, count:
     metric, smaller = trial_reports.searcher_metric(experiment.config)
     if not metric:
         return []
+    best = await best_values(session, experiment.id, metric, smaller)
+    scored = sorted(best.items(), key=lambda pair: (pair[1] if smaller else -pair[1], pair[0]))
+    return [trial_id for trial_id, _ in scored[:count]]
+
+
+async def best_values(
+    session: AsyncSession, experiment_id: int, metric: str, smaller_is_better: bool
+) -> dict[int, float]:
+    """Each trial's best finite validation value of `metric` (as `trial_reports.best_of`
+    picks it), computed by the database in one aggregate; trials without one are absent."""
     value = _sortable_value(session, metric)
-    best = func.min(value.expression) if smaller else func.max(value.expression)
+    best = func.min(value.expression) if smaller_is_better else func.max(value.expression)
     query = (
         select(Metrics.trial_id, best)
         .select_from(Metrics)
         .join(TrialModel, TrialModel.id == Metrics.trial_id)
     )
     query = value.joined(query).where(
-        TrialModel.experiment_id == experiment.id, Metrics.group_name == VALIDATION
+        TrialModel.experiment_id == experiment_id, Metrics.group_name == VALIDATION
     )
     rows = (await session.execute(query.group_by(Metrics.trial_id))).all()
-    scored = [(float(v), trial_id) for trial_id, v in rows if v is not None]
-    scored = [(v, t) for v, t in scored if math.isfinite(v)]
-    scored.sort(key=lambda pair: (pair[0] if smaller else -pair[0], pair[1]))
-    return [trial_id for _, trial_id in scored[:count]]
+    found = {trial_id: float(v) for trial_id, v in rows if v is not None}
+    return {trial_id: v for trial_id, v in found.items() if math.isfinite(v)}
 
 
 # -- the metric's values, taken out of the JSON by the database ----------------------------
