@@ -267,6 +267,12 @@ class Resources(_Strict):
         | None
     ) = None
     devices: list[Device] = Field(default_factory=list)
+    agent_label: str = ""
+    """Determined's older way to pick agents, accepted so that configs written for it still
+    submit; placement here goes by resource_pool, and a label set is warned about."""
+    native_parallel: bool = False
+    """Accepted as Determined's schema still does; its legacy harness reads the key from
+    the filled config (a KeyError without it). Warned about when true."""
 
 
 # --- reproducibility, searcher, optimizations ------------------------------------------------
@@ -1477,6 +1483,7 @@ def config_warnings(cfg: ExperimentConfig) -> list[str]:
     """Things that are allowed but probably not what the user meant."""
     warnings: list[str] = _docker_only_warnings(cfg.environment)
     warnings += _container_mount_warnings(cfg)
+    warnings += _retired_resources_warnings(cfg.resources)
     hp = cfg.hyperparameters.get("global_batch_size")
     slots = cfg.resources.slots_per_trial
     if isinstance(hp, ConstHP) and _is_positive_int(hp.val) and slots >= 1:
@@ -1507,6 +1514,21 @@ _NO_CONTAINERS = (
     "resolute agents run trials as processes of the agent's user, not in containers, so "
     "no capabilities are added or dropped"
 )
+
+
+def _retired_resources_warnings(resources: Resources) -> list[str]:
+    warnings: list[str] = []
+    if resources.agent_label:
+        warnings.append(
+            f"resources.agent_label ({resources.agent_label!r}) does not apply: trials are "
+            "placed by resource pool; name one in resources.resource_pool"
+        )
+    if resources.native_parallel:
+        warnings.append(
+            "resources.native_parallel (true) does not apply: a trial's processes are "
+            "started as its entrypoint and launch layout say"
+        )
+    return warnings
 
 
 def _container_mount_warnings(cfg: ExperimentConfig) -> list[str]:

@@ -1143,3 +1143,23 @@ def test_yaml_reads_exponent_floats_as_numbers_as_determined_does(text: str, val
 
 def test_yaml_keeps_quoted_exponents_and_words_as_strings() -> None:
     assert parse_yaml('a: "1e-5"\nb: e5\nc: 1e\n') == {"a": "1e-5", "b": "e5", "c": "1e"}
+
+
+def test_determined_s_retired_resources_keys_submit_with_a_warning() -> None:
+    # Configs written for older Determined releases carry these; refusing them as unknown
+    # keys failed the whole submit.
+    resources = {"agent_label": "a100-nodes", "native_parallel": True}
+    cfg = validate_config({**MINIMAL, "resources": resources}, complete=True)
+    assert config_warnings(cfg) == [
+        "resources.agent_label ('a100-nodes') does not apply: trials are placed by resource "
+        "pool; name one in resources.resource_pool",
+        "resources.native_parallel (true) does not apply: a trial's processes are started "
+        "as its entrypoint and launch layout say",
+    ]
+    # Their defaults say nothing, and the filled config keeps native_parallel, which
+    # Determined's legacy harness reads from it.
+    plain = validate_config({**MINIMAL, "resources": {"native_parallel": False}}, complete=True)
+    assert config_warnings(plain) == []
+    assert effective_dict(plain)["resources"]["native_parallel"] is False
+    with pytest.raises(ConfigError, match=r"resources\.agent_label: must be a string"):
+        validate_config({**MINIMAL, "resources": {"agent_label": ["a100"]}}, complete=True)
