@@ -35,6 +35,8 @@ from cli.trials import fetch_workloads, format_value, print_workloads
 app = typer.Typer(help="Create and manage experiments.", no_args_is_help=True)
 label_app = typer.Typer(help="Add or remove an experiment's labels.", no_args_is_help=True)
 app.add_typer(label_app, name="label")
+set_app = typer.Typer(help="Change an experiment's name or description.", no_args_is_help=True)
+app.add_typer(set_app, name="set")
 
 
 # Where `det e wait` stops; PAUSED stops it too, as Determined's client refuses to wait on it.
@@ -349,6 +351,32 @@ def remove_label(
     with cli_errors():
         client(ctx).request("DELETE", _label_path(experiment_id, label))
         stdout.print(f"Removed label '{label}' from experiment {experiment_id}", markup=False)
+
+
+def _set_field(ctx: typer.Context, experiment_id: int, field: str, value: str) -> None:
+    with cli_errors():
+        client(ctx).request("PATCH", f"/api/v1/experiments/{experiment_id}", json={field: value})
+        stdout.print(f"Set {field} of experiment {experiment_id} to '{value}'", markup=False)
+
+
+@set_app.command("name")
+def set_name(
+    ctx: typer.Context,
+    experiment_id: int = typer.Argument(..., min=0, help="Experiment ID."),
+    name: str = typer.Argument(..., help="The new name (not empty)."),
+) -> None:
+    """Rename an experiment (its config's name too, as Determined keeps it)."""
+    _set_field(ctx, experiment_id, "name", name)
+
+
+@set_app.command("description")
+def set_description(
+    ctx: typer.Context,
+    experiment_id: int = typer.Argument(..., min=0, help="Experiment ID."),
+    description: str = typer.Argument(..., help="The new description."),
+) -> None:
+    """Change an experiment's description."""
+    _set_field(ctx, experiment_id, "description", description)
 
 
 def _action(verb: str, past: str) -> Any:

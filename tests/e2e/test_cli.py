@@ -313,6 +313,25 @@ def test_labels_add_remove_list_describe(master: MasterProcess, tmp_path: Path) 
     assert stored(master, experiment_id)["labels"] == ["second", odd]
 
 
+def test_set_name_and_description(master: MasterProcess, tmp_path: Path) -> None:
+    """`det e set name|description`, Determined's verbs; a blank name changes nothing."""
+    config = write(tmp_path / "named.yaml", experiment_yaml(extra="labels: [kept]\n"))
+    experiment_id = created_id(master.det("e", "create", "--paused", str(config)))
+    named = ok(master.det("e", "set", "name", str(experiment_id), "second try"))
+    assert lines(named.stdout) == [f"Set name of experiment {experiment_id} to 'second try'"]
+    ok(master.det("e", "set", "description", str(experiment_id), "lr halved"))
+    found = stored(master, experiment_id)
+    assert (found["name"], found["description"], found["labels"]) == (
+        "second try",
+        "lr halved",
+        ["kept"],
+    )
+    assert found["config"]["name"] == "second try"
+    refused = master.det("e", "set", "name", str(experiment_id), "  ")
+    assert_one_line_error(refused, "name: must not be empty")
+    assert stored(master, experiment_id)["name"] == "second try"
+
+
 # --- errors: exit 1, one line on stderr naming the problem, nothing on stdout -----------
 
 BAD_YAML = "name: bad\nentrypoint: python3 train.py\nsearcher: name: single\n"

@@ -214,6 +214,39 @@ def test_experiment_label_add_remove(master: MasterProcess) -> None:
     assert labels() == ["two words"]
 
 
+def test_experiment_set_name_and_description_config_and_list_trials(
+    master: MasterProcess,
+) -> None:
+    """The daily verbs that read an experiment and PATCH it back, or only read it."""
+    created = master.api("POST", "/api/v1/experiments", json={"config": LABELLED_YAML})
+    experiment_id = str(created["experiment"]["id"])
+
+    named = ok(master.official("experiment", "set", "name", experiment_id, "renamed"))
+    assert lines(named.stdout) == [f"Set name of experiment {experiment_id} to 'renamed'"]
+    described = ok(
+        master.official("experiment", "set", "description", experiment_id, "a longer story")
+    )
+    assert "a longer story" in described.stdout
+    stored = master.api("GET", f"/api/v1/experiments/{experiment_id}")["experiment"]
+    assert (stored["name"], stored["description"]) == ("renamed", "a longer story")
+    # The labels the client sent back with each patch are kept as they were.
+    assert stored["labels"] == ["from-config"]
+
+    config = yaml.safe_load(ok(master.official("experiment", "config", experiment_id)).stdout)
+    assert config["name"] == "renamed" and config["entrypoint"] == "python3 train.py"
+
+    trials = ok(master.official("experiment", "list-trials", experiment_id)).stdout
+    trial_id = master.api("GET", f"/api/v1/experiments/{experiment_id}/trials")["trials"][0]["id"]
+    assert "Trial ID" in trials and str(trial_id) in trials, trials
+
+    refused = master.official("experiment", "set", "name", experiment_id, " ")
+    assert refused.returncode == 1, describe_run(refused)
+    assert "name: must not be empty" in refused.stderr, describe_run(refused)
+    assert master.api("GET", f"/api/v1/experiments/{experiment_id}")["experiment"]["name"] == (
+        "renamed"
+    )
+
+
 def test_sdk_labels(master: MasterProcess, tmp_path: Path) -> None:
     client_path = official_client_path()
     assert client_path is not None
