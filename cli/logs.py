@@ -18,7 +18,7 @@ from cli.errors import CliError
 from cli.output import cli_errors
 from cli.state import Globals
 
-trial_app = typer.Typer(help="Inspect trials.", no_args_is_help=True)
+trial_app = typer.Typer(help="Inspect and kill trials.", no_args_is_help=True)
 
 LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 

@@ -162,3 +162,13 @@ def describe(
         if metrics:
             stdout.print()
             print_workloads(trial_id, workloads, as_csv=as_csv)
+
+
+def kill(
+    ctx: typer.Context,
+    trial_id: int = typer.Argument(..., min=0, help="Trial ID."),
+) -> None:
+    """Kill one trial; its experiment goes on with the others (Determined's `det trial kill`)."""
+    with cli_errors():
+        client(ctx).post(f"/api/v1/trials/{trial_id}/kill")
+        stdout.print(f"Killed trial {trial_id}", markup=False)

@@ -41,7 +41,15 @@ from master.db.models import (
     utcnow,
 )
 from master.errors import Conflict, InvalidArgument, NotFound
-from master.services import allocations, checkpoint_gc, labels, search, states, trial_reports
+from master.services import (
+    allocations,
+    checkpoint_gc,
+    labels,
+    release,
+    search,
+    states,
+    trial_reports,
+)
 from master.services.configs import config_errors_as_invalid_argument
 from master.services.model_definitions import (
     PackedModelDefinition,
@@ -595,6 +603,31 @@ async def kill_experiment(session: AsyncSession, experiment_id: int, actor: str)
     await session.flush()
     if not stopping:  # otherwise each trial's release applies it
         await checkpoint_gc.apply_retention(session, experiment)
+
+
+async def kill_trial(session: AsyncSession, trial_id: int, actor: str) -> TrialModel:
+    """Stop one trial now, as Determined's KillTrial; its experiment goes on with the others
+    (an ASHA search counts it as the worst of its next rung and may start another). Killing
+    an ended or stopping trial changes nothing."""
+    await allocations.hold_scheduler(session, described=True)
+    trial = await get_trial(session, trial_id)
+    current = TrialState(trial.state)
+    if current.is_terminal or current in (TrialState.STOPPING_KILLED, TrialState.STOPPING_CANCELED):
+        return trial
+    reason = f"trial killed by {actor}"
+    if current.holds_resources:
+        # Its processes must exit first; the allocation's end moves it to CANCELED and
+        # tells the searcher and the experiment (master.services.release).
+        states.set_trial_state(session, trial, TrialState.STOPPING_KILLED, reason)
+        await allocations.ask_to_stop(session, [trial.id], terminate=True)
+        await session.flush()
+        return trial
+    states.set_trial_state(session, trial, TrialState.CANCELED, reason)
+    await allocations.cancel_pending(session, [trial.id], reason)
+    await session.flush()
+    experiment = (await get_experiment(session, trial.experiment_id)).experiment
+    await release.close_trial(session, trial, experiment)
+    return trial
 
 
 async def _pause_or_activate(

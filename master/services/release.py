@@ -81,11 +81,21 @@ async def release_allocation(
     _move_trial_after_release(session, trial, experiment, outcome, message)
     await session.flush()
     if TrialState(trial.state).is_terminal:
-        await search.on_trial_closed(session, trial, experiment)
-        await checkpoint_gc.apply_retention(session, experiment)
+        await close_trial(session, trial, experiment)
+    else:
+        await trial_reports.refresh_experiment_progress(session, experiment.id)
+    log.info("allocation %s released: %s %s", allocation_id, outcome, message)
+
+
+async def close_trial(
+    session: AsyncSession, trial: TrialModel, experiment: ExperimentModel
+) -> None:
+    """What follows a trial's terminal state: the searcher told, retention applied, the
+    experiment's progress and, when it was the last trial, its end."""
+    await search.on_trial_closed(session, trial, experiment)
+    await checkpoint_gc.apply_retention(session, experiment)
     await trial_reports.refresh_experiment_progress(session, experiment.id)
     await finish_experiment_if_done(session, experiment)
-    log.info("allocation %s released: %s %s", allocation_id, outcome, message)
 
 
 def _move_trial_after_release(
@@ -168,6 +178,8 @@ async def finish_experiment_if_done(session: AsyncSession, experiment: Experimen
         final = ExperimentState.CANCELED
     elif any(TrialState(s) == TrialState.COMPLETED for s in trial_states):
         final = ExperimentState.COMPLETED
+    elif all(TrialState(s) == TrialState.CANCELED for s in trial_states):
+        final = ExperimentState.CANCELED  # every trial killed one by one (det trial kill)
     else:
         final = ExperimentState.ERROR
     if final == ExperimentState.COMPLETED:

@@ -147,6 +147,9 @@ async def test_users_change_only_their_own_experiments(
             f"admin may {verb} it"
         )
     assert "belongs to determined" in refusal(await alice.delete(path), 403)
+    trials = (await api.get(f"{path}/trials")).json()["trials"]
+    refused = refusal(await alice.post(f"/api/v1/trials/{trials[0]['id']}/kill"), 403)
+    assert refused.endswith("only its owner or an admin may kill its trials"), refused
     jobs = {"updates": [{"jobId": experiment["jobId"], "priority": 5}]}
     assert "belongs to determined" in refusal(
         await alice.post("/api/v1/job-queues", json=jobs), 403

@@ -373,6 +373,50 @@ async def test_kill_and_pause_with_running_trials(api: httpx.AsyncClient, app: F
     assert (await tasks_of(api, paused))[0]["resources"] is not None
 
 
+async def test_killing_one_trial_leaves_the_others_running(
+    api: httpx.AsyncClient, app: FastAPI
+) -> None:
+    """Determined's `det trial kill`: the placed trial stops through its agent, a queued
+    one ends at once, the experiment goes on; when every trial was killed it is CANCELED."""
+    await register(app, "t1", 1)
+    experiment_id = (await submit(api, config(1, trials=3)))["experiment"]["id"]
+    await schedule(app)
+    first, second, third = await tasks_of(api, experiment_id)
+    assert placed_on(first) and not placed_on(second)
+
+    assert (await api.post(f"/api/v1/trials/{second['trialId']}/kill")).status_code == 200
+    assert await trial_states(api, experiment_id) == [
+        "STATE_STARTING",
+        "STATE_CANCELED",
+        "STATE_QUEUED",
+    ]
+    assert second["allocationId"] not in {
+        t["allocationId"] for t in await tasks_of(api, experiment_id)
+    }
+
+    await api.post(f"/api/v1/trials/{first['trialId']}/kill")
+    [stopping, *_] = await tasks_of(api, experiment_id)
+    assert stopping["preemptRequested"] and stopping["state"] == "STATE_TERMINATING"
+    assert (await trial_states(api, experiment_id))[0] == "STATE_STOPPING_KILLED"
+    again = await api.post(f"/api/v1/trials/{first['trialId']}/kill")  # changes nothing
+    assert again.status_code == 200
+    await release(app, first["allocationId"], ReleaseOutcome.KILLED)
+    await schedule(app)  # the freed slot goes to the trial still queued
+    assert await trial_states(api, experiment_id) == [
+        "STATE_CANCELED",
+        "STATE_CANCELED",
+        "STATE_STARTING",
+    ]
+    path = f"/api/v1/experiments/{experiment_id}"
+    assert (await api.get(path)).json()["experiment"]["state"] == "STATE_ACTIVE"
+
+    await api.post(f"/api/v1/trials/{third['trialId']}/kill")
+    await release(app, third["allocationId"], ReleaseOutcome.KILLED)
+    assert (await api.get(path)).json()["experiment"]["state"] == "STATE_CANCELED"
+    missing = await api.post("/api/v1/trials/999999/kill")
+    assert missing.status_code == 404 and "trial 999999 not found" in missing.text
+
+
 async def test_a_failed_pass_writes_nothing(
     api: httpx.AsyncClient, app: FastAPI, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -247,6 +247,40 @@ def test_experiment_set_name_and_description_config_and_list_trials(
     )
 
 
+TWO_TRIALS_YAML = """\
+name: two-trials
+entrypoint: python3 train.py
+hyperparameters: {lr: {type: double, minval: 0.1, maxval: 0.2}}
+searcher: {name: random, metric: loss, max_trials: 2, max_length: {batches: 10}}
+"""
+
+
+def test_trial_kill_with_both_clients(master: MasterProcess) -> None:
+    """`det trial kill ID` (Determined's and ours) ends that trial only; once every trial
+    is killed, the experiment is CANCELED. No agent here: the trials are queued, so each
+    ends at once (the running case stops through its agent as an experiment's kill does)."""
+    created = master.api("POST", "/api/v1/experiments", json={"config": TWO_TRIALS_YAML})
+    experiment_id = created["experiment"]["id"]
+    path = f"/api/v1/experiments/{experiment_id}"
+
+    def states() -> list[str]:
+        return [t["state"] for t in master.api("GET", f"{path}/trials")["trials"]]
+
+    first, second = (t["id"] for t in master.api("GET", f"{path}/trials")["trials"])
+    killed = ok(master.official("trial", "kill", str(first)))
+    assert lines(killed.stdout) == [f"Killed trial {first}"]
+    assert states() == ["STATE_CANCELED", "STATE_QUEUED"]
+    assert master.api("GET", path)["experiment"]["state"] == "STATE_ACTIVE"
+
+    ours = ok(master.det("trial", "kill", str(second)))
+    assert lines(ours.stdout) == [f"Killed trial {second}"]
+    assert states() == ["STATE_CANCELED", "STATE_CANCELED"]
+    assert master.api("GET", path)["experiment"]["state"] == "STATE_CANCELED"
+
+    missing = master.det("trial", "kill", "999999")
+    assert missing.returncode == 1 and "trial 999999 not found" in missing.stderr
+
+
 def test_sdk_labels(master: MasterProcess, tmp_path: Path) -> None:
     client_path = official_client_path()
     assert client_path is not None

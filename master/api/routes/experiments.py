@@ -259,6 +259,17 @@ async def list_trials(
     )
 
 
+@router.post("/trials/{trial_id}/kill")
+async def kill_trial(trial_id: ObjectId, session: SessionDep, user: CurrentUser) -> Empty:
+    """Determined's KillTrial (`det trial kill ID`): this trial only."""
+    trial = await experiments.get_trial(session, trial_id)
+    await access.require_experiment_owner(
+        session, Actor.of(user), trial.experiment_id, "kill its trials"
+    )
+    await experiments.kill_trial(session, trial_id, user.username)
+    return Empty()
+
+
 @router.get("/trials/{trial_id}")
 async def get_trial(trial_id: ObjectId, session: SessionDep, _user: CurrentUser) -> TrialResponse:
     trial = await experiments.get_trial(session, trial_id)
