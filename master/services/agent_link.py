@@ -688,6 +688,12 @@ class AgentHub:
                 self.fenced_runs += 1
                 # Out of the scheduler's choice in the same commit that frees the slots.
                 await agent_service.set_connected(session, agent_id, False)
+            elif _stopped_by_its_agent(exited, allocation, gang):
+                # The agent stopped ranks nobody asked to stop: it is shutting down. Out of
+                # the scheduler's choice in the same commit, or the requeued trial may be
+                # placed on it again in the moment before its stream closes, and wait out
+                # the lost-agent window there (seen in CI). It rejoins when it reconnects.
+                await agent_service.set_connected(session, agent_id, False)
             gang.exits[agent_id] = exited
             log.info(
                 "allocation %s: ranks on %s exited (%s) %s",
@@ -1117,3 +1123,15 @@ class HubLoop(Loop):
 
     async def run_once(self) -> None:
         await self.hub.tick()
+
+
+def _stopped_by_its_agent(
+    exited: pb.AllocationExited, allocation: AllocationModel, gang: Gang
+) -> bool:
+    """Ranks stopped though the master asked for no stop, kill or preemption."""
+    return (
+        exited.kind == pb.EXIT_KIND_STOPPED
+        and allocation.state != AllocationState.TERMINATING
+        and not allocation.preempt_requested
+        and not gang.stop_sent
+    )

@@ -367,7 +367,14 @@ def test_a_stopping_agent_hands_its_trial_on_without_a_restart(
     # 10 s lost-agent window ran out (which is what the master's log would say otherwise).
     log = master.log.read_text(errors="replace")
     released = rf"allocation {trial['id']}\.\d+ released: agent_lost ranks stopped by their agent"
-    assert re.search(released, log), master.output()
+    found = re.search(released, log)
+    assert found, master.output()
     assert f"agent {first_agent} lost (no heartbeat" not in log, master.output()
+    # Out of the scheduler's choice by that report's commit, so the trial was never placed
+    # on it again in the moment before its stream closed.
+    taken_out = log.find(f"master.services.agents: agent {first_agent} disconnected")
+    assert 0 <= taken_out < found.start(), master.output()
+    starts = re.findall(rf"allocation {trial['id']}\.\d+ starting .* on (\S+), rendezvous", log)
+    assert starts.count(first_agent) == 1, starts
     done = wait_trial_state(master, experiment_id, {"COMPLETED", "ERROR"})
     assert (done["state"], done["restarts"]) == ("COMPLETED", 0)
