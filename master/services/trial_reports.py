@@ -230,20 +230,6 @@ async def metric_rows(
     return list((await session.scalars(query)).all())
 
 
-async def metric_rows_of_trials(
-    session: AsyncSession, trial_ids: Sequence[int], group: str
-) -> list[TrialMetricModel]:
-    """One group's rows of several trials in one query, by trial then step."""
-    if not trial_ids:
-        return []
-    query = (
-        select(TrialMetricModel)
-        .where(TrialMetricModel.trial_id.in_(list(trial_ids)), TrialMetricModel.group_name == group)
-        .order_by(TrialMetricModel.trial_id, TrialMetricModel.steps_completed)
-    )
-    return list((await session.scalars(query)).all())
-
-
 # -- progress and runner state -------------------------------------------------------------
 
 
