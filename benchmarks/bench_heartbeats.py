@@ -324,7 +324,14 @@ class Worker:
                 agent.closed_at = time.monotonic()
                 agent.close_reason = f"{exc.code().name}: {exc.details()}"
 
-    def window(self, start: float, end: float) -> dict[str, Any]:
+    async def window(self, start: float, end: float) -> dict[str, Any]:
+        # The acks of heartbeats sent just before the window's end may still be on their way
+        # (on a loaded machine, tens of ms): wait for them, or the window counts them lost.
+        deadline = time.monotonic() + ACK_DRAIN_TIMEOUT_S
+        while time.monotonic() < deadline and any(
+            a.closed_at is None and any(at < end for at in a.pending.values()) for a in self.agents
+        ):
+            await asyncio.sleep(0.02)
         sends = [(due, at) for due, at in self.sends if start <= at < end]
         acks = [(at, rtt) for at, rtt in self.acks if start <= at < end]
         return {
@@ -395,7 +402,7 @@ async def worker_main(config: dict[str, Any]) -> None:
             case "connect":
                 reply(await worker.connect_all())
             case "window":
-                reply(worker.window(command["start"], command["end"]))
+                reply(await worker.window(command["start"], command["end"]))
             case "silence":
                 reply(worker.silence(command["agent"]))
             case "silent_status":
