@@ -9,13 +9,14 @@ import ipaddress
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import grpc
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Response
 from fastapi.responses import RedirectResponse
 from sqlalchemy.ext.asyncio import AsyncSession
+from starlette.datastructures import State
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from master import web
@@ -109,6 +110,37 @@ class BodyLimitMiddleware:
 
 class _BodyTooLarge(Exception):
     pass
+
+
+class StandbyRedirectsWrites:
+    """A standby serves reads from the shared database and sends writes to the leader (307
+    keeps the method and body), or answers 503 while none leads. Plain ASGI, not Starlette's
+    BaseHTTPMiddleware: that one costs every request a task and a stream (issue 27)."""
+
+    def __init__(self, app: ASGIApp, state: State) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        leadership: Leadership | None = getattr(self.state, "leadership", None)
+        if (
+            scope["type"] != "http"
+            or leadership is None
+            or leadership.leading
+            or scope["method"] in SAFE_METHODS
+        ):
+            await self.app(scope, receive, send)
+            return
+        response: Response
+        if leadership.leader_url:
+            query = scope.get("query_string", b"").decode("latin-1")
+            target = f"{leadership.leader_url}{scope['path']}{'?' + query if query else ''}"
+            response = RedirectResponse(target, status_code=307)
+        else:
+            response = error_response(
+                503, 14, "no master leads yet; retry shortly", [], {"Retry-After": "2"}
+            )
+        await response(scope, receive, send)
 
 
 class JsonBodyMiddleware:
@@ -274,23 +306,7 @@ def create_app(settings: MasterSettings) -> FastAPI:
     app.state.cluster_id = _cluster_id(settings)
     install_error_handlers(app)
 
-    @app.middleware("http")
-    async def standby_redirects_writes(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        """A standby serves reads from the shared database and sends writes to the
-        leader (307 keeps the method and body), or answers 503 while none leads."""
-        leadership: Leadership | None = getattr(request.app.state, "leadership", None)
-        if leadership is None or leadership.leading or request.method in SAFE_METHODS:
-            return await call_next(request)
-        if leadership.leader_url:
-            query = f"?{request.url.query}" if request.url.query else ""
-            target = f"{leadership.leader_url}{request.url.path}{query}"
-            return RedirectResponse(target, status_code=307)
-        return error_response(
-            503, 14, "no master leads yet; retry shortly", [], {"Retry-After": "2"}
-        )
-
+    app.add_middleware(StandbyRedirectsWrites, state=app.state)
     app.add_middleware(BodyLimitMiddleware, max_bytes=request_body_limit(settings))
     app.add_middleware(JsonBodyMiddleware)
     app.state.preemption = PreemptionSignals()

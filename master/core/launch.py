@@ -157,6 +157,8 @@ _IMPORT_LINE = re.compile(r"^\s*(?:import|from)\s+determined(?:[\s.,]|$)", re.MU
 
 def imports_determined(source: str) -> bool:
     """Whether Python source imports the `determined` package (at any depth of the file)."""
+    if "determined" not in source:
+        return False  # no need to parse it (a parse is a millisecond of every submit)
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
