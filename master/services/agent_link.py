@@ -772,6 +772,8 @@ class AgentHub:
             for allocation in rows:
                 if allocation.preempt_requested or allocation.state == AllocationState.TERMINATING:
                     self.preemption.raise_signal(allocation.id)
+                if self._waits_for_exits(allocation):
+                    continue  # nothing to do until its ranks exit: no savepoint for it
                 # One allocation that cannot advance must not hold up the others.
                 sends = len(session.info[_SENDS])
                 try:
@@ -782,6 +784,18 @@ class AgentHub:
                     self.gangs.pop(allocation.id, None)
                     del session.info[_SENDS][sends:]
                     allocations.forget_described_changes(session)
+
+    def _waits_for_exits(self, allocation: AllocationModel) -> bool:
+        """Its ranks were started and told to stop: only their exits (or their agent's
+        loss) move it on, so a tick has nothing to do for it. After a round of kills every
+        tick meets them all until they exit."""
+        gang = self.gangs.get(allocation.id)
+        return (
+            gang is not None
+            and gang.stop_sent
+            and allocation.master_port is not None
+            and gang.phase not in ("assigned", "preparing")
+        )
 
     async def _advance(self, session: AsyncSession, allocation: AllocationModel) -> None:
         state = AllocationState(allocation.state)
