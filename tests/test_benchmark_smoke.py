@@ -343,3 +343,13 @@ def test_smoke_interactive_benchmark_starts_a_notebook_through_the_proxy() -> No
     assert ours["n"] == bare["n"] == 1
     assert ours["p50_ms"] > 0 and bare["p50_ms"] > 0
     assert report["ratio_ours_to_bare_p50"] > 0
+
+
+@pytest.mark.postgres
+def test_smoke_submit_benchmark_costs_a_submit_against_the_floor(postgres: PostgresServer) -> None:
+    require(postgres.error is None, postgres.error or "")
+    report = run_smoke("bench_submit")
+    submits = report["parameters"]["submits"]
+    assert report["submit"]["requests"] == report["floor_get_me"]["requests"] == submits
+    assert report["submit"]["master_cpu_ms_per_request"] > 0
+    assert report["floor_get_me"]["master_cpu_ms_per_request"] > 0
