@@ -328,9 +328,12 @@ class Worker:
         # The acks of heartbeats sent just before the window's end may still be on their way
         # (on a loaded machine, tens of ms): wait for them, or the window counts them lost.
         deadline = time.monotonic() + ACK_DRAIN_TIMEOUT_S
-        while time.monotonic() < deadline and any(
-            a.closed_at is None and any(at < end for at in a.pending.values()) for a in self.agents
-        ):
+        while time.monotonic() < deadline:
+            if not any(
+                a.closed_at is None and any(at < end for at in a.pending.values())
+                for a in self.agents
+            ):
+                break
             await asyncio.sleep(0.02)
         sends = [(due, at) for due, at in self.sends if start <= at < end]
         acks = [(at, rtt) for at, rtt in self.acks if start <= at < end]
