@@ -35,7 +35,11 @@ from cli.trials import fetch_workloads, format_value, print_workloads
 app = typer.Typer(help="Create and manage experiments.", no_args_is_help=True)
 label_app = typer.Typer(help="Add or remove an experiment's labels.", no_args_is_help=True)
 app.add_typer(label_app, name="label")
-set_app = typer.Typer(help="Change an experiment's name or description.", no_args_is_help=True)
+set_app = typer.Typer(
+    help="Change an experiment's name, description, priority, weight, max slots or "
+    "checkpoint retention.",
+    no_args_is_help=True,
+)
 app.add_typer(set_app, name="set")
 
 
@@ -379,6 +383,65 @@ def set_description(
     _set_field(ctx, experiment_id, "description", description)
 
 
+def _patch(ctx: typer.Context, experiment_id: int, body: dict[str, Any], said: str) -> None:
+    with cli_errors():
+        client(ctx).request("PATCH", f"/api/v1/experiments/{experiment_id}", json=body)
+        stdout.print(f"Set {said} of experiment {experiment_id}", markup=False)
+
+
+@set_app.command("priority")
+def set_priority(
+    ctx: typer.Context,
+    experiment_id: int = typer.Argument(..., min=0, help="Experiment ID."),
+    priority: int = typer.Argument(..., help="1 (first) to 99 (last); queued trials move."),
+) -> None:
+    """Change a running or queued experiment's priority (as `det job update --priority`)."""
+    _patch(ctx, experiment_id, {"resources": {"priority": priority}}, f"priority to {priority}")
+
+
+@set_app.command("weight")
+def set_weight(
+    ctx: typer.Context,
+    experiment_id: int = typer.Argument(..., min=0, help="Experiment ID."),
+    weight: float = typer.Argument(..., help="A positive number (resources.weight)."),
+) -> None:
+    """Set the experiment's `resources.weight`."""
+    _patch(ctx, experiment_id, {"resources": {"weight": weight}}, f"weight to {weight}")
+
+
+@set_app.command("max-slots")
+def set_max_slots(
+    ctx: typer.Context,
+    experiment_id: int = typer.Argument(..., min=0, help="Experiment ID."),
+    max_slots: int = typer.Argument(..., help="Slots (resources.max_slots)."),
+) -> None:
+    """Set the experiment's `resources.max_slots`."""
+    body = {"resources": {"maxSlots": max_slots}}
+    _patch(ctx, experiment_id, body, f"max_slots to {max_slots}")
+
+
+@set_app.command("gc-policy")
+def set_gc_policy(
+    ctx: typer.Context,
+    experiment_id: int = typer.Argument(..., min=0, help="Experiment ID."),
+    save_experiment_best: int = typer.Option(..., help="Best checkpoints of the experiment."),
+    save_trial_best: int = typer.Option(..., help="Best checkpoints of each trial."),
+    save_trial_latest: int = typer.Option(..., help="Latest checkpoints of each trial."),
+) -> None:
+    """Change the checkpoint retention settings; checkpoints of ended trials that they no
+    longer keep are deleted at once."""
+    policy = {
+        "saveExperimentBest": save_experiment_best,
+        "saveTrialBest": save_trial_best,
+        "saveTrialLatest": save_trial_latest,
+    }
+    said = (
+        f"checkpoint retention to save_experiment_best={save_experiment_best}, "
+        f"save_trial_best={save_trial_best}, save_trial_latest={save_trial_latest}"
+    )
+    _patch(ctx, experiment_id, {"checkpointStorage": policy}, said)
+
+
 def _action(verb: str, past: str) -> Any:
     def command(
         ctx: typer.Context, experiment_id: int = typer.Argument(..., help="Experiment ID.")
@@ -394,6 +457,8 @@ def _action(verb: str, past: str) -> Any:
 app.command("kill")(_action("kill", "Killed"))
 app.command("pause")(_action("pause", "Paused"))
 app.command("activate")(_action("activate", "Activated"))
+app.command("archive")(_action("archive", "Archived"))
+app.command("unarchive")(_action("unarchive", "Unarchived"))
 
 
 @app.command("delete")

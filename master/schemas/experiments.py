@@ -6,7 +6,7 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field
 
 from master.core import launch
-from master.db.models import TrialMetricModel, TrialModel
+from master.db.models import MAX_INT, TrialMetricModel, TrialModel
 from master.schemas.common import DbInt, Pagination, UtcTime, WireInput, WireModel
 from master.services.allocations import task_id
 from master.services.experiments import ExperimentView, PendingReason
@@ -34,9 +34,26 @@ class ExperimentPatchBody(WireInput):
     description: str | None = None
     notes: str | None = None
     labels: Any = None
-    # Determined's, refused with a reason: resolute changes them otherwise or not at all.
-    resources: Any = None
-    checkpoint_storage: Any = None
+    resources: PatchResources | None = None
+    checkpoint_storage: PatchCheckpointStorage | None = None
+
+
+class PatchResources(WireInput):
+    """Determined's PatchExperimentPatchResources (`det experiment set priority|weight|
+    max-slots`): each as the config's `resources` key of the same name, checked as it is."""
+
+    max_slots: int | None = Field(default=None, ge=0, le=MAX_INT)
+    weight: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    priority: int | None = Field(default=None, ge=1, le=99)
+
+
+class PatchCheckpointStorage(WireInput):
+    """Determined's PatchExperimentPatchCheckpointStorage (`det experiment set gc-policy`):
+    the retention settings, applied at once to the checkpoints of ended trials."""
+
+    save_experiment_best: int | None = Field(default=None, ge=0, le=MAX_INT)
+    save_trial_best: int | None = Field(default=None, ge=0, le=MAX_INT)
+    save_trial_latest: int | None = Field(default=None, ge=0, le=MAX_INT)
 
 
 class LabelList(WireModel):

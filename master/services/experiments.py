@@ -711,15 +711,29 @@ async def set_job_priority(
         raise InvalidArgument(f"priority: {priority} is not between 1 and 99")
     await allocations.hold_scheduler(session)
     experiment = await get_experiment_by_job(session, job_id)
-    if ExperimentState(experiment.state).is_terminal:
-        raise Conflict(f"job {job_id} has ended ({experiment.state}); its priority is final")
-    experiment.priority = priority
-    experiment.config = {
-        **experiment.config,
-        "resources": {**(experiment.config.get("resources") or {}), "priority": priority},
-    }
+    _refuse_final_priority(experiment, f"job {job_id}")
+    _set_priority(experiment, priority)
     log.info("job %s (experiment %s) priority -> %s by %s", job_id, experiment.id, priority, actor)
     return experiment
+
+
+def _refuse_final_priority(experiment: ExperimentModel, what: str) -> None:
+    if ExperimentState(experiment.state).is_terminal:
+        raise Conflict(f"{what} has ended ({experiment.state}); its priority is final")
+
+
+def _set_priority(experiment: ExperimentModel, priority: int) -> None:
+    experiment.priority = priority
+    _set_config_keys(experiment, "resources", {"priority": priority})
+
+
+def _set_config_keys(experiment: ExperimentModel, section: str, values: dict[str, Any]) -> None:
+    """The experiment's config with `values` set in its `section` (a new dict, so the JSON
+    column sees the change)."""
+    experiment.config = {
+        **experiment.config,
+        section: {**(experiment.config.get(section) or {}), **values},
+    }
 
 
 # -- changing an experiment's name, description and labels ----------------------------------
@@ -731,11 +745,16 @@ MAX_DESCRIPTION_CHARS = 65536
 @dataclass(frozen=True)
 class ExperimentPatch:
     """Determined's PatchExperiment as far as resolute keeps it; None leaves a field as is.
-    Values are as the request sent them, checked by patch_experiment."""
+    Values are as the request sent them, checked by patch_experiment (the route's schema
+    has already checked the ranges of `resources` and `retention`)."""
 
     name: str | None = None
     description: str | None = None
     labels: Any = None
+    # `resources` keys of the config: priority, weight, max_slots.
+    resources: dict[str, Any] = field(default_factory=dict)
+    # `checkpoint_storage` retention keys: save_experiment_best, save_trial_best, ...
+    retention: dict[str, int] = field(default_factory=dict)
 
 
 def _checked_text(value: str, where: str, limit: int, *, blank_ok: bool) -> str:
@@ -765,6 +784,10 @@ async def patch_experiment(
     """Every field is checked before any is applied, so a refused patch changes nothing.
     Values the experiment has already pass as they are: Determined's client sends back
     what it read, and an old label or name must not block the change the user asked for."""
+    if "priority" in patch.resources:
+        # Before the experiment's row, in the order kill and pause take them. Queued trials
+        # move in the queue: the scheduler reads it afresh after this commit.
+        await allocations.hold_scheduler(session)
     experiment = await experiment_for_update(session, experiment_id)
     name = description = new_labels = None
     if patch.name is not None and patch.name != experiment.name:
@@ -776,6 +799,12 @@ async def patch_experiment(
     if patch.labels is not None:
         checked = labels.checked_labels(patch.labels, "labels", kept=experiment.labels)
         new_labels = checked if checked != experiment.labels else None
+    resources = experiment.config.get("resources") or {}
+    new_resources = {k: v for k, v in patch.resources.items() if resources.get(k) != v}
+    storage = experiment.config.get("checkpoint_storage") or {}
+    new_retention = {k: v for k, v in patch.retention.items() if storage.get(k) != v}
+    if "priority" in new_resources:
+        _refuse_final_priority(experiment, f"experiment {experiment_id}")
     changed = []
     if name is not None:
         experiment.name = name
@@ -788,10 +817,42 @@ async def patch_experiment(
     if new_labels is not None:
         labels.set_labels(experiment, new_labels)
         changed.append("labels")
+    if new_resources:
+        if "priority" in new_resources:
+            _set_priority(experiment, new_resources["priority"])
+        _set_config_keys(experiment, "resources", new_resources)
+        changed.extend(f"resources.{key}={value}" for key, value in new_resources.items())
+    if new_retention:
+        _set_config_keys(experiment, "checkpoint_storage", new_retention)
+        changed.extend(f"checkpoint_storage.{key}={value}" for key, value in new_retention.items())
     if changed:
         await session.flush()
         log.info("experiment %s: %s changed by %s", experiment_id, ", ".join(changed), actor)
+    if new_retention:
+        # Applied at once, as Determined's gc-policy is: what the new settings no longer
+        # keep, among the checkpoints of ended trials, is deleted now.
+        await checkpoint_gc.apply_retention(session, experiment)
     return await get_experiment(session, experiment_id)
+
+
+async def set_archived(
+    session: AsyncSession, experiment_id: int, archived: bool, actor: str
+) -> None:
+    """Archive (or bring back) an ended experiment: archived ones leave the default lists.
+    Archiving an archived one changes nothing."""
+    experiment = await experiment_for_update(session, experiment_id)
+    if experiment.archived == archived:
+        return
+    if archived and not ExperimentState(experiment.state).is_terminal:
+        raise Conflict(
+            f"experiment {experiment_id} is {experiment.state}: only an ended experiment "
+            "can be archived (kill it or wait for it to end)"
+        )
+    experiment.archived = archived
+    await session.flush()
+    log.info(
+        "experiment %s %s by %s", experiment_id, "archived" if archived else "unarchived", actor
+    )
 
 
 async def add_label(session: AsyncSession, experiment_id: int, label: str, actor: str) -> list[str]:

@@ -85,6 +85,7 @@ class ListParams:
     user: str
     text: str
     label: str
+    archived: bool  # archived ones listed too (hidden by default, as Determined's list)
 
     def query(self) -> dict[str, str]:
         return {
@@ -95,11 +96,14 @@ class ListParams:
             "user": self.user,
             "text": self.text,
             "label": self.label,
+            "archived": "show" if self.archived else "",
         }
 
     @property
     def filtered(self) -> bool:
-        return bool(self.state or self.searcher or self.user or self.text or self.label)
+        return bool(
+            self.state or self.searcher or self.user or self.text or self.label or self.archived
+        )
 
 
 # Neither NUL (Postgres text cannot hold it) nor more than the service's limit.
@@ -115,6 +119,7 @@ def list_params(
     user: FilterText = "",
     text: FilterText = "",
     label: FilterText = "",
+    archived: Literal["", "show"] = "",
 ) -> ListParams:
     default: Order = "desc" if sort in DESCENDING_FIRST else "asc"
     states = [s.value for s in ExperimentState]
@@ -135,6 +140,7 @@ def list_params(
         user.strip(),
         text.strip(),
         label,
+        archived == "show",
     )
 
 
@@ -158,6 +164,7 @@ async def experiments_page(
         searchers=[params.searcher] if params.searcher else (),
         text=params.text or None,
         with_labels=[params.label] if params.label else (),
+        archived=None if params.archived else False,
         sort_by=SORTS[params.sort],
         descending=params.order == "desc",
     )

@@ -332,6 +332,41 @@ def test_set_name_and_description(master: MasterProcess, tmp_path: Path) -> None
     assert stored(master, experiment_id)["name"] == "second try"
 
 
+def test_set_priority_weight_max_slots_gc_policy_and_archive(
+    master: MasterProcess, tmp_path: Path
+) -> None:
+    """Ours: `det e set priority|weight|max-slots|gc-policy`, `det e archive|unarchive`."""
+    config = write(tmp_path / "settings.yaml", experiment_yaml())
+    experiment_id = created_id(master.det("e", "create", "--paused", str(config)))
+    eid = str(experiment_id)
+    said = ok(master.det("e", "set", "priority", eid, "12"))
+    assert lines(said.stdout) == [f"Set priority to 12 of experiment {experiment_id}"]
+    ok(master.det("e", "set", "weight", eid, "0.5"))
+    ok(master.det("e", "set", "max-slots", eid, "2"))
+    policy = ("--save-experiment-best", "1", "--save-trial-best", "0", "--save-trial-latest", "1")
+    ok(master.det("e", "set", "gc-policy", eid, *policy))
+    found = stored(master, experiment_id)["config"]
+    resources, storage = found["resources"], found["checkpoint_storage"]
+    assert (resources["priority"], resources["weight"], resources["max_slots"]) == (12, 0.5, 2)
+    assert (storage["save_experiment_best"], storage["save_trial_best"]) == (1, 0)
+    assert storage["save_trial_latest"] == 1
+    assert_one_line_error(
+        master.det("e", "set", "priority", eid, "0"),
+        "body resources.priority: Input should be greater than or equal to 1",
+    )
+    assert_one_line_error(
+        master.det("e", "archive", eid), "only an ended experiment can be archived"
+    )
+    ok(master.det("e", "kill", eid))
+    archived = ok(master.det("e", "archive", eid))
+    assert lines(archived.stdout) == [f"Archived experiment {experiment_id}"]
+    mine = [e["id"] for e in parse_json(master.det("e", "list", "--json"))]
+    everyone = [e["id"] for e in parse_json(master.det("e", "list", "--all", "--json"))]
+    assert experiment_id not in mine and experiment_id in everyone
+    ok(master.det("e", "unarchive", eid))
+    assert experiment_id in [e["id"] for e in parse_json(master.det("e", "list", "--json"))]
+
+
 # --- errors: exit 1, one line on stderr naming the problem, nothing on stdout -----------
 
 BAD_YAML = "name: bad\nentrypoint: python3 train.py\nsearcher: name: single\n"

@@ -247,6 +247,45 @@ def test_experiment_set_name_and_description_config_and_list_trials(
     )
 
 
+def test_experiment_set_resources_gc_policy_archive_and_unarchive(master: MasterProcess) -> None:
+    """`det e set priority|weight|max-slots` and `set gc-policy --yes` PATCH the experiment;
+    `det e archive|unarchive` take an ended one out of `det e list` and back."""
+    created = master.api("POST", "/api/v1/experiments", json={"config": LABELLED_YAML})
+    experiment_id = str(created["experiment"]["id"])
+    for verb, value, key, shown in (
+        ("priority", "9", "priority", "9"),
+        ("weight", "3", "weight", "3.0"),  # the client reads a float
+        ("max-slots", "4", "max_slots", "4"),
+    ):
+        said = ok(master.official("experiment", "set", verb, experiment_id, value))
+        assert lines(said.stdout) == [f"Set `{key}` of experiment {experiment_id} to {shown}"]
+        no_version_warning(said)
+    policy = ("--save-experiment-best", "2", "--save-trial-best", "1", "--save-trial-latest", "0")
+    ok(master.official("experiment", "set", "gc-policy", "--yes", experiment_id, *policy))
+    config = master.api("GET", f"/api/v1/experiments/{experiment_id}")["experiment"]["config"]
+    assert config["resources"]["priority"] == 9 and config["resources"]["weight"] == 3
+    assert config["resources"]["max_slots"] == 4
+    storage = config["checkpoint_storage"]
+    assert (storage["save_experiment_best"], storage["save_trial_best"]) == (2, 1)
+    assert storage["save_trial_latest"] == 0
+
+    refused = master.official("experiment", "archive", experiment_id)
+    assert refused.returncode == 1, describe_run(refused)
+    assert "only an ended experiment can be archived" in refused.stderr, describe_run(refused)
+    ok(master.official("experiment", "kill", experiment_id))
+    archived = ok(master.official("experiment", "archive", experiment_id))
+    assert lines(archived.stdout) == [f"Archived experiment {experiment_id}"]
+    listed = ok(master.official("experiment", "list")).stdout
+    assert f"\n{experiment_id} " not in listed and "| labelled" not in listed, listed
+    everything = ok(master.official("experiment", "list", "--all")).stdout
+    assert "labelled" in everything, everything
+    unarchived = ok(master.official("experiment", "unarchive", experiment_id))
+    assert lines(unarchived.stdout) == [f"Unarchived experiment {experiment_id}"]
+    assert (
+        master.api("GET", f"/api/v1/experiments/{experiment_id}")["experiment"]["archived"] is False
+    )
+
+
 TWO_TRIALS_YAML = """\
 name: two-trials
 entrypoint: python3 train.py

@@ -1377,3 +1377,27 @@ async def test_compare_reads_a_metric_whose_name_has_quotes_dots_and_accents(
         f"/ui/experiments/{experiment['id']}/compare", params={"trial": trial_id, "metric": "x"}
     )
     assert f"They report: {name}." in html.unescape(unknown.text)
+
+
+async def test_archived_experiments_are_left_out_unless_asked_for(web: httpx.AsyncClient) -> None:
+    await bearer(web)
+    kept = (await experiment_with_trials(web, config=SINGLE_YAML))["id"]
+    archived = (await experiment_with_trials(web, config=SINGLE_YAML))["id"]
+    assert (await web.post(f"/api/v1/experiments/{archived}/kill")).status_code == 200
+    assert (await web.post(f"/api/v1/experiments/{archived}/archive")).status_code == 200
+
+    page = await web.get("/ui/experiments")
+    assert listed(page.text) == [kept]
+    shown = await web.get("/ui/experiments", params={"archived": "show"})
+    assert listed(shown.text) == [archived, kept]
+    assert 'name="archived" value="show" checked' in shown.text
+    badge = r'<a href="/ui/experiments/{}">[^<]*</a> <span class="archived"'
+    assert re.search(badge.format(archived), shown.text)
+    assert not re.search(badge.format(kept), shown.text)
+    # The choice stays in the sort links.
+    sort_link = html.unescape(re.findall(r'<th[^>]*><a href="([^"]+)"', shown.text)[0])
+    assert "archived=show" in sort_link
+    experiment_page = (await web.get(f"/ui/experiments/{archived}")).text
+    assert re.search(r'<p class="crumbs">.*<span class="archived"', experiment_page)
+    bad = await web.get("/ui/experiments", params={"archived": "yes"})
+    assert bad.status_code == 400 and "archived" in html.unescape(bad.text)

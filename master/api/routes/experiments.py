@@ -150,20 +150,21 @@ async def patch_experiment(
     experiment_id: ObjectId, body: ExperimentPatchBody, session: SessionDep, user: CurrentUser
 ) -> ExperimentResponse:
     """Determined's PatchExperiment: `det experiment label add|remove` sends the labels it
-    read with one added or removed; the SDK's set_labels sends a new list."""
+    read with one added or removed; the SDK's set_labels sends a new list; `det experiment
+    set priority|weight|max-slots` send `resources`, `set gc-policy` `checkpointStorage`."""
     if body.id is not None and body.id != experiment_id:
         raise InvalidArgument(f"id: {body.id} is not the experiment in the path ({experiment_id})")
     if body.notes:
         raise InvalidArgument("notes: experiment notes are not kept by this master")
-    if body.resources is not None:
-        raise InvalidArgument(
-            "resources: not changed by a patch here; `det job update --priority` sets priority"
-        )
-    if body.checkpoint_storage is not None:
-        raise InvalidArgument("checkpointStorage: an experiment's storage settings are final")
     await access.require_experiment_owner(session, Actor.of(user), experiment_id, "change it")
     patch = experiments.ExperimentPatch(
-        name=body.name, description=body.description, labels=body.labels
+        name=body.name,
+        description=body.description,
+        labels=body.labels,
+        resources=body.resources.model_dump(exclude_none=True) if body.resources else {},
+        retention=(
+            body.checkpoint_storage.model_dump(exclude_none=True) if body.checkpoint_storage else {}
+        ),
     )
     view = await experiments.patch_experiment(session, experiment_id, patch, user.username)
     return ExperimentResponse(experiment=Experiment.of(view))
@@ -200,6 +201,24 @@ async def list_experiment_labels(
 ) -> LabelList:
     """Every label in use, the most used first (Determined's GetExperimentLabels)."""
     return LabelList(labels=await labels.label_counts(session, project_id))
+
+
+@router.post("/experiments/{experiment_id}/archive")
+async def archive_experiment(
+    experiment_id: ObjectId, session: SessionDep, user: CurrentUser
+) -> Empty:
+    await access.require_experiment_owner(session, Actor.of(user), experiment_id, "archive it")
+    await experiments.set_archived(session, experiment_id, True, user.username)
+    return Empty()
+
+
+@router.post("/experiments/{experiment_id}/unarchive")
+async def unarchive_experiment(
+    experiment_id: ObjectId, session: SessionDep, user: CurrentUser
+) -> Empty:
+    await access.require_experiment_owner(session, Actor.of(user), experiment_id, "unarchive it")
+    await experiments.set_archived(session, experiment_id, False, user.username)
+    return Empty()
 
 
 @router.post("/experiments/{experiment_id}/kill")
