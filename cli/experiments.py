@@ -93,6 +93,36 @@ def create(
         stdout.print(f"Created experiment {reply['experiment']['id']}", markup=False)
 
 
+@app.command("fork")
+def fork(
+    ctx: typer.Context,
+    experiment_id: int = typer.Argument(..., min=0, help="The experiment to fork."),
+    overrides: list[str] | None = typer.Option(
+        None,
+        "--config",
+        metavar="KEY=VALUE",
+        help="Change the forked config; repeatable, as `det e create --config`.",
+    ),
+    paused: bool = typer.Option(False, "--paused", help="Create the fork paused."),
+) -> None:
+    """A new experiment from another's config (changed by --config) and model definition,
+    which records where it came from, as the web UI's fork: prints `Created experiment N`."""
+    with cli_errors():
+        api = client(ctx)
+        parent = api.get(f"/api/v1/experiments/{experiment_id}")["experiment"]
+        config = parent["config"]
+        if overrides:
+            try:
+                config = apply_config_overrides(config, overrides)
+            except ConfigOverrideError as exc:
+                raise CliError(str(exc)) from None
+        body = {"activate": not paused, "config": config, "parentId": experiment_id}
+        reply = api.post("/api/v1/experiments", json=body)
+        for message in reply.get("warningMessages") or []:
+            warn(escape(message))
+        stdout.print(f"Created experiment {reply['experiment']['id']}", markup=False)
+
+
 def _with_overrides(config_file: Path, config_text: str, overrides: list[str]) -> str:
     """The config file with `--config` overrides applied, as YAML. As in Determined's CLI,
     the file is re-serialised only when there are overrides (its comments are lost)."""

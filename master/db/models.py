@@ -247,6 +247,11 @@ class ExperimentModel(Base):
     priority: Mapped[int] = mapped_column(Integer, default=42)
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
     project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"), index=True)
+    # The experiment this one was forked from (Determined's forked_from); forgotten, not
+    # followed, when that one is deleted.
+    parent_id: Mapped[int | None] = mapped_column(
+        ForeignKey("experiments.id", ondelete="SET NULL"), index=True
+    )
     job_id: Mapped[str] = mapped_column(String(64), unique=True)
     archived: Mapped[bool] = mapped_column(default=False)
     progress: Mapped[float | None] = mapped_column()

@@ -129,6 +129,7 @@ class Experiment(WireModel):
             user_id=row.owner_id,
             display_name=view.username,
             labels=list(row.labels),
+            forked_from=row.parent_id,
             template_name=row.template_name,
             experiment_seed=row.experiment_seed,
             launch_layout=launch.stored_layout(row.config),

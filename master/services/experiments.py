@@ -60,7 +60,7 @@ from master.services.scheduler import load_agent_states, policy_of
 from master.services.templates import get_template, refuse_hidden_secrets
 from master.services.workspaces import resolve_project
 from master.settings import MasterSettings, ResourcePoolSettings
-from resolute.storage import mask_config
+from resolute.storage import keep_hidden_secrets, mask_config
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,9 @@ class ExperimentRequest:
     activate: bool = True
     validate_only: bool = False
     project_id: int | None = None
+    # A fork: the experiment it is made from, whose model definition it takes unless the
+    # request brings its own (Determined's web UI forks with the config alone).
+    parent_id: int | None = None
 
 
 @dataclass
@@ -120,7 +123,12 @@ async def prepare_experiment(
         original = yaml.safe_dump(user_raw, sort_keys=False)
     else:
         raise InvalidArgument("config: must be the YAML text of an experiment config")
+    parent = await _parent_of(session, request.parent_id)
     if isinstance(user_raw, dict):  # otherwise refused by validate_config below
+        if parent is not None:
+            # A fork's config is the parent's as shown, secrets masked: each takes the
+            # parent's value again.
+            user_raw = keep_hidden_secrets(user_raw, parent.config)
         refuse_hidden_secrets(user_raw, "config")
         original = _shown_text(original, user_raw)
 
@@ -182,7 +190,12 @@ async def prepare_experiment(
             f"searcher: this search would create {trial_count} trials; the master allows at most "
             f"{settings.max_trials_per_experiment} (DET_MASTER_MAX_TRIALS_PER_EXPERIMENT)"
         )
-    packed = pack_model_definition(request.model_definition, settings.max_model_definition_bytes)
+    if parent is not None and not request.model_definition:
+        packed = await parents_model_definition(session, parent.id)
+    else:
+        packed = pack_model_definition(
+            request.model_definition, settings.max_model_definition_bytes
+        )
     layout = choose_launch_layout(effective, packed)
     effective["launch_layout"] = layout.layout
     return PreparedExperiment(
@@ -198,6 +211,24 @@ async def prepare_experiment(
         priority=int(resources["priority"]),
         launch_reason=layout.reason,
     )
+
+
+async def _parent_of(session: AsyncSession, parent_id: int | None) -> ExperimentModel | None:
+    if parent_id is None:
+        return None
+    parent = await session.get(ExperimentModel, parent_id)
+    if parent is None:
+        raise InvalidArgument(f"parentId: experiment {parent_id} not found")
+    return parent
+
+
+async def parents_model_definition(session: AsyncSession, parent_id: int) -> PackedModelDefinition:
+    found = (
+        await session.scalars(
+            select(ModelDefinitionModel).where(ModelDefinitionModel.experiment_id == parent_id)
+        )
+    ).one()  # stored with every experiment
+    return PackedModelDefinition(found.archive, found.size_bytes, found.file_count)
 
 
 def choose_launch_layout(
@@ -327,6 +358,7 @@ def new_experiment(
         "launch_reason": prepared.launch_reason,
         "searcher_state": searcher_state,
         "labels": effective["labels"],
+        "parent_id": request.parent_id,
     }
     return NewExperiment(
         row=row,

@@ -367,6 +367,31 @@ def test_set_priority_weight_max_slots_gc_policy_and_archive(
     assert experiment_id in [e["id"] for e in parse_json(master.det("e", "list", "--json"))]
 
 
+def test_fork_takes_the_parents_config_with_changes(master: MasterProcess, tmp_path: Path) -> None:
+    """`det e fork ID --config KEY=VALUE`: a new experiment from the parent's config and
+    files, recording its parent."""
+    config = write(tmp_path / "parent.yaml", experiment_yaml(extra="labels: [base]\n"))
+    parent_id = created_id(master.det("e", "create", "--paused", str(config)))
+    forked = ok(
+        master.det(
+            "e",
+            "fork",
+            str(parent_id),
+            "--paused",
+            "--config",
+            "name=second",
+            "--config",
+            "labels=[forked]",
+        )
+    )
+    fork_id = created_id(forked)
+    found = stored(master, fork_id)
+    assert found["forkedFrom"] == parent_id and found["name"] == "second"
+    assert found["labels"] == ["forked"] and found["state"] == "STATE_PAUSED"
+    assert found["config"]["entrypoint"] == stored(master, parent_id)["config"]["entrypoint"]
+    assert_one_line_error(master.det("e", "fork", "999999"), "experiment 999999 not found")
+
+
 # --- errors: exit 1, one line on stderr naming the problem, nothing on stdout -----------
 
 BAD_YAML = "name: bad\nentrypoint: python3 train.py\nsearcher: name: single\n"

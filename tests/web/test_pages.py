@@ -1401,3 +1401,15 @@ async def test_archived_experiments_are_left_out_unless_asked_for(web: httpx.Asy
     assert re.search(r'<p class="crumbs">.*<span class="archived"', experiment_page)
     bad = await web.get("/ui/experiments", params={"archived": "yes"})
     assert bad.status_code == 400 and "archived" in html.unescape(bad.text)
+
+
+async def test_a_fork_links_to_its_parent(web: httpx.AsyncClient) -> None:
+    await bearer(web)
+    parent = (await experiment_with_trials(web, config=SINGLE_YAML))["id"]
+    reply = await web.post("/api/v1/experiments", json={"config": SINGLE_YAML, "parentId": parent})
+    assert reply.status_code == 200, reply.text
+    fork = reply.json()["experiment"]["id"]
+    page = (await web.get(f"/ui/experiments/{fork}")).text
+    said = re.search(r'<span class="small muted" id="forked-from">(.*?)</span>', page)
+    assert said and f'<a href="/ui/experiments/{parent}">experiment {parent}</a>' in said.group(1)
+    assert 'id="forked-from"' not in (await web.get(f"/ui/experiments/{parent}")).text

@@ -81,8 +81,6 @@ async def create_experiment(
 ) -> CreateExperimentResponse:
     if body.unmanaged:
         raise InvalidArgument("unmanaged: unmanaged experiments are not supported")
-    if body.parent_id is not None:
-        raise InvalidArgument("parentId: forking experiments is not supported yet")
     request = experiments.ExperimentRequest(
         config=body.config,
         template=body.template or None,
@@ -90,6 +88,7 @@ async def create_experiment(
         activate=body.activate is not False,
         validate_only=bool(body.validate_only),
         project_id=body.project_id,
+        parent_id=body.parent_id,
     )
     view, prepared = await experiments.create_experiment(session, request, user, settings)
     return CreateExperimentResponse(
