@@ -123,6 +123,29 @@ def fork(
         stdout.print(f"Created experiment {reply['experiment']['id']}", markup=False)
 
 
+@app.command("continue")
+def continue_experiment(
+    ctx: typer.Context,
+    experiment_id: int = typer.Argument(..., min=0, help="The ended experiment."),
+    overrides: list[str] | None = typer.Option(
+        None,
+        "--config",
+        metavar="KEY=VALUE",
+        help="Change its config (a single-trial experiment only); repeatable.",
+    ),
+) -> None:
+    """Run an ended experiment on: a single trial again with the changed config, or a
+    search's trials that did not complete; each from its latest checkpoint."""
+    with cli_errors():
+        try:
+            override = apply_config_overrides({}, overrides or [])
+        except ConfigOverrideError as exc:
+            raise CliError(str(exc)) from None
+        body = {"id": experiment_id, "overrideConfig": yaml.safe_dump(override) if override else ""}
+        client(ctx).post("/api/v1/experiments/continue", json=body)
+        stdout.print(f"Continued experiment {experiment_id}", markup=False)
+
+
 def _with_overrides(config_file: Path, config_text: str, overrides: list[str]) -> str:
     """The config file with `--config` overrides applied, as YAML. As in Determined's CLI,
     the file is re-serialised only when there are overrides (its comments are lost)."""

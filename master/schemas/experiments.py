@@ -56,6 +56,18 @@ class PatchCheckpointStorage(WireInput):
     save_trial_latest: int | None = Field(default=None, ge=0, le=MAX_INT)
 
 
+class ContinueExperimentBody(WireInput):
+    """Determined's v1ContinueExperimentRequest (`det experiment continue`)."""
+
+    id: DbInt
+    override_config: str | None = None
+
+
+class ContinueExperimentResponse(WireModel):
+    experiment: Experiment
+    warnings: list[str] = Field(default_factory=list)
+
+
 class LabelList(WireModel):
     """Determined's v1PutExperimentLabelResponse, v1DeleteExperimentLabelResponse and
     v1GetExperimentLabelsResponse."""

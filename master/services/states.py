@@ -54,9 +54,10 @@ _EXPERIMENT_TRANSITIONS: dict[ExperimentState, frozenset[ExperimentState]] = {
     E.STOPPING_CANCELED: frozenset({E.CANCELED, E.STOPPING_KILLED, E.ERROR}),
     E.STOPPING_KILLED: frozenset({E.CANCELED, E.ERROR}),
     E.STOPPING_ERROR: frozenset({E.ERROR}),
-    E.COMPLETED: frozenset({E.DELETING}),
-    E.CANCELED: frozenset({E.DELETING}),
-    E.ERROR: frozenset({E.DELETING}),
+    # ACTIVE again: continued (master.services.continuation).
+    E.COMPLETED: frozenset({E.DELETING, E.ACTIVE}),
+    E.CANCELED: frozenset({E.DELETING, E.ACTIVE}),
+    E.ERROR: frozenset({E.DELETING, E.ACTIVE}),
     E.DELETING: frozenset(),  # its rows are removed once its checkpoints are gone
 }
 
@@ -78,9 +79,10 @@ _TRIAL_TRANSITIONS: dict[TrialState, frozenset[TrialState]] = {
     T.STOPPING_KILLED: frozenset({T.CANCELED, T.ERROR}),
     T.STOPPING_COMPLETED: frozenset({T.COMPLETED, T.STOPPING_KILLED, T.ERROR}),
     T.STOPPING_ERROR: frozenset({T.ERROR}),
-    T.COMPLETED: frozenset(),
-    T.CANCELED: frozenset(),
-    T.ERROR: frozenset(),
+    # QUEUED again: its experiment was continued (a new run, from its latest checkpoint).
+    T.COMPLETED: frozenset({T.QUEUED}),
+    T.CANCELED: frozenset({T.QUEUED}),
+    T.ERROR: frozenset({T.QUEUED}),
 }
 
 

@@ -392,6 +392,27 @@ def test_fork_takes_the_parents_config_with_changes(master: MasterProcess, tmp_p
     assert_one_line_error(master.det("e", "fork", "999999"), "experiment 999999 not found")
 
 
+def test_continue_queues_the_killed_trials_again(master: MasterProcess, tmp_path: Path) -> None:
+    """Ours: `det e continue ID` (no agent: the killed trials are queued again)."""
+    config = write(tmp_path / "continued.yaml", experiment_yaml())
+    experiment_id = created_id(master.det("e", "create", str(config)))
+    eid = str(experiment_id)
+    assert_one_line_error(
+        master.det("e", "continue", eid), "only an ended experiment can be continued"
+    )
+    ok(master.det("e", "kill", eid))
+    # The factory's config is a random search: it takes no override.
+    assert_one_line_error(
+        master.det("e", "continue", eid, "--config", "max_restarts=9"),
+        "overrideConfig: only a single-trial experiment takes an override config",
+    )
+    said = ok(master.det("e", "continue", eid))
+    assert lines(said.stdout) == [f"Continued experiment {experiment_id}"]
+    assert stored(master, experiment_id)["state"] == "STATE_ACTIVE"
+    trials = master.api("GET", f"/api/v1/experiments/{experiment_id}/trials")["trials"]
+    assert trials and {t["state"] for t in trials} == {"STATE_QUEUED"}
+
+
 # --- errors: exit 1, one line on stderr naming the problem, nothing on stdout -----------
 
 BAD_YAML = "name: bad\nentrypoint: python3 train.py\nsearcher: name: single\n"

@@ -213,6 +213,41 @@ def test_checkpoints_pause_and_activate_resume_from_the_latest_checkpoint(
     assert training[-1]["metrics"]["x"] == expected
 
 
+def test_continue_trains_a_completed_trial_on_from_its_latest_checkpoint(
+    cluster: Cluster,
+) -> None:
+    """`det experiment continue` (official client) with a longer run: the same trial runs
+    again from the checkpoint its first run ended with; no step runs twice."""
+    experiment_id = cluster.create(
+        "checkpoints", "--config", "entrypoint=python3 checkpoints.py --steps 20"
+    )
+    first = cluster.wait(experiment_id, {"COMPLETED"})
+    continued = ok(
+        cluster.master.official(
+            "experiment",
+            "continue",
+            str(experiment_id),
+            "--config",
+            "entrypoint=python3 checkpoints.py --steps 30",
+        )
+    )
+    assert f"Continued experiment {experiment_id}" in continued.stdout, describe_run(continued)
+    done = cluster.wait(experiment_id, {"COMPLETED"})
+    assert done["id"] == first["id"] and done["restarts"] == 0
+    text = trial_logs(cluster.master, first["id"])
+    assert re.search(r"^RESUMED \S+ steps=20 ", text, re.M), text[-3000:]
+    steps = [int(s) for s in re.findall(r"^STEP (\d+) ", text, re.M)]
+    assert sorted(steps) == list(range(1, 31)), steps
+    expected = 0.0
+    for step in range(1, 31):
+        expected += 1.0 / step
+    final = re.findall(r"^DONE steps=30 x=(\S+)", text, re.M)
+    assert final and float(final[0]) == expected, text[-2000:]
+    experiment = cluster.master.api("GET", f"/api/v1/experiments/{experiment_id}")["experiment"]
+    assert experiment["state"] == "STATE_COMPLETED"
+    assert experiment["config"]["entrypoint"] == "python3 checkpoints.py --steps 30"
+
+
 @pytest.mark.parametrize("name", ["torch_distributed", "distributed_launcher"])
 def test_four_slots_across_two_agents(cluster: Cluster, name: str) -> None:
     experiment_id = cluster.create(name)

@@ -18,6 +18,8 @@ from master.db.models import ExperimentState, TrialMetricModel
 from master.errors import InvalidArgument
 from master.schemas.common import Pagination
 from master.schemas.experiments import (
+    ContinueExperimentBody,
+    ContinueExperimentResponse,
     CreateExperimentResponse,
     Empty,
     Experiment,
@@ -37,6 +39,7 @@ from master.services import (
     access,
     allocations,
     checkpoint_gc,
+    continuation,
     experiments,
     labels,
     search,
@@ -97,6 +100,17 @@ async def create_experiment(
         warnings=prepared.launch_warnings,
         warning_messages=prepared.warnings,
     )
+
+
+@router.post("/experiments/continue")
+async def continue_experiment(
+    body: ContinueExperimentBody, session: SessionDep, user: CurrentUser
+) -> ContinueExperimentResponse:
+    """Determined's ContinueExperiment: an ended experiment's trials run again."""
+    await access.require_experiment_owner(session, Actor.of(user), body.id, "continue it")
+    await continuation.continue_experiment(session, body.id, body.override_config, user.username)
+    view = await experiments.get_experiment(session, body.id)
+    return ContinueExperimentResponse(experiment=Experiment.of(view))
 
 
 @router.get("/experiments")
