@@ -6,6 +6,7 @@ import json
 import os
 import random
 import subprocess
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -284,6 +285,27 @@ def test_experiment_set_resources_gc_policy_archive_and_unarchive(master: Master
     assert (
         master.api("GET", f"/api/v1/experiments/{experiment_id}")["experiment"]["archived"] is False
     )
+
+
+def test_experiment_download_model_def(master: MasterProcess, tmp_path: Path) -> None:
+    """`det experiment download-model-def ID`: the files the experiment was created with, as
+    a .tgz."""
+    model = tmp_path / "model"
+    (model / "pkg").mkdir(parents=True)
+    (model / "train.py").write_text("print('train')\n", encoding="utf-8")
+    (model / "pkg" / "data.txt").write_text("42\n", encoding="utf-8")
+    config = tmp_path / "labelled.yaml"
+    config.write_text(LABELLED_YAML, encoding="utf-8")
+    created = ok(master.official("experiment", "create", "--paused", str(config), str(model)))
+    experiment_id = created.stdout.split("Created experiment ")[1].split()[0]
+    out = tmp_path / "out"
+    out.mkdir()
+    ok(master.official("experiment", "download-model-def", experiment_id, "--output-dir", str(out)))
+    archive = out / f"experiment_{experiment_id}_model_def.tgz"
+    with tarfile.open(archive) as tar:
+        members = [m for m in tar.getmembers() if m.isfile()]
+        files = {m.name: tar.extractfile(m).read() for m in members}  # type: ignore[union-attr]
+    assert files == {"train.py": b"print('train')\n", "pkg/data.txt": b"42\n"}
 
 
 TWO_TRIALS_YAML = """\
