@@ -53,6 +53,7 @@ from master.services.agent_link import AgentHub, HubLoop
 from master.services.checkpoint_gc import CheckpointDeleter
 from master.services.leadership import Leadership, install_fence
 from master.services.loops import DatabaseWatch, Loop
+from master.services.master_logs import MasterLogBuffer
 from master.services.metrics import MetricsBuffer, MetricsLoop
 from master.services.preemption import PreemptionSignals
 from master.services.scheduler import SchedulerLoop
@@ -172,6 +173,18 @@ def request_body_limit(settings: MasterSettings) -> int:
 def create_app(settings: MasterSettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # From the first line on, what `det master logs` shows.
+        master_logs: MasterLogBuffer = app.state.master_logs
+        master_logs.attach(asyncio.get_running_loop())
+        logging.getLogger().addHandler(master_logs)
+        try:
+            async with _serving(app) as served:
+                yield served
+        finally:
+            logging.getLogger().removeHandler(master_logs)
+
+    @asynccontextmanager
+    async def _serving(app: FastAPI) -> AsyncIterator[None]:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         engine = create_engine(settings.database_url, echo=settings.db.echo)
         app.state.engine = engine
@@ -310,6 +323,7 @@ def create_app(settings: MasterSettings) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=request_body_limit(settings))
     app.add_middleware(JsonBodyMiddleware)
     app.state.preemption = PreemptionSignals()
+    app.state.master_logs = MasterLogBuffer()
     # The proxy to notebooks, TensorBoards and shells; the sign-in cookies stay here.
     app.state.proxy_pool = ProxyPool(strip_cookies=frozenset({COOKIE, PROXY_COOKIE}))
     app.state.task_activity = interactive.ActivityLog()

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import random
+import re
 import subprocess
 import tarfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +18,15 @@ import pytest
 import yaml
 
 from tests.conftest import require
-from tests.e2e.conftest import MasterProcess, describe_run, lines, official_client_path, ok, unique
+from tests.e2e.conftest import (
+    MasterProcess,
+    client_env,
+    describe_run,
+    lines,
+    official_client_path,
+    ok,
+    unique,
+)
 from tests.factories import EXPERIMENT_YAML, TEMPLATE_CONFIG
 
 pytestmark = [pytest.mark.e2e, pytest.mark.official_client]
@@ -306,6 +318,58 @@ def test_experiment_download_model_def(master: MasterProcess, tmp_path: Path) ->
         members = [m for m in tar.getmembers() if m.isfile()]
         files = {m.name: tar.extractfile(m).read() for m in members}  # type: ignore[union-attr]
     assert files == {"train.py": b"print('train')\n", "pkg/data.txt": b"42\n"}
+
+
+def test_master_config_and_logs(master: MasterProcess) -> None:
+    """`det master config` (as admin; secrets hidden) and `det master logs --tail N`, then
+    `-f`, which shows a line the master logs after it started following."""
+    admin = ("-u", "admin")
+    refused = master.official("master", "config")  # as `determined`, not an admin
+    assert refused.returncode != 0 and "is for admins" in refused.stderr, describe_run(refused)
+    # `-u admin` asks for the password (empty) on stdin.
+    shown = yaml.safe_load(ok(master.official(*admin, "master", "config", input="\n")).stdout)
+    assert "agent_link" in shown and "scheduler_interval_s" in shown, shown
+    tail = ok(master.official(*admin, "master", "logs", "--tail", "3", input="\n")).stdout
+    assert len(tail.splitlines()) == 3 and tail.count("]: ") == 3, tail
+    env = client_env(master.url, XDG_CONFIG_HOME=str(master.scratch))
+    with subprocess.Popen(
+        [str(official_client_path()), *admin, "master", "logs", "-f", "--tail", "1"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    ) as follower:
+        assert follower.stdin is not None and follower.stdout is not None
+        follower.stdin.write("\n")  # the password
+        follower.stdin.close()
+        seen: queue.Queue[str] = queue.Queue()
+        reader = threading.Thread(
+            target=lambda: [seen.put(line) for line in follower.stdout or ()], daemon=True
+        )
+        reader.start()
+        try:
+            # The client reads the stream in 512-byte chunks: submit until the lines
+            # logged after it began following have filled one and reached it.
+            # Two creates seen: at most one line can come from --tail 1, so the other
+            # reached the client through -f (the client starts while this one creates).
+            created: set[int] = set()
+            shown: set[int] = set()
+            for _ in range(60):
+                reply = master.api("POST", "/api/v1/experiments", json={"config": LABELLED_YAML})
+                created.add(reply["experiment"]["id"])
+                with contextlib.suppress(queue.Empty):
+                    while True:
+                        line = seen.get(timeout=0.5)
+                        assert "]: " in line, line
+                        said = re.search(r"\[INFO\]: \S+: created experiment (\d+) ", line)
+                        if said:
+                            shown.add(int(said.group(1)))
+                if len(shown & created) >= 2:
+                    break
+            assert len(shown & created) >= 2, (sorted(shown), sorted(created))
+        finally:
+            follower.kill()
 
 
 TWO_TRIALS_YAML = """\

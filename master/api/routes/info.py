@@ -1,12 +1,19 @@
-"""Unauthenticated cluster identity (`/info`) and `det master info`."""
+"""Unauthenticated cluster identity (`/info`), `det master info`, and for admins `det master
+config` (the settings, secrets hidden) and `det master logs [-f] [--tail N]`."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
 
 from master.api.deps import CurrentUser
+from master.core.masking import masked
+from master.services.access import Actor, require_admin
+from master.services.master_logs import MasterLogBuffer, MasterLogLine
 from master.version import DETERMINED_COMPAT_VERSION, __version__
 
 router = APIRouter()
@@ -46,3 +53,65 @@ async def master_info(request: Request, _user: CurrentUser) -> dict[str, Any]:
         "featureSwitches": [],
         "userManagementEnabled": True,
     }
+
+
+@router.get("/api/v1/master/config")
+async def master_config(request: Request, user: CurrentUser) -> dict[str, Any]:
+    """Determined's GetMasterConfig: the settings this master runs with, secrets hidden."""
+    require_admin(Actor.of(user), "reading the master's config")
+    settings = request.app.state.settings
+    return {"config": masked(settings.model_dump(mode="json"))}
+
+
+# Python's level names as Determined's v1LogLevel.
+_LEVELS = {
+    "DEBUG": "LOG_LEVEL_DEBUG",
+    "INFO": "LOG_LEVEL_INFO",
+    "WARNING": "LOG_LEVEL_WARNING",
+    "ERROR": "LOG_LEVEL_ERROR",
+    "CRITICAL": "LOG_LEVEL_CRITICAL",
+}
+
+
+@router.get("/api/v1/master/logs", response_class=StreamingResponse)
+async def master_logs(
+    request: Request,
+    user: CurrentUser,
+    follow: bool = False,
+    limit: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=-(2**31), le=2**31 - 1)] = 0,
+) -> StreamingResponse:
+    """Determined's MasterLogs: the master's recent lines (the last 10,000) as NDJSON, one
+    {"result": {"logEntry": ...}} each. `offset` < 0: only the last -offset; > 0: skip that
+    many; `follow`: then each new line as it is logged; `limit` > 0: stop after that many."""
+    require_admin(Actor.of(user), "reading the master's logs")
+    buffer: MasterLogBuffer = request.app.state.master_logs
+    tail = -offset if offset < 0 else None
+    skip = max(offset, 0)
+
+    async def lines() -> AsyncIterator[MasterLogLine]:
+        if follow:
+            async for line in buffer.follow(tail=tail):
+                yield line
+        else:
+            for line in buffer.lines(tail=tail):
+                yield line
+
+    async def ndjson() -> AsyncIterator[str]:
+        sent = skipped = 0
+        async for line in lines():
+            if skipped < skip:
+                skipped += 1
+                continue
+            entry = {
+                "id": line.id,
+                "timestamp": line.timestamp.isoformat().replace("+00:00", "Z"),
+                "level": _LEVELS.get(line.level, "LOG_LEVEL_INFO"),
+                "message": line.message,
+            }
+            yield json.dumps({"result": {"logEntry": entry}}) + "\n"
+            sent += 1
+            if limit and sent >= limit:
+                return
+
+    return StreamingResponse(ndjson(), media_type="application/x-ndjson")
