@@ -49,6 +49,7 @@ from master.services import (
     search,
     states,
     trial_reports,
+    workspaces,
 )
 from master.services.configs import config_errors_as_invalid_argument
 from master.services.model_definitions import (
@@ -58,7 +59,6 @@ from master.services.model_definitions import (
 )
 from master.services.scheduler import load_agent_states, policy_of
 from master.services.templates import get_template, refuse_hidden_secrets
-from master.services.workspaces import resolve_project
 from master.settings import MasterSettings, ResourcePoolSettings
 from resolute.storage import mask_config
 
@@ -276,9 +276,15 @@ async def create_experiment(
 ) -> tuple[ExperimentView | None, PreparedExperiment]:
     """Store the experiment and its planned trials; nothing is stored with validate_only."""
     prepared = await prepare_experiment(session, request, settings)
+    # Checked for a validate-only request too: an unknown project makes the config unusable.
+    project = await workspaces.project_for_experiment(
+        session,
+        request.project_id,
+        prepared.effective_config.get("workspace"),
+        prepared.effective_config.get("project"),
+    )
     if request.validate_only:
         return None, prepared
-    project = await resolve_project(session, request.project_id)
     [view] = await store_experiments(
         session, [new_experiment(request, prepared, owner, project.id)]
     )
@@ -456,6 +462,7 @@ async def list_experiments(
     with_labels: Sequence[str] = (),
     sort_by: str = "SORT_BY_ID",
     descending: bool = False,
+    project_id: int | None = None,
 ) -> tuple[list[ExperimentView], int]:
     """A page of experiments and how many match. Experiments without a value of the sort
     column (no best metric yet) come last in either order. `with_labels`: those carrying
@@ -466,6 +473,9 @@ async def list_experiments(
     if text is not None and len(text) > MAX_TEXT_FILTER:
         raise InvalidArgument(f"text: at most {MAX_TEXT_FILTER} characters")
     conditions = []
+    if project_id:  # Determined's client sends 0 for "any project"
+        await workspaces.get_project(session, project_id)  # 404 naming an unknown one
+        conditions.append(ExperimentModel.project_id == project_id)
     if archived is not None:
         conditions.append(ExperimentModel.archived == archived)
     if usernames:
@@ -504,6 +514,14 @@ async def list_experiments(
         query = query.limit(limit)
     rows = (await session.execute(query)).all()
     return [ExperimentView(r[0], r[1], r[2]) for r in rows], total
+
+
+async def move_experiment(session: AsyncSession, experiment_id: int, project_id: int) -> None:
+    """Moves the experiment, running or not, to another open project."""
+    experiment = await session.get(ExperimentModel, experiment_id)
+    if experiment is None:
+        raise NotFound(f"experiment {experiment_id} not found")
+    await workspaces.move_experiment_project(session, experiment, project_id)
 
 
 async def list_trials(
