@@ -52,6 +52,14 @@ class WorkspaceResponse(WireModel):
     workspace: Workspace
 
 
+class WorkspaceCreated(WireModel):
+    """v1PostWorkspaceResponse. The official client iterates namespaceBindings after a
+    create, so an empty mapping is sent (resolute binds no Kubernetes namespaces)."""
+
+    workspace: Workspace
+    namespace_bindings: dict[str, Any] = Field(default_factory=dict)
+
+
 class WorkspaceList(WireModel):
     workspaces: list[Workspace]
     pagination: Pagination

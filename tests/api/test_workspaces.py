@@ -280,9 +280,7 @@ async def test_a_project_from_creation_to_deletion(api: httpx.AsyncClient) -> No
     assert project["description"] == "boxes"
     assert (project["numExperiments"], project["numActiveExperiments"]) == (0, 0)
     assert project["notes"] == [] and project["username"] == "determined"
-    assert (await api.get(f"/api/v1/workspaces/{ws['id']}")).json()["workspace"][
-        "numProjects"
-    ] == 1
+    assert (await api.get(f"/api/v1/workspaces/{ws['id']}")).json()["workspace"]["numProjects"] == 1
     # Workspace 0 lists every workspace's projects.
     names = [p["name"] for p in (await api.get("/api/v1/workspaces/0/projects")).json()["projects"]]
     assert names == ["Uncategorized", "Object Detection"]

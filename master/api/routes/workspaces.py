@@ -21,6 +21,7 @@ from master.schemas.workspaces import (
     ProjectResponse,
     Workspace,
     WorkspaceCreate,
+    WorkspaceCreated,
     WorkspaceList,
     WorkspacePatch,
     WorkspaceResponse,
@@ -106,11 +107,11 @@ async def get_workspace(
 @router.post("/workspaces")
 async def create_workspace(
     body: WorkspaceCreate, session: SessionDep, user: CurrentUser
-) -> WorkspaceResponse:
+) -> WorkspaceCreated:
     _refuse_unsupported(body)
     ws = await workspaces.create_workspace(session, body.name, user.id)
     view = await workspaces.describe_workspace(session, ws.id, user.id)
-    return WorkspaceResponse(workspace=Workspace.of(view))
+    return WorkspaceCreated(workspace=Workspace.of(view))
 
 
 @router.patch("/workspaces/{workspace_id}")
