@@ -199,6 +199,9 @@ class WorkspaceModel(Base):
     immutable: Mapped[bool] = mapped_column(default=False)
     # No new projects or experiments go into an archived workspace; running ones go on.
     archived: Mapped[bool] = mapped_column(default=False, server_default=false())
+    # Being deleted: its experiments' checkpoints go first, then its projects, then it
+    # (master.services.workspaces.finish_deletions).
+    deleting: Mapped[bool] = mapped_column(default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
@@ -232,6 +235,8 @@ class ProjectModel(Base):
     description: Mapped[str] = mapped_column(Text, default="", server_default="")
     # No new experiments go into an archived project; running ones go on.
     archived: Mapped[bool] = mapped_column(default=False, server_default=false())
+    # Being deleted: it goes once its experiments have (finish_deletions).
+    deleting: Mapped[bool] = mapped_column(default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 

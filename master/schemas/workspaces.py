@@ -10,8 +10,9 @@ from pydantic import Field
 from master.schemas.common import DbInt, Pagination, WireInput, WireModel
 from master.services.workspaces import ProjectView, WorkspaceView
 
-# Determined's v1WorkspaceState: deletion here is done in the request, so never DELETING.
+# Determined's v1WorkspaceState (its projects use it too).
 NOT_DELETING = "WORKSPACE_STATE_UNSPECIFIED"
+DELETING = "WORKSPACE_STATE_DELETING"
 
 
 class Workspace(WireModel):
@@ -42,6 +43,7 @@ class Workspace(WireModel):
             num_experiments=view.num_experiments,
             num_projects=view.num_projects,
             pinned=view.pinned_at is not None,
+            state=DELETING if ws.deleting else NOT_DELETING,
             user_id=ws.user_id or 0,
             username=view.username,
             pinned_at=view.pinned_at,
@@ -96,6 +98,7 @@ class Project(WireModel):
             description=project.description,
             archived=project.archived,
             immutable=project.immutable,
+            state=DELETING if project.deleting else NOT_DELETING,
             num_active_experiments=view.num_active_experiments,
             num_experiments=view.num_experiments,
             # A run is a trial in Determined's later model; experiments are what we count.
@@ -118,9 +121,11 @@ class ProjectList(WireModel):
 
 
 class DeleteResponse(WireModel):
-    """v1DeleteWorkspaceResponse and v1DeleteProjectResponse: deletion ends in the request."""
+    """v1DeleteWorkspaceResponse and v1DeleteProjectResponse: completed is false while
+    experiments' checkpoints are still being deleted; the client then polls until a GET
+    answers 404."""
 
-    completed: bool = True
+    completed: bool
 
 
 class WorkspaceCreate(WireInput):

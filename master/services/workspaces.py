@@ -30,6 +30,7 @@ from master.db.models import (
     WorkspacePinModel,
 )
 from master.errors import AlreadyExists, Conflict, InvalidArgument, NotFound
+from master.services import checkpoint_gc
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,10 @@ async def resolve_workspace(session: AsyncSession, workspace_id: int | None) -> 
     """Determined's client sends workspaceId 0 (or nothing) for the default workspace."""
     if not workspace_id:
         return await default_workspace(session)
-    return await get_workspace(session, workspace_id)
+    ws = await get_workspace(session, workspace_id)
+    if ws.deleting:
+        raise InvalidArgument(f"workspaceId: workspace {ws.name!r} ({ws.id}) is being deleted")
+    return ws
 
 
 async def resolve_project(session: AsyncSession, project_id: int | None) -> ProjectModel:
@@ -213,17 +217,24 @@ async def project_for_experiment(
 async def _refuse_archived_destination(
     session: AsyncSession, project: ProjectModel, field: str
 ) -> None:
+    if project.deleting:
+        raise InvalidArgument(f"{field}: project {project.name!r} ({project.id}) is being deleted")
     if project.archived:
         raise InvalidArgument(
             f"{field}: project {project.name!r} ({project.id}) is archived; unarchive it to "
             "add experiments"
         )
     ws = await get_workspace(session, project.workspace_id)
-    if ws.archived:
+    if ws.deleting or ws.archived:
+        state = "being deleted" if ws.deleting else "archived"
         raise InvalidArgument(
-            f"{field}: workspace {ws.name!r} ({ws.id}) of project {project.name!r} is archived; "
-            "unarchive it to add experiments"
+            f"{field}: workspace {ws.name!r} ({ws.id}) of project {project.name!r} is {state}"
         )
+
+
+def _refuse_deleting(thing: WorkspaceModel | ProjectModel, kind: str) -> None:
+    if thing.deleting:
+        raise Conflict(f"{kind} {thing.name!r} ({thing.id}) is being deleted")
 
 
 # -- workspaces -------------------------------------------------------------------------
@@ -375,6 +386,7 @@ async def rename_workspace(session: AsyncSession, workspace_id: int, name: objec
     if checked == ws.name:
         return
     _refuse_built_in_workspace(ws, "rename")
+    _refuse_deleting(ws, "workspace")
     await _refuse_clashing_workspace(session, checked, "name", ws.id)
     log.info("renamed workspace %d from %s to %s", ws.id, ws.name, checked)
     ws.name = checked
@@ -384,6 +396,7 @@ async def rename_workspace(session: AsyncSession, workspace_id: int, name: objec
 async def set_workspace_archived(session: AsyncSession, workspace_id: int, archived: bool) -> None:
     ws = await get_workspace(session, workspace_id)
     _refuse_built_in_workspace(ws, "archive" if archived else "unarchive")
+    _refuse_deleting(ws, "workspace")
     ws.archived = archived
     log.info("%s workspace %s (%d)", "archived" if archived else "unarchived", ws.name, ws.id)
     await session.flush()
@@ -402,51 +415,37 @@ async def set_workspace_pinned(
     await session.flush()
 
 
-async def _experiments_in(
-    session: AsyncSession, project_ids: Sequence[int]
-) -> tuple[list[int], list[int]]:
-    """(active, other) experiment ids in these projects."""
-    rows = (
-        await session.execute(
-            select(ExperimentModel.id, ExperimentModel.state)
+async def _start_deleting_experiments(
+    session: AsyncSession, project_ids: Sequence[int], where: str, actor: str
+) -> int:
+    """Starts the deletion of every experiment in these projects (checkpoints first, as
+    `det experiment delete` does) and returns how many are left to go; refused, with
+    nothing changed, while any of them is active."""
+    experiments = (
+        await session.scalars(
+            select(ExperimentModel)
             .where(ExperimentModel.project_id.in_(list(project_ids)))
             .order_by(ExperimentModel.id)
         )
     ).all()
-    active = [i for i, state in rows if str(state) not in _INACTIVE_STATES]
-    other = [i for i, state in rows if str(state) in _INACTIVE_STATES]
-    return active, other
-
-
-async def _refuse_projects_with_experiments(
-    session: AsyncSession, project_ids: Sequence[int], where: str
-) -> None:
-    active, other = await _experiments_in(session, project_ids)
+    active = [e.id for e in experiments if str(e.state) not in _INACTIVE_STATES]
     if active:
         raise Conflict(
             f"{where} holds active experiments ({_ids(active)}); kill them or let them end, "
-            "then delete them or move them to another project"
+            "or move them to another project (det experiment move), then delete it"
         )
-    if other:
-        # Deleting an experiment deletes its checkpoints first (det experiment delete);
-        # that is left to the user rather than done in passing here.
-        raise Conflict(
-            f"{where} still holds experiments ({_ids(other)}); delete them "
-            "(det experiment delete) or move them to another project (det experiment move) first"
-        )
+    for experiment in experiments:
+        await checkpoint_gc.delete_experiment(session, experiment, actor)
+    return len(experiments)
 
 
-async def delete_workspace(session: AsyncSession, workspace_id: int) -> None:
-    """Deletes the workspace, its projects, its ended tasks and its templates; refused
-    while any of its projects holds experiments or any of its tasks runs."""
+async def delete_workspace(session: AsyncSession, workspace_id: int, actor: str) -> bool:
+    """Deletes the workspace with its projects, their experiments, its ended tasks and its
+    templates; refused while any experiment of it is active or any task of it runs.
+    True when it is gone now; False when its experiments' checkpoints go first, and it
+    goes after them (finish_deletions)."""
     ws = await get_workspace(session, workspace_id)
     _refuse_built_in_workspace(ws, "delete")
-    project_ids = list(
-        (
-            await session.scalars(select(ProjectModel.id).where(ProjectModel.workspace_id == ws.id))
-        ).all()
-    )
-    await _refuse_projects_with_experiments(session, project_ids, f"workspace {ws.name!r}")
     live = (
         await session.execute(
             select(TaskModel.type, TaskModel.uuid)
@@ -458,12 +457,63 @@ async def delete_workspace(session: AsyncSession, workspace_id: int) -> None:
         named = ", ".join(f"{kind} {uuid}" for kind, uuid in live[:_NAMED_IDS])
         more = f" and {len(live) - _NAMED_IDS} more" if len(live) > _NAMED_IDS else ""
         raise Conflict(f"workspace {ws.name!r} has running tasks ({named}{more}); kill them first")
-    await session.execute(delete(TaskModel).where(TaskModel.workspace_id == ws.id))
-    await session.execute(delete(TemplateModel).where(TemplateModel.workspace_id == ws.id))
-    await session.execute(delete(ProjectModel).where(ProjectModel.workspace_id == ws.id))
-    await session.delete(ws)
+    projects = (
+        await session.scalars(select(ProjectModel).where(ProjectModel.workspace_id == ws.id))
+    ).all()
+    left = await _start_deleting_experiments(
+        session, [p.id for p in projects], f"workspace {ws.name!r}", actor
+    )
+    ws.deleting = True
+    for project in projects:
+        project.deleting = True
     await session.flush()
-    log.info("deleted workspace %s (%d)", ws.name, workspace_id)
+    log.info("deleting workspace %s (%d): %d experiments first", ws.name, ws.id, left)
+    await finish_deletions(session)
+    return await session.get(WorkspaceModel, workspace_id) is None
+
+
+async def finish_deletions(session: AsyncSession) -> None:
+    """Removes the projects being deleted whose experiments are gone, then the workspaces
+    being deleted whose projects are gone (with their ended tasks and templates). Called
+    where a deletion starts and after each pass of the checkpoint deleter, which removes
+    the experiments."""
+    has_experiments = (
+        select(ExperimentModel.id).where(ExperimentModel.project_id == ProjectModel.id).exists()
+    )
+    done = (
+        await session.scalars(
+            select(ProjectModel.id).where(ProjectModel.deleting, ~has_experiments)
+        )
+    ).all()
+    if done:
+        await session.execute(delete(ProjectModel).where(ProjectModel.id.in_(list(done))))
+        log.info("deleted projects %s", ", ".join(str(i) for i in done))
+    has_projects = (
+        select(ProjectModel.id).where(ProjectModel.workspace_id == WorkspaceModel.id).exists()
+    )
+    has_live_tasks = (
+        select(TaskModel.id)
+        .where(TaskModel.workspace_id == WorkspaceModel.id, TaskModel.ended_at.is_(None))
+        .exists()
+    )
+    for ws_id in (
+        await session.scalars(
+            select(WorkspaceModel.id).where(WorkspaceModel.deleting, ~has_projects, ~has_live_tasks)
+        )
+    ).all():
+        await session.execute(delete(TaskModel).where(TaskModel.workspace_id == ws_id))
+        await session.execute(delete(TemplateModel).where(TemplateModel.workspace_id == ws_id))
+        await session.execute(delete(WorkspaceModel).where(WorkspaceModel.id == ws_id))
+        log.info("deleted workspace %d", ws_id)
+    # Rows deleted by statement: the identity map must not hand them out again.
+    session.expire_all()
+
+
+async def deletions_pending(session: AsyncSession) -> bool:
+    found = await session.scalar(
+        select(ProjectModel.id).where(ProjectModel.deleting).limit(1)
+    ) or await session.scalar(select(WorkspaceModel.id).where(WorkspaceModel.deleting).limit(1))
+    return found is not None
 
 
 # -- projects ---------------------------------------------------------------------------
@@ -617,6 +667,7 @@ async def create_project(
     ws = await get_workspace(session, workspace_id)
     checked = checked_name(name, "name")
     text = "" if description is None else checked_description(description)
+    _refuse_deleting(ws, "workspace")
     if ws.archived:
         raise InvalidArgument(
             f"workspaceId: workspace {ws.name!r} ({ws.id}) is archived; unarchive it to add "
@@ -651,6 +702,7 @@ async def edit_project(
     if (new_name, new_description, new_key) == (None, None, None):
         return
     _refuse_built_in_project(project, "edit")
+    _refuse_deleting(project, "project")
     if new_name is not None and new_name != project.name:
         await _refuse_clashing_project(session, project.workspace_id, new_name, "name", project.id)
         project.name = new_name
@@ -666,6 +718,7 @@ async def edit_project(
 async def set_project_archived(session: AsyncSession, project_id: int, archived: bool) -> None:
     project = await get_project(session, project_id)
     _refuse_built_in_project(project, "archive" if archived else "unarchive")
+    _refuse_deleting(project, "project")
     if not archived:
         ws = await get_workspace(session, project.workspace_id)
         if ws.archived:
@@ -683,14 +736,16 @@ async def set_project_archived(session: AsyncSession, project_id: int, archived:
 async def move_project(session: AsyncSession, project_id: int, destination_id: int) -> None:
     project = await get_project(session, project_id)
     _refuse_built_in_project(project, "move")
+    _refuse_deleting(project, "project")
     destination = await session.get(WorkspaceModel, destination_id)
     if destination is None:
         raise InvalidArgument(f"destinationWorkspaceId: workspace {destination_id} does not exist")
     if destination.id == project.workspace_id:
         return
-    if destination.archived:
+    if destination.archived or destination.deleting:
+        state = "being deleted" if destination.deleting else "archived"
         raise InvalidArgument(
-            f"destinationWorkspaceId: workspace {destination.name!r} ({destination.id}) is archived"
+            f"destinationWorkspaceId: workspace {destination.name!r} ({destination.id}) is {state}"
         )
     await _refuse_clashing_project(
         session, destination.id, project.name, "destinationWorkspaceId", project.id
@@ -700,13 +755,20 @@ async def move_project(session: AsyncSession, project_id: int, destination_id: i
     log.info("moved project %s (%d) to workspace %s", project.name, project.id, destination.name)
 
 
-async def delete_project(session: AsyncSession, project_id: int) -> None:
+async def delete_project(session: AsyncSession, project_id: int, actor: str) -> bool:
+    """Deletes the project with its experiments; refused while any of them is active. True
+    when it is gone now; False when its experiments' checkpoints go first, and it goes
+    after them (finish_deletions)."""
     project = await get_project(session, project_id)
     _refuse_built_in_project(project, "delete")
-    await _refuse_projects_with_experiments(session, [project.id], f"project {project.name!r}")
-    await session.delete(project)
+    left = await _start_deleting_experiments(
+        session, [project.id], f"project {project.name!r}", actor
+    )
+    project.deleting = True
     await session.flush()
-    log.info("deleted project %s (%d)", project.name, project_id)
+    log.info("deleting project %s (%d): %d experiments first", project.name, project.id, left)
+    await finish_deletions(session)
+    return await session.get(ProjectModel, project_id) is None
 
 
 async def move_experiment_project(

@@ -1,5 +1,5 @@
-"""workspaces and projects as Determined serves them: archived flags, per-user pins, a
-project's key and description, project names unique within their workspace
+"""workspaces and projects as Determined serves them: archived and deleting flags,
+per-user pins, a project's key and description, project names unique within their workspace
 
 Revision ID: 0018
 Revises: 0017
@@ -44,11 +44,17 @@ def upgrade() -> None:
         batch.add_column(
             sa.Column("archived", sa.Boolean(), nullable=False, server_default=sa.false())
         )
+        batch.add_column(
+            sa.Column("deleting", sa.Boolean(), nullable=False, server_default=sa.false())
+        )
     with op.batch_alter_table("projects") as batch:
         batch.add_column(sa.Column("key", sa.String(length=16), nullable=True))
         batch.add_column(sa.Column("description", sa.Text(), nullable=False, server_default=""))
         batch.add_column(
             sa.Column("archived", sa.Boolean(), nullable=False, server_default=sa.false())
+        )
+        batch.add_column(
+            sa.Column("deleting", sa.Boolean(), nullable=False, server_default=sa.false())
         )
     connection = op.get_bind()
     taken: set[str] = set()
@@ -93,8 +99,10 @@ def downgrade() -> None:
     with op.batch_alter_table("projects") as batch:
         batch.drop_constraint(batch.f("uq_projects_workspace_id_name"), type_="unique")
         batch.drop_constraint(batch.f("uq_projects_key"), type_="unique")
+        batch.drop_column("deleting")
         batch.drop_column("archived")
         batch.drop_column("description")
         batch.drop_column("key")
     with op.batch_alter_table("workspaces") as batch:
+        batch.drop_column("deleting")
         batch.drop_column("archived")

@@ -8,7 +8,10 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
+from master.services import workspaces as workspace_service
+from master.services.checkpoint_gc import CheckpointDeleter
 from tests.api.test_access import alice, refusal  # noqa: F401 - alice is a fixture
 from tests.factories import create_experiment
 
@@ -239,31 +242,82 @@ async def test_only_the_owner_or_an_admin_changes_a_workspace(
     assert (await admin.delete(f"/api/v1/projects/{project['id']}")).status_code == 200
 
 
-async def test_deleting_a_workspace_with_experiments_is_refused_naming_them(
-    api: httpx.AsyncClient,
+async def deleter_pass(app: FastAPI) -> None:
+    """One pass of the master's checkpoint deleter, as app.py builds it."""
+    await CheckpointDeleter(
+        app.state.session_factory,
+        after_pass=workspace_service.finish_deletions,
+        pending=workspace_service.deletions_pending,
+    ).run_once()
+
+
+async def test_active_experiments_stop_a_deletion_ended_ones_go_with_it(
+    app: FastAPI, api: httpx.AsyncClient
 ) -> None:
     ws = await new_workspace(api, "busy")
     project = await new_project(api, ws["id"], "training")
+    kept = await new_project(api, ws["id"], "kept")
     experiment_id = await experiment_in(api, projectId=project["id"])
     message = refusal(await api.delete(f"/api/v1/workspaces/{ws['id']}"), 409)
     assert f"workspace 'busy' holds active experiments ({experiment_id})" in message
     message = refusal(await api.delete(f"/api/v1/projects/{project['id']}"), 409)
     assert f"project 'training' holds active experiments ({experiment_id})" in message
+    assert [p["name"] for p in await projects_of(api, ws["id"])] == ["training", "kept"]
+    for described in [
+        (await api.get(f"/api/v1/projects/{project['id']}")).json()["project"],
+        (await api.get(f"/api/v1/workspaces/{ws['id']}")).json()["workspace"],
+    ]:
+        assert described["state"] == "WORKSPACE_STATE_UNSPECIFIED"
 
+    # Ended, it goes with its project: its checkpoints first, then it, then the project.
     assert (await api.post(f"/api/v1/experiments/{experiment_id}/kill")).status_code == 200
-    message = refusal(await api.delete(f"/api/v1/workspaces/{ws['id']}"), 409)
-    assert f"still holds experiments ({experiment_id})" in message
-    assert [p["name"] for p in await projects_of(api, ws["id"])] == ["training"]
+    reply = await api.delete(f"/api/v1/projects/{project['id']}")
+    assert reply.status_code == 200 and reply.json() == {"completed": False}
+    deleting = (await api.get(f"/api/v1/projects/{project['id']}")).json()["project"]
+    assert deleting["state"] == "WORKSPACE_STATE_DELETING"
+    reply = await create_experiment(api, SINGLE, projectId=project["id"])
+    assert "projectId: project 'training'" in refusal(reply, 400)
+    assert "is being deleted" in reply.json()["message"]
+    reply = await api.patch(f"/api/v1/projects/{project['id']}", json={"name": "again"})
+    assert "is being deleted" in refusal(reply, 409)
+    await deleter_pass(app)
+    assert "experiment" in refusal(await api.get(f"/api/v1/experiments/{experiment_id}"), 404)
+    assert "project" in refusal(await api.get(f"/api/v1/projects/{project['id']}"), 404)
+    assert [p["name"] for p in await projects_of(api, ws["id"])] == ["kept"]
 
+    # A workspace whose projects hold no experiments goes at once.
+    reply = await api.delete(f"/api/v1/workspaces/{ws['id']}")
+    assert reply.status_code == 200 and reply.json() == {"completed": True}
+    assert "project" in refusal(await api.get(f"/api/v1/projects/{kept['id']}"), 404)
+    assert "workspace" in refusal(await api.get(f"/api/v1/workspaces/{ws['id']}"), 404)
+
+
+async def test_a_workspace_with_ended_experiments_goes_after_them(
+    app: FastAPI, api: httpx.AsyncClient
+) -> None:
+    ws = await new_workspace(api, "finished")
+    project = await new_project(api, ws["id"], "done")
+    experiment_id = await experiment_in(api, projectId=project["id"])
+    moved_out = await experiment_in(api, projectId=project["id"])
     default = await default_project(api)
     reply = await api.post(
-        f"/api/v1/experiments/{experiment_id}/move",
-        json={"destinationProjectId": default["id"], "experimentId": experiment_id},
+        f"/api/v1/experiments/{moved_out}/move",
+        json={"destinationProjectId": default["id"], "experimentId": moved_out},
     )
     assert reply.status_code == 200, reply.text
-    assert (await api.delete(f"/api/v1/workspaces/{ws['id']}")).status_code == 200
+    assert (await api.post(f"/api/v1/experiments/{experiment_id}/kill")).status_code == 200
+    reply = await api.delete(f"/api/v1/workspaces/{ws['id']}")
+    assert reply.status_code == 200 and reply.json() == {"completed": False}
+    described = (await api.get(f"/api/v1/workspaces/{ws['id']}")).json()["workspace"]
+    assert described["state"] == "WORKSPACE_STATE_DELETING"
+    reply = await api.post(f"/api/v1/workspaces/{ws['id']}/projects", json={"name": "late"})
+    assert "is being deleted" in refusal(reply, 409)
+    await deleter_pass(app)
+    assert "workspace" in refusal(await api.get(f"/api/v1/workspaces/{ws['id']}"), 404)
     assert "project" in refusal(await api.get(f"/api/v1/projects/{project['id']}"), 404)
-    reply = await api.get(f"/api/v1/experiments/{experiment_id}")
+    assert "experiment" in refusal(await api.get(f"/api/v1/experiments/{experiment_id}"), 404)
+    # The one moved out stays, in its new project.
+    reply = await api.get(f"/api/v1/experiments/{moved_out}")
     assert reply.json()["experiment"]["projectId"] == default["id"]
 
 

@@ -165,8 +165,8 @@ async def delete_workspace(
     workspace_id: ObjectId, session: SessionDep, actor: CurrentActor
 ) -> DeleteResponse:
     await access.require_workspace_owner(session, actor, workspace_id, "delete it")
-    await workspaces.delete_workspace(session, workspace_id)
-    return DeleteResponse(completed=True)
+    completed = await workspaces.delete_workspace(session, workspace_id, actor.username)
+    return DeleteResponse(completed=completed)
 
 
 # -- projects ---------------------------------------------------------------------------
@@ -280,8 +280,8 @@ async def delete_project(
     project_id: ObjectId, session: SessionDep, actor: CurrentActor
 ) -> DeleteResponse:
     await access.require_project_owner(session, actor, project_id, "delete it")
-    await workspaces.delete_project(session, project_id)
-    return DeleteResponse(completed=True)
+    completed = await workspaces.delete_project(session, project_id, actor.username)
+    return DeleteResponse(completed=completed)
 
 
 @router.post("/experiments/{experiment_id}/move")
