@@ -5,6 +5,8 @@ workspace's name and its own."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import typer
@@ -207,8 +209,22 @@ def delete_workspace(
             f"Delete workspace {name} with its projects, ended tasks and templates?"
         ):
             raise typer.Exit(1)
-        api.request("DELETE", f"/api/v1/workspaces/{ws['id']}")
+        reply = api.request("DELETE", f"/api/v1/workspaces/{ws['id']}")
+        if not reply["completed"]:
+            stdout.print(
+                f"Deleting workspace {name}: its experiments' checkpoints go first", markup=False
+            )
+            _wait_gone(lambda: api.get("/api/v1/workspaces", params={"nameCaseSensitive": name}))
         stdout.print(f"Deleted workspace {name}", markup=False)
+
+
+def _wait_gone(listing: Callable[[], dict[str, Any]]) -> None:
+    """Until the master's listing (of one name) comes back empty."""
+    while True:
+        found = listing()
+        if not (found.get("workspaces") or found.get("projects")):
+            return
+        time.sleep(1)
 
 
 @workspace_app.command("list-projects")
@@ -393,7 +409,13 @@ def delete_project(
         project = project_by_name(api, workspace, name)
         if not yes and not typer.confirm(f"Delete project {name} of workspace {workspace}?"):
             raise typer.Exit(1)
-        api.request("DELETE", f"/api/v1/projects/{project['id']}")
+        reply = api.request("DELETE", f"/api/v1/projects/{project['id']}")
+        if not reply["completed"]:
+            stdout.print(
+                f"Deleting project {name}: its experiments' checkpoints go first", markup=False
+            )
+            path = f"/api/v1/workspaces/{project['workspaceId']}/projects"
+            _wait_gone(lambda: api.get(path, params={"name": name}))
         stdout.print(f"Deleted project {name}", markup=False)
 
 

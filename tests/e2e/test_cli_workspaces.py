@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from harness.cluster import wait_until
 from tests.e2e.conftest import MasterProcess, describe_run, lines, ok, unique
 
 pytestmark = pytest.mark.e2e
@@ -107,3 +108,20 @@ def test_workspace_and_project_verbs(
     deleted = ok(master.det("workspace", "delete", ws, "--yes"))
     assert lines(deleted.stdout) == [f"Deleted workspace {ws}"]
     refused(master.det("workspace", "describe", ws), f"workspace '{ws}' not found")
+
+    # An ended experiment goes with its workspace; the command waits for it.
+    ok(master.det("e", "kill", str(experiment_id)))
+    wait_until(
+        "the killed experiment to end",
+        lambda: (
+            master.api("GET", f"/api/v1/experiments/{experiment_id}")["experiment"]["state"]
+            == "STATE_CANCELED"
+        ),
+        timeout=60,
+    )
+    deleted = ok(master.det("workspace", "delete", other, "--yes", timeout=120))
+    assert lines(deleted.stdout) == [
+        f"Deleting workspace {other}: its experiments' checkpoints go first",
+        f"Deleted workspace {other}",
+    ]
+    assert master.http("GET", f"/api/v1/experiments/{experiment_id}").status_code == 404

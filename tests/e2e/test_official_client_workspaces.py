@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from harness.cluster import wait_until
 from tests.conftest import require
 from tests.e2e.conftest import MasterProcess, describe_run, lines, official_client_path, ok, unique
 
@@ -253,3 +254,24 @@ def test_project_verbs_and_experiments_in_projects(
     assert lines(deleted.stdout) == ["Successfully deleted project boxes."]
     listed = ok(master.official("project", "list", ws, "--json"))
     assert [p["name"] for p in json.loads(listed.stdout)] == ["archive"]
+
+    # Ended experiments go with their project: the client waits while the master deletes
+    # them (checkpoints first), polling the project until it is gone.
+    for experiment_id in (by_id, by_name):
+        ok(master.official("e", "kill", str(experiment_id)))
+
+    def ended() -> bool:
+        return all(
+            master.api("GET", f"/api/v1/experiments/{i}")["experiment"]["state"] == "STATE_CANCELED"
+            for i in (by_id, by_name)
+        )
+
+    wait_until("the killed experiments to end", ended, timeout=60)
+    deleted = ok(master.official("project", "delete", ws, "archive", "--yes", timeout=120))
+    said = lines(deleted.stdout)
+    assert said[0] == "Started deletion of project archive...", describe_run(deleted)
+    assert said[-1] == "Project deleted successfully.", describe_run(deleted)
+    for experiment_id in (by_id, by_name):
+        assert master.http("GET", f"/api/v1/experiments/{experiment_id}").status_code == 404
+    deleted = ok(master.official("workspace", "delete", ws, "--yes"))
+    assert lines(deleted.stdout) == [f"Successfully deleted workspace {ws}."]
