@@ -34,10 +34,12 @@ from master.db.models import (
     ExperimentModel,
     ExperimentState,
     ModelDefinitionModel,
+    ProjectModel,
     TrialMetricModel,
     TrialModel,
     TrialState,
     UserModel,
+    WorkspaceModel,
     utcnow,
 )
 from master.errors import Conflict, InvalidArgument, NotFound
@@ -98,6 +100,11 @@ class ExperimentView:
     username: str
     num_trials: int
     warnings: list[str] = field(default_factory=list)
+    # Where it is kept: its project's name and owner, its workspace.
+    project_name: str = ""
+    project_owner_id: int | None = None
+    workspace_id: int = 0
+    workspace_name: str = ""
 
 
 def _shown_text(original: str, submitted: dict[str, Any]) -> str:
@@ -288,6 +295,9 @@ async def create_experiment(
     [view] = await store_experiments(
         session, [new_experiment(request, prepared, owner, project.id)]
     )
+    workspace = await workspaces.get_workspace(session, project.workspace_id)
+    view.project_name, view.project_owner_id = project.name, project.user_id
+    view.workspace_id, view.workspace_name = workspace.id, workspace.name
     return view, prepared
 
 
@@ -411,9 +421,33 @@ def _trial_count() -> Any:
     )
 
 
-def _views_query() -> Select[ExperimentModel, str, int]:
-    return select(ExperimentModel, UserModel.username, _trial_count()).join(
-        UserModel, ExperimentModel.owner_id == UserModel.id
+def _views_query() -> Select[ExperimentModel, str, int, str, int | None, int, str]:
+    return (
+        select(
+            ExperimentModel,
+            UserModel.username,
+            _trial_count(),
+            ProjectModel.name,
+            ProjectModel.user_id,
+            WorkspaceModel.id,
+            WorkspaceModel.name,
+        )
+        .join(UserModel, ExperimentModel.owner_id == UserModel.id)
+        .join(ProjectModel, ExperimentModel.project_id == ProjectModel.id)
+        .join(WorkspaceModel, ProjectModel.workspace_id == WorkspaceModel.id)
+    )
+
+
+def _view(row: Any) -> ExperimentView:
+    experiment, username, trials, project, project_owner, ws_id, ws_name = row
+    return ExperimentView(
+        experiment,
+        username,
+        trials,
+        project_name=project,
+        project_owner_id=project_owner,
+        workspace_id=ws_id,
+        workspace_name=ws_name,
     )
 
 
@@ -421,7 +455,7 @@ async def get_experiment(session: AsyncSession, experiment_id: int) -> Experimen
     row = (await session.execute(_views_query().where(ExperimentModel.id == experiment_id))).first()
     if row is None:
         raise NotFound(f"experiment {experiment_id} not found")
-    return ExperimentView(row[0], row[1], row[2])
+    return _view(row)
 
 
 # Determined's names, and SORT_BY_SEARCHER_TYPE of ours (the dashboard's searcher column).
@@ -513,7 +547,7 @@ async def list_experiments(
     if limit > 0:
         query = query.limit(limit)
     rows = (await session.execute(query)).all()
-    return [ExperimentView(r[0], r[1], r[2]) for r in rows], total
+    return [_view(r) for r in rows], total
 
 
 async def move_experiment(session: AsyncSession, experiment_id: int, project_id: int) -> None:

@@ -462,14 +462,24 @@ async def test_experiments_are_placed_by_project_id_or_by_config_names(
     )
     nowhere = await experiment_in(api)
     default = await default_project(api)
-    for experiment_id, project_id in [
-        (by_id, project["id"]),
-        (by_names, project["id"]),
-        (both, project["id"]),
-        (nowhere, default["id"]),
+    for experiment_id, project_id, names in [
+        (by_id, project["id"], ("vision", "detection")),
+        (by_names, project["id"], ("vision", "detection")),
+        (both, project["id"], ("vision", "detection")),
+        (nowhere, default["id"], ("Uncategorized", "Uncategorized")),
     ]:
-        reply = await api.get(f"/api/v1/experiments/{experiment_id}")
-        assert reply.json()["experiment"]["projectId"] == project_id
+        experiment = (await api.get(f"/api/v1/experiments/{experiment_id}")).json()["experiment"]
+        assert experiment["projectId"] == project_id
+        assert (experiment["workspaceName"], experiment["projectName"]) == names
+    reply = await create_experiment(api, SINGLE, projectId=project["id"])
+    created = reply.json()["experiment"]
+    assert (created["workspaceId"], created["workspaceName"]) == (ws["id"], "vision")
+    assert (created["projectName"], created["projectOwnerId"]) == ("detection", project["userId"])
+    # Out again, so that the project holds the three placed above.
+    reply = await api.post(
+        f"/api/v1/experiments/{created['id']}/move", json={"destinationProjectId": default["id"]}
+    )
+    assert reply.status_code == 200, reply.text
     # What `det project list-experiments` asks for.
     reply = await api.get(
         "/api/v1/experiments",

@@ -232,6 +232,10 @@ def test_project_verbs_and_experiments_in_projects(
         assert lines(moved.stdout) == [f'Moved experiment {experiment_id} to project "archive"']
     listed = ok(master.official("project", "list-experiments", ws, "archive", "--json"))
     assert [e["id"] for e in json.loads(listed.stdout)] == [by_id, by_name]
+    listed = ok(master.official("e", "list", "--show_project"))
+    rows = table(listed.stdout)
+    assert rows[0][:3] == ["Workspace", "Project", "ID"], describe_run(listed)
+    assert [ws, "archive", str(by_id)] in [row[:3] for row in rows], describe_run(listed)
 
     archived = ok(master.official("project", "archive", ws, "archive"))
     assert lines(archived.stdout) == ["Successfully archived project archive."]
