@@ -91,6 +91,15 @@ def test_workspace_verbs(master: MasterProcess, tmp_path: Path) -> None:
     assert [str(workspace["id"]), name, "0"] in [row[:3] for row in rows], describe_run(listed)
     as_json = json.loads(ok(master.official("workspace", "list", "--json")).stdout)
     assert name in [w["name"] for w in as_json]
+    # The database's collation orders names; descending is ascending reversed.
+    orders = [
+        [row[1] for row in table(ok(listing).stdout)[1:]]
+        for listing in (
+            master.official("workspace", "list", "--sort-by", "name", "--order-by", "asc"),
+            master.official("workspace", "list", "--sort-by", "name", "--order-by", "desc"),
+        )
+    ]
+    assert name in orders[0] and orders[1] == orders[0][::-1], orders
 
     described = json.loads(ok(master.official("workspace", "describe", name, "--json")).stdout)
     assert (described["id"], described["archived"]) == (workspace["id"], False)
@@ -179,6 +188,13 @@ def test_project_verbs_and_experiments_in_projects(
         master.official("project", "create", ws, "detection"),
         f"workspace '{ws}' already has a project named 'detection'",
     )
+    # The SDK's Workspace.list_projects, paginated.
+    listed = ok(master.official("workspace", "list-projects", ws, "--json"))
+    [sdk_project] = json.loads(listed.stdout)
+    assert (sdk_project["id"], sdk_project["workspaceId"]) == (
+        project["id"],
+        project["workspaceId"],
+    )
 
     # `det e create --project_id`, then the config's workspace/project keys.
     config = tmp_path / "config.yaml"
@@ -205,6 +221,9 @@ def test_project_verbs_and_experiments_in_projects(
         ok(master.official("project", "describe", ws, "detection", "--json")).stdout
     )
     assert (described["numExperiments"], described["numActiveExperiments"]) == (2, 2)
+    shown = ok(master.official("project", "describe", ws, "detection"))
+    assert "Associated Experiments" in shown.stdout, describe_run(shown)
+    assert str(by_id) in shown.stdout and "by-name" in shown.stdout, describe_run(shown)
 
     failed(
         master.official(
