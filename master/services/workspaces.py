@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import ColumnElement, delete, func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.db.models import (
@@ -39,6 +40,7 @@ DEFAULT_PROJECT = "Uncategorized"
 MAX_NAME_CHARS = 255
 MAX_DESCRIPTION_CHARS = 10_000
 MAX_KEY_CHARS = 5  # Determined's limit on a project key
+_KEY_ATTEMPTS = 5
 # How many ids a refusal names before it says "and N more".
 _NAMED_IDS = 10
 _ENDED_STATES = [
@@ -673,19 +675,26 @@ async def create_project(
             f"workspaceId: workspace {ws.name!r} ({ws.id}) is archived; unarchive it to add "
             "projects"
         )
-    await _refuse_clashing_project(session, ws.id, checked, "name")
-    if key is None or key == "":
-        new_key = await project_key(session, checked)
-    else:
-        new_key = checked_key(key)
-        await _refuse_clashing_key(session, new_key, "key")
-    project = ProjectModel(
-        name=checked, workspace_id=ws.id, user_id=owner_id, description=text, key=new_key
-    )
-    session.add(project)
-    await session.flush()
-    log.info("created project %s (%d) in workspace %s", checked, project.id, ws.name)
-    return project
+    given_key = None if key is None or key == "" else checked_key(key)
+    for _ in range(_KEY_ATTEMPTS):
+        await _refuse_clashing_project(session, ws.id, checked, "name")
+        if given_key is not None:
+            await _refuse_clashing_key(session, given_key, "key")
+        new_key = given_key or await project_key(session, checked)
+        project = ProjectModel(
+            name=checked, workspace_id=ws.id, user_id=owner_id, description=text, key=new_key
+        )
+        try:
+            async with session.begin_nested():
+                session.add(project)
+                await session.flush()
+        except IntegrityError:
+            # Another create took the name or the key meanwhile: the checks above now say
+            # which, or a made-up key is made again.
+            continue
+        log.info("created project %s (%d) in workspace %s", checked, project.id, ws.name)
+        return project
+    raise Conflict("name: projects were being created too fast to choose a key; retry")
 
 
 async def edit_project(

@@ -4,6 +4,7 @@ config's workspace/project; every bad input refused with nothing changed."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -578,3 +579,34 @@ async def test_moving_experiments(
     assert [e["id"] for e in listed.json()["experiments"]] == [experiment_id]
     reply = await api.get("/api/v1/experiments", params={"projectId": 99999})
     assert "project 99999 not found" in refusal(reply, 404)
+
+
+async def test_racing_creates_of_one_name_make_one_workspace_and_one_project(
+    api: httpx.AsyncClient,
+) -> None:
+    replies = await asyncio.gather(
+        *(api.post("/api/v1/workspaces", json={"name": "raced"}) for _ in range(6))
+    )
+    assert sorted(r.status_code for r in replies) == [200] + [409] * 5, [r.text for r in replies]
+    [ws] = await workspaces_of(api, name="raced")
+    replies = await asyncio.gather(
+        *(
+            api.post(f"/api/v1/workspaces/{ws['id']}/projects", json={"name": "raced"})
+            for _ in range(6)
+        )
+    )
+    assert sorted(r.status_code for r in replies) == [200] + [409] * 5, [r.text for r in replies]
+    assert [p["name"] for p in await projects_of(api, ws["id"])] == ["raced"]
+
+
+async def test_racing_projects_with_one_key_stem_all_get_keys(api: httpx.AsyncClient) -> None:
+    ws = await new_workspace(api, "keys")
+    replies = await asyncio.gather(
+        *(
+            api.post(f"/api/v1/workspaces/{ws['id']}/projects", json={"name": f"alpha {i}"})
+            for i in range(6)
+        )
+    )
+    assert [r.status_code for r in replies] == [200] * 6, [r.text for r in replies]
+    keys = sorted(p["key"] for p in await projects_of(api, ws["id"]))
+    assert keys == sorted(["ALPHA", "ALPHA2", "ALPHA3", "ALPHA4", "ALPHA5", "ALPHA6"])
