@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,15 @@ import pytest
 
 from harness.cluster import wait_until
 from tests.conftest import require
-from tests.e2e.conftest import MasterProcess, describe_run, lines, official_client_path, ok, unique
+from tests.e2e.conftest import (
+    MasterProcess,
+    describe_run,
+    lines,
+    official_client_path,
+    ok,
+    running_master,
+    unique,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.official_client]
 
@@ -47,6 +56,22 @@ bindings.post_MoveProject(
 moved_to = bindings.get_GetProject(sess, id=project_id).project.workspaceId
 print("RESULT " + json.dumps([pinned, listed, unpinned, moved_to]))
 """
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+    ],
+)
+def master(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[MasterProcess]:
+    """A master of this file's own on each database: what deletion and the unique names
+    rest on differs between them (the shared e2e master runs on Postgres only)."""
+    with running_master(request, tmp_path_factory, "workspaces") as proc:
+        yield proc
 
 
 @pytest.fixture(autouse=True)
