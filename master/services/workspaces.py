@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ DEFAULT_PROJECT = "Uncategorized"
 MAX_NAME_CHARS = 255
 MAX_DESCRIPTION_CHARS = 10_000
 MAX_KEY_CHARS = 5  # Determined's limit on a project key
-_KEY_ATTEMPTS = 5
+_KEY_ATTEMPTS = 8
 # How many ids a refusal names before it says "and N more".
 _NAMED_IDS = 10
 _ENDED_STATES = [
@@ -92,9 +93,10 @@ def checked_key(value: object, field: str = "key") -> str:
     return value.upper()
 
 
-async def project_key(session: AsyncSession, name: str) -> str:
-    """A free key from the name's first letters and digits (migration 0018 uses the same
-    rule for the projects it found)."""
+async def project_key(session: AsyncSession, name: str, scatter: bool = False) -> str:
+    """A free key from the name's first letters and digits, numbered from 2 when taken
+    (migration 0018 uses the same rule for the projects it found). `scatter`: a random
+    number instead, for a create that lost the next number to racing ones more than once."""
     stem = re.sub(r"[^A-Z0-9]", "", name.upper())[:MAX_KEY_CHARS] or "PROJ"
     taken = set(
         (
@@ -103,7 +105,7 @@ async def project_key(session: AsyncSession, name: str) -> str:
     )
     key, n = stem, 1
     while key in taken:
-        n += 1
+        n = 2 + secrets.randbelow(1_000_000) if scatter else n + 1
         key = f"{stem}{n}"
     return key
 
@@ -676,11 +678,11 @@ async def create_project(
             "projects"
         )
     given_key = None if key is None or key == "" else checked_key(key)
-    for _ in range(_KEY_ATTEMPTS):
+    for attempt in range(_KEY_ATTEMPTS):
         await _refuse_clashing_project(session, ws.id, checked, "name")
         if given_key is not None:
             await _refuse_clashing_key(session, given_key, "key")
-        new_key = given_key or await project_key(session, checked)
+        new_key = given_key or await project_key(session, checked, scatter=attempt >= 2)
         project = ProjectModel(
             name=checked, workspace_id=ws.id, user_id=owner_id, description=text, key=new_key
         )

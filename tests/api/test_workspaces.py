@@ -5,6 +5,7 @@ config's workspace/project; every bad input refused with nothing changed."""
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import httpx
@@ -556,8 +557,9 @@ async def test_moving_experiments(
     url = f"/api/v1/experiments/{experiment_id}/move"
     reply = await api.post(url, json={"destinationProjectId": 99999, "experimentId": experiment_id})
     assert "destinationProjectId: project 99999 does not exist" in refusal(reply, 400)
-    reply = await api.post(url, json={"destinationProjectId": project["id"], "experimentId": 7})
-    assert "experimentId: the body names experiment 7" in refusal(reply, 400)
+    other = experiment_id + 1000
+    reply = await api.post(url, json={"destinationProjectId": project["id"], "experimentId": other})
+    assert f"experimentId: the body names experiment {other}" in refusal(reply, 400)
     reply = await alice.post(
         url, json={"destinationProjectId": project["id"], "experimentId": experiment_id}
     )
@@ -608,5 +610,6 @@ async def test_racing_projects_with_one_key_stem_all_get_keys(api: httpx.AsyncCl
         )
     )
     assert [r.status_code for r in replies] == [200] * 6, [r.text for r in replies]
-    keys = sorted(p["key"] for p in await projects_of(api, ws["id"]))
-    assert keys == sorted(["ALPHA", "ALPHA2", "ALPHA3", "ALPHA4", "ALPHA5", "ALPHA6"])
+    keys = [p["key"] for p in await projects_of(api, ws["id"])]
+    assert "ALPHA" in keys and len(set(keys)) == 6, keys
+    assert all(re.fullmatch(r"ALPHA[0-9]*", key) for key in keys), keys
