@@ -11,6 +11,7 @@ import typer
 import yaml
 from rich.markup import escape
 
+from cli import workspaces
 from cli.config_overrides import ConfigOverrideError, apply_config_overrides
 from cli.context import read_model_dir
 from cli.errors import CliError
@@ -53,6 +54,12 @@ def create(
     config_file: Path = typer.Argument(..., help="Experiment config (YAML)."),
     model_dir: Path | None = typer.Argument(None, help="Directory with the model code."),
     template: str | None = typer.Option(None, "--template", help="Config template to merge in."),
+    project_id: int | None = typer.Option(
+        None,
+        "--project_id",
+        "--project-id",
+        help="The project to put it in (else the config's workspace/project, else Uncategorized).",
+    ),
     paused: bool = typer.Option(False, "--paused", help="Create the experiment paused."),
     test: bool = typer.Option(
         False, "-t", "--test", help="Validate and print the effective config; store nothing."
@@ -80,7 +87,7 @@ def create(
             "config": config_text,  # the master parses and merges, as Determined's does
             "modelDefinition": files,
             "parentId": None,
-            "projectId": None,
+            "projectId": project_id,
             "template": template,
             "validateOnly": test,
         }
@@ -144,6 +151,19 @@ def continue_experiment(
         body = {"id": experiment_id, "overrideConfig": yaml.safe_dump(override) if override else ""}
         client(ctx).post("/api/v1/experiments/continue", json=body)
         stdout.print(f"Continued experiment {experiment_id}", markup=False)
+
+
+@app.command("move")
+def move(
+    ctx: typer.Context,
+    experiment_id: int = typer.Argument(..., help="Experiment ID."),
+    workspace: str = typer.Argument(..., help="The destination project's workspace."),
+    project: str = typer.Argument(..., help="The destination project."),
+) -> None:
+    """Move an experiment (running or not) to another project."""
+    with cli_errors():
+        workspaces.move_experiment(client(ctx), experiment_id, workspace, project)
+        stdout.print(f'Moved experiment {experiment_id} to project "{project}"', markup=False)
 
 
 def _with_overrides(config_file: Path, config_text: str, overrides: list[str]) -> str:

@@ -7,7 +7,18 @@ from pathlib import Path
 
 import typer
 
-from cli import checkpoints, cluster, experiments, logs, tasks, templates, tokens, trials, users
+from cli import (
+    checkpoints,
+    cluster,
+    experiments,
+    logs,
+    tasks,
+    templates,
+    tokens,
+    trials,
+    users,
+    workspaces,
+)
 from cli.state import Globals
 from master.version import DETERMINED_COMPAT_VERSION, __version__
 
@@ -52,6 +63,10 @@ app.add_typer(tasks.shell_app, name="shell")
 app.add_typer(tasks.tensorboard_app, name="tensorboard")
 app.add_typer(tokens.token_app, name="token")
 app.add_typer(tokens.token_app, name="tkn", hidden=True)
+app.add_typer(workspaces.workspace_app, name="workspace")
+app.add_typer(workspaces.workspace_app, name="w", hidden=True)
+app.add_typer(workspaces.project_app, name="project")
+app.add_typer(workspaces.project_app, name="p", hidden=True)
 
 
 @app.callback()

@@ -251,7 +251,12 @@ def create_app(settings: MasterSettings) -> FastAPI:
             scheduler,
             hub_loop,
             MetricsLoop(app.state.session_factory, metrics, settings),
-            CheckpointDeleter(app.state.session_factory),
+            # Projects and workspaces being deleted go once their experiments have.
+            CheckpointDeleter(
+                app.state.session_factory,
+                after_pass=workspace_service.finish_deletions,
+                pending=workspace_service.deletions_pending,
+            ),
             interactive.IdleLoop(
                 app.state.session_factory, app.state.task_activity, settings.idle_check_interval_s
             ),

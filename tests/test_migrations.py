@@ -107,3 +107,57 @@ async def test_a_sqlite_downgrade_keeps_every_row_and_foreign_keys_stay_on(
         await engine.dispose()
     assert before[2] == 10
     assert after == before
+
+
+async def test_projects_found_by_0018_get_keys_and_stay_unarchived(
+    backend: str, database_url_factory: Callable[[str], str], tmp_path: Path
+) -> None:
+    """Projects made before 0018 (by hand here: nothing made them through the API) get a
+    unique key from their name, an empty description, and are neither archived nor being
+    deleted; the downgrade keeps them."""
+    url = database_url_factory(backend)
+    engine = create_engine(async_database_url(url, tmp_path))  # type: ignore[arg-type]
+    try:
+        await run_alembic(engine, "upgrade", "0017")
+        async with engine.begin() as conn:
+            await conn.execute(
+                text(
+                    "INSERT INTO workspaces (id, name, immutable, created_at) VALUES"
+                    " (1, 'Uncategorized', true, CURRENT_TIMESTAMP),"
+                    " (2, 'team', false, CURRENT_TIMESTAMP)"
+                )
+            )
+            await conn.execute(
+                text(
+                    "INSERT INTO projects (id, name, workspace_id, immutable, created_at) VALUES"
+                    " (1, 'Uncategorized', 1, true, CURRENT_TIMESTAMP),"
+                    " (2, 'uncategorized!', 2, false, CURRENT_TIMESTAMP),"
+                    " (3, '---', 2, false, CURRENT_TIMESTAMP)"
+                )
+            )
+        await run_alembic(engine, "upgrade", "head")
+        async with engine.connect() as conn:
+            projects = (
+                await conn.execute(
+                    text(
+                        "SELECT id, key, description, archived, deleting FROM projects ORDER BY id"
+                    )
+                )
+            ).all()
+            workspaces = (
+                await conn.execute(
+                    text("SELECT id, archived, deleting FROM workspaces ORDER BY id")
+                )
+            ).all()
+        await run_alembic(engine, "downgrade", "0017")
+        async with engine.connect() as conn:
+            kept = (await conn.execute(text("SELECT id, name FROM projects ORDER BY id"))).all()
+    finally:
+        await engine.dispose()
+    assert [tuple(p) for p in projects] == [
+        (1, "UNCAT", "", False, False),
+        (2, "UNCAT2", "", False, False),
+        (3, "PROJ", "", False, False),
+    ]
+    assert [tuple(w) for w in workspaces] == [(1, False, False), (2, False, False)]
+    assert [tuple(p) for p in kept] == [(1, "Uncategorized"), (2, "uncategorized!"), (3, "---")]

@@ -194,19 +194,49 @@ class WorkspaceModel(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(256), unique=True)
+    # The owner: who may edit or delete it besides admins (NULL: the built-in one's).
     user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
     immutable: Mapped[bool] = mapped_column(default=False)
+    # No new projects or experiments go into an archived workspace; running ones go on.
+    archived: Mapped[bool] = mapped_column(default=False, server_default=false())
+    # Being deleted: its experiments' checkpoints go first, then its projects, then it
+    # (master.services.workspaces.finish_deletions).
+    deleting: Mapped[bool] = mapped_column(default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class WorkspacePinModel(Base):
+    """A user's pinned workspaces (Determined's pins are each user's own)."""
+
+    __tablename__ = "workspace_pins"
+
+    workspace_id: Mapped[int] = mapped_column(
+        ForeignKey("workspaces.id", ondelete="CASCADE"), primary_key=True
+    )
+    user_id: Mapped[int] = mapped_column(
+        ForeignKey("users.id", ondelete="CASCADE"), primary_key=True
+    )
+    pinned_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class ProjectModel(Base):
     __tablename__ = "projects"
+    # Project names are unique within their workspace, keys across the cluster.
+    __table_args__ = (UniqueConstraint("workspace_id", "name"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(256))
     workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id"), index=True)
     user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
     immutable: Mapped[bool] = mapped_column(default=False)
+    # Determined's project key, a short name for the project's runs (upper-case letters
+    # and digits).
+    key: Mapped[str] = mapped_column(String(16), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="", server_default="")
+    # No new experiments go into an archived project; running ones go on.
+    archived: Mapped[bool] = mapped_column(default=False, server_default=false())
+    # Being deleted: it goes once its experiments have (finish_deletions).
+    deleting: Mapped[bool] = mapped_column(default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 

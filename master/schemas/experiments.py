@@ -107,6 +107,10 @@ class Experiment(WireModel):
     notes: str = ""
     forked_from: int | None = None
     labels: list[str]
+    # Optional in Determined's v1Experiment; `det e list --show_project` prints the names.
+    workspace_id: int = 0
+    workspace_name: str = ""
+    project_name: str = ""
     # resolute additions (ignored by the official client).
     template_name: str | None
     experiment_seed: int
@@ -129,7 +133,11 @@ class Experiment(WireModel):
             job_id=row.job_id,
             num_trials=view.num_trials,
             project_id=row.project_id,
-            project_owner_id=row.owner_id,
+            # Its project's owner; the built-in project has none, so it is the experiment's.
+            project_owner_id=view.project_owner_id or row.owner_id,
+            workspace_id=view.workspace_id,
+            workspace_name=view.workspace_name,
+            project_name=view.project_name,
             searcher_type=row.searcher_type,
             start_time=row.start_time,
             state=f"STATE_{row.state}",

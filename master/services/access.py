@@ -18,10 +18,12 @@ from master.db.models import (
     AllocationModel,
     CheckpointModel,
     ExperimentModel,
+    ProjectModel,
     TaskModel,
     TemplateModel,
     TrialModel,
     UserModel,
+    WorkspaceModel,
 )
 from master.errors import NotFound, PermissionDenied
 
@@ -144,6 +146,43 @@ async def require_template_owner(session: AsyncSession, actor: Actor, name: str,
     owner = await _owner_name(session, row.owner_id)
     raise PermissionDenied(
         f"template {name!r} belongs to {owner}; only its owner or an admin may {what}"
+    )
+
+
+async def require_workspace_owner(
+    session: AsyncSession, actor: Actor, workspace_id: int, what: str
+) -> None:
+    """Its creator or an admin; the built-in workspace has no owner (and the service
+    refuses changes to it for everyone)."""
+    ws = await session.get(WorkspaceModel, workspace_id)
+    if ws is None:
+        raise NotFound(f"workspace {workspace_id} not found")
+    if actor.admin or ws.immutable or (ws.user_id is not None and ws.user_id == actor.user_id):
+        return
+    owner = await _owner_name(session, ws.user_id)
+    raise PermissionDenied(
+        f"workspace {ws.name!r} belongs to {owner}; only its owner or an admin may {what}"
+    )
+
+
+async def require_project_owner(
+    session: AsyncSession, actor: Actor, project_id: int, what: str
+) -> None:
+    """Its creator, its workspace's owner or an admin."""
+    project = await session.get(ProjectModel, project_id)
+    if project is None:
+        raise NotFound(f"project {project_id} not found")
+    if actor.admin or project.immutable or project.user_id == actor.user_id:
+        return
+    ws_owner = await session.scalar(
+        select(WorkspaceModel.user_id).where(WorkspaceModel.id == project.workspace_id)
+    )
+    if ws_owner is not None and ws_owner == actor.user_id:
+        return
+    owner = await _owner_name(session, project.user_id)
+    raise PermissionDenied(
+        f"project {project.name!r} belongs to {owner}; only its owner, its workspace's owner "
+        f"or an admin may {what}"
     )
 
 

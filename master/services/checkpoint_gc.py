@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -248,9 +248,20 @@ class CheckpointDeleter(Loop):
 
     name = "checkpoint-gc"
 
-    def __init__(self, factory: async_sessionmaker[AsyncSession], interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        factory: async_sessionmaker[AsyncSession],
+        interval: float = 1.0,
+        after_pass: Callable[[AsyncSession], Awaitable[None]] | None = None,
+        pending: Callable[[AsyncSession], Awaitable[bool]] | None = None,
+    ) -> None:
+        """`after_pass` runs in each working pass's transaction once experiments are
+        removed (what waits on them: projects and workspaces being deleted); `pending`
+        says whether it has work when no checkpoint or experiment has."""
         super().__init__(interval)
         self.factory = factory
+        self.after_pass = after_pass
+        self.pending = pending
 
     async def run_once(self) -> None:
         async with session_scope(self.factory) as session:
@@ -275,6 +286,8 @@ class CheckpointDeleter(Loop):
             ending = await session.scalar(
                 select(func.count()).where(ExperimentModel.state == ExperimentState.DELETING)
             )
+            if not due and not ending and self.pending is not None:
+                ending = await self.pending(session)
         if not due and not ending:
             return  # the usual idle second: one read, no second transaction
         outcomes = await asyncio.gather(
@@ -297,6 +310,8 @@ class CheckpointDeleter(Loop):
                     deletion_cause(reason or ""),
                 )
             await _finish_deleted_experiments(session)
+            if self.after_pass is not None:
+                await self.after_pass(session)
 
 
 # A failed attempt's reason keeps why the checkpoint is being deleted in front of it, so

@@ -34,10 +34,12 @@ from master.db.models import (
     ExperimentModel,
     ExperimentState,
     ModelDefinitionModel,
+    ProjectModel,
     TrialMetricModel,
     TrialModel,
     TrialState,
     UserModel,
+    WorkspaceModel,
     utcnow,
 )
 from master.errors import Conflict, InvalidArgument, NotFound
@@ -49,6 +51,7 @@ from master.services import (
     search,
     states,
     trial_reports,
+    workspaces,
 )
 from master.services.configs import config_errors_as_invalid_argument
 from master.services.model_definitions import (
@@ -58,7 +61,6 @@ from master.services.model_definitions import (
 )
 from master.services.scheduler import load_agent_states, policy_of
 from master.services.templates import get_template, refuse_hidden_secrets
-from master.services.workspaces import resolve_project
 from master.settings import MasterSettings, ResourcePoolSettings
 from resolute.storage import keep_hidden_secrets, mask_config
 
@@ -101,6 +103,11 @@ class ExperimentView:
     username: str
     num_trials: int
     warnings: list[str] = field(default_factory=list)
+    # Where it is kept: its project's name and owner, its workspace.
+    project_name: str = ""
+    project_owner_id: int | None = None
+    workspace_id: int = 0
+    workspace_name: str = ""
 
 
 def _shown_text(original: str, submitted: dict[str, Any]) -> str:
@@ -307,12 +314,21 @@ async def create_experiment(
 ) -> tuple[ExperimentView | None, PreparedExperiment]:
     """Store the experiment and its planned trials; nothing is stored with validate_only."""
     prepared = await prepare_experiment(session, request, settings)
+    # Checked for a validate-only request too: an unknown project makes the config unusable.
+    project = await workspaces.project_for_experiment(
+        session,
+        request.project_id,
+        prepared.effective_config.get("workspace"),
+        prepared.effective_config.get("project"),
+    )
     if request.validate_only:
         return None, prepared
-    project = await resolve_project(session, request.project_id)
     [view] = await store_experiments(
         session, [new_experiment(request, prepared, owner, project.id)]
     )
+    workspace = await workspaces.get_workspace(session, project.workspace_id)
+    view.project_name, view.project_owner_id = project.name, project.user_id
+    view.workspace_id, view.workspace_name = workspace.id, workspace.name
     return view, prepared
 
 
@@ -437,9 +453,33 @@ def _trial_count() -> Any:
     )
 
 
-def _views_query() -> Select[ExperimentModel, str, int]:
-    return select(ExperimentModel, UserModel.username, _trial_count()).join(
-        UserModel, ExperimentModel.owner_id == UserModel.id
+def _views_query() -> Select[ExperimentModel, str, int, str, int | None, int, str]:
+    return (
+        select(
+            ExperimentModel,
+            UserModel.username,
+            _trial_count(),
+            ProjectModel.name,
+            ProjectModel.user_id,
+            WorkspaceModel.id,
+            WorkspaceModel.name,
+        )
+        .join(UserModel, ExperimentModel.owner_id == UserModel.id)
+        .join(ProjectModel, ExperimentModel.project_id == ProjectModel.id)
+        .join(WorkspaceModel, ProjectModel.workspace_id == WorkspaceModel.id)
+    )
+
+
+def _view(row: Any) -> ExperimentView:
+    experiment, username, trials, project, project_owner, ws_id, ws_name = row
+    return ExperimentView(
+        experiment,
+        username,
+        trials,
+        project_name=project,
+        project_owner_id=project_owner,
+        workspace_id=ws_id,
+        workspace_name=ws_name,
     )
 
 
@@ -447,7 +487,7 @@ async def get_experiment(session: AsyncSession, experiment_id: int) -> Experimen
     row = (await session.execute(_views_query().where(ExperimentModel.id == experiment_id))).first()
     if row is None:
         raise NotFound(f"experiment {experiment_id} not found")
-    return ExperimentView(row[0], row[1], row[2])
+    return _view(row)
 
 
 # Determined's names, and SORT_BY_SEARCHER_TYPE of ours (the dashboard's searcher column).
@@ -488,6 +528,7 @@ async def list_experiments(
     with_labels: Sequence[str] = (),
     sort_by: str = "SORT_BY_ID",
     descending: bool = False,
+    project_id: int | None = None,
 ) -> tuple[list[ExperimentView], int]:
     """A page of experiments and how many match. Experiments without a value of the sort
     column (no best metric yet) come last in either order. `with_labels`: those carrying
@@ -498,6 +539,9 @@ async def list_experiments(
     if text is not None and len(text) > MAX_TEXT_FILTER:
         raise InvalidArgument(f"text: at most {MAX_TEXT_FILTER} characters")
     conditions = []
+    if project_id:  # Determined's client sends 0 for "any project"
+        await workspaces.get_project(session, project_id)  # 404 naming an unknown one
+        conditions.append(ExperimentModel.project_id == project_id)
     if archived is not None:
         conditions.append(ExperimentModel.archived == archived)
     if usernames:
@@ -535,7 +579,15 @@ async def list_experiments(
     if limit > 0:
         query = query.limit(limit)
     rows = (await session.execute(query)).all()
-    return [ExperimentView(r[0], r[1], r[2]) for r in rows], total
+    return [_view(r) for r in rows], total
+
+
+async def move_experiment(session: AsyncSession, experiment_id: int, project_id: int) -> None:
+    """Moves the experiment, running or not, to another open project."""
+    experiment = await session.get(ExperimentModel, experiment_id)
+    if experiment is None:
+        raise NotFound(f"experiment {experiment_id} not found")
+    await workspaces.move_experiment_project(session, experiment, project_id)
 
 
 async def list_trials(

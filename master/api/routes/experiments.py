@@ -126,6 +126,7 @@ async def list_experiments(
     with_labels: Annotated[list[str], Query(alias="labels")] = [],  # noqa: B006
     sort_by: Annotated[str, Query(alias="sortBy")] = "SORT_BY_ID",
     order_by: Annotated[str, Query(alias="orderBy")] = "ORDER_BY_ASC",
+    project_id: Annotated[int | None, Query(alias="projectId", ge=0, le=MAX_INT)] = None,
 ) -> ExperimentList:
     if sort_by == "SORT_BY_UNSPECIFIED":
         sort_by = "SORT_BY_ID"
@@ -140,6 +141,7 @@ async def list_experiments(
         with_labels=with_labels,
         sort_by=sort_by,
         descending=_check_order(order_by),
+        project_id=project_id,
     )
     return ExperimentList(
         experiments=[Experiment.of(v) for v in views],

@@ -1,34 +1,300 @@
+"""Workspaces and projects, as Determined's REST API serves them (`det workspace ...`,
+`det project ...`, `det experiment move`)."""
+
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
-from master.api.deps import CurrentUser, SessionDep
+from master.api.deps import MAX_INT, CurrentActor, CurrentUser, ObjectId, SessionDep
+from master.errors import InvalidArgument
 from master.schemas.common import Pagination
-from master.services import workspaces
+from master.schemas.workspaces import (
+    DeleteResponse,
+    ExperimentMove,
+    Project,
+    ProjectCreate,
+    ProjectList,
+    ProjectMove,
+    ProjectPatch,
+    ProjectResponse,
+    Workspace,
+    WorkspaceCreate,
+    WorkspaceCreated,
+    WorkspaceList,
+    WorkspacePatch,
+    WorkspaceResponse,
+)
+from master.services import access, experiments, workspaces
 
 router = APIRouter(prefix="/api/v1", tags=["Workspaces"])
 
+ORDER_BY = ("ORDER_BY_UNSPECIFIED", "ORDER_BY_ASC", "ORDER_BY_DESC")
+# Determined's workspace settings that resolute does not apply yet: refused when given,
+# rather than stored and silently ignored.
+_NOT_YET = {
+    "agentUserGroup": "agent users per workspace",
+    "checkpointStorageConfig": "workspace checkpoint storage",
+    "defaultComputePool": "workspace default pools",
+    "defaultComputeResourcePool": "workspace default pools",
+    "defaultAuxPool": "workspace default pools",
+    "defaultAuxResourcePool": "workspace default pools",
+    "clusterNamespaceMeta": "Kubernetes namespaces",
+    "clusterQuotaPairs": "Kubernetes resource quotas",
+}
+
+
+def _descending(order_by: str) -> bool:
+    if order_by not in ORDER_BY:
+        raise InvalidArgument(f"orderBy: {order_by!r} is not one of {', '.join(ORDER_BY)}")
+    return order_by == "ORDER_BY_DESC"
+
+
+def _refuse_unsupported(body: WorkspaceCreate | WorkspacePatch) -> None:
+    given = body.model_dump(by_alias=True, exclude_none=True)
+    for key, what in _NOT_YET.items():
+        if key in given:
+            raise InvalidArgument(f"{key}: {what} are not supported by this master yet")
+
+
+# -- workspaces -------------------------------------------------------------------------
+
 
 @router.get("/workspaces")
-async def list_workspaces(session: SessionDep, _user: CurrentUser) -> dict[str, Any]:
-    rows = await workspaces.list_workspaces(session)
-    items = [
-        {
-            "id": ws.id,
-            "name": ws.name,
-            "archived": False,
-            "errorMessage": "",
-            "immutable": ws.immutable,
-            "numExperiments": n_experiments,
-            "numProjects": n_projects,
-            "pinned": False,
-            "state": "WORKSPACE_STATE_UNSPECIFIED",
-            "userId": ws.user_id or 0,
-            "username": "",
-        }
-        for ws, n_projects, n_experiments in rows
-    ]
-    pagination = Pagination.of(0, 0, len(items), len(items))
-    return {"workspaces": items, "pagination": pagination.model_dump(by_alias=True)}
+async def list_workspaces(
+    session: SessionDep,
+    user: CurrentUser,
+    offset: int = Query(0, ge=0, le=MAX_INT),
+    limit: int = Query(0, ge=0, le=MAX_INT, description="0 returns every workspace"),
+    name: str | None = None,
+    name_case_sensitive: Annotated[str | None, Query(alias="nameCaseSensitive")] = None,
+    archived: bool | None = None,
+    pinned: bool | None = None,
+    user_ids: Annotated[list[int], Query(alias="userIds")] = [],  # noqa: B006 - FastAPI copies
+    users: Annotated[list[str], Query()] = [],  # noqa: B006
+    sort_by: Annotated[str, Query(alias="sortBy")] = "SORT_BY_ID",
+    order_by: Annotated[str, Query(alias="orderBy")] = "ORDER_BY_ASC",
+) -> WorkspaceList:
+    views, total = await workspaces.list_workspaces(
+        session,
+        user.id,
+        offset=offset,
+        limit=limit,
+        name=name,
+        name_case_sensitive=name_case_sensitive,
+        archived=archived,
+        pinned=pinned,
+        user_ids=user_ids,
+        usernames=users,
+        sort_by=sort_by,
+        descending=_descending(order_by),
+    )
+    return WorkspaceList(
+        workspaces=[Workspace.of(v) for v in views],
+        pagination=Pagination.of(offset, limit, len(views), total),
+    )
+
+
+@router.get("/workspaces/{workspace_id}")
+async def get_workspace(
+    workspace_id: ObjectId, session: SessionDep, user: CurrentUser
+) -> WorkspaceResponse:
+    view = await workspaces.describe_workspace(session, workspace_id, user.id)
+    return WorkspaceResponse(workspace=Workspace.of(view))
+
+
+@router.post("/workspaces")
+async def create_workspace(
+    body: WorkspaceCreate, session: SessionDep, user: CurrentUser
+) -> WorkspaceCreated:
+    _refuse_unsupported(body)
+    ws = await workspaces.create_workspace(session, body.name, user.id)
+    view = await workspaces.describe_workspace(session, ws.id, user.id)
+    return WorkspaceCreated(workspace=Workspace.of(view))
+
+
+@router.patch("/workspaces/{workspace_id}")
+async def patch_workspace(
+    workspace_id: ObjectId, body: WorkspacePatch, session: SessionDep, actor: CurrentActor
+) -> WorkspaceResponse:
+    _refuse_unsupported(body)
+    await access.require_workspace_owner(session, actor, workspace_id, "edit it")
+    if body.name is not None:
+        await workspaces.rename_workspace(session, workspace_id, body.name)
+    view = await workspaces.describe_workspace(session, workspace_id, actor.user_id)
+    return WorkspaceResponse(workspace=Workspace.of(view))
+
+
+@router.post("/workspaces/{workspace_id}/archive")
+async def archive_workspace(
+    workspace_id: ObjectId, session: SessionDep, actor: CurrentActor
+) -> dict[str, Any]:
+    await access.require_workspace_owner(session, actor, workspace_id, "archive it")
+    await workspaces.set_workspace_archived(session, workspace_id, True)
+    return {}
+
+
+@router.post("/workspaces/{workspace_id}/unarchive")
+async def unarchive_workspace(
+    workspace_id: ObjectId, session: SessionDep, actor: CurrentActor
+) -> dict[str, Any]:
+    await access.require_workspace_owner(session, actor, workspace_id, "unarchive it")
+    await workspaces.set_workspace_archived(session, workspace_id, False)
+    return {}
+
+
+@router.post("/workspaces/{workspace_id}/pin")
+async def pin_workspace(
+    workspace_id: ObjectId, session: SessionDep, user: CurrentUser
+) -> dict[str, Any]:
+    await workspaces.set_workspace_pinned(session, workspace_id, user.id, True)
+    return {}
+
+
+@router.post("/workspaces/{workspace_id}/unpin")
+async def unpin_workspace(
+    workspace_id: ObjectId, session: SessionDep, user: CurrentUser
+) -> dict[str, Any]:
+    await workspaces.set_workspace_pinned(session, workspace_id, user.id, False)
+    return {}
+
+
+@router.delete("/workspaces/{workspace_id}")
+async def delete_workspace(
+    workspace_id: ObjectId, session: SessionDep, actor: CurrentActor
+) -> DeleteResponse:
+    await access.require_workspace_owner(session, actor, workspace_id, "delete it")
+    completed = await workspaces.delete_workspace(session, workspace_id, actor.username)
+    return DeleteResponse(completed=completed)
+
+
+# -- projects ---------------------------------------------------------------------------
+
+
+@router.get("/workspaces/{workspace_id}/projects")
+async def list_workspace_projects(
+    workspace_id: ObjectId,
+    session: SessionDep,
+    _user: CurrentUser,
+    offset: int = Query(0, ge=0, le=MAX_INT),
+    limit: int = Query(0, ge=0, le=MAX_INT, description="0 returns every project"),
+    name: str | None = None,
+    archived: bool | None = None,
+    user_ids: Annotated[list[int], Query(alias="userIds")] = [],  # noqa: B006
+    users: Annotated[list[str], Query()] = [],  # noqa: B006
+    sort_by: Annotated[str, Query(alias="sortBy")] = "SORT_BY_ID",
+    order_by: Annotated[str, Query(alias="orderBy")] = "ORDER_BY_ASC",
+) -> ProjectList:
+    """Determined's client asks for workspace 0 to mean every workspace."""
+    views, total = await workspaces.list_projects(
+        session,
+        workspace_id=workspace_id,
+        offset=offset,
+        limit=limit,
+        name=name,
+        archived=archived,
+        user_ids=user_ids,
+        usernames=users,
+        sort_by=sort_by,
+        descending=_descending(order_by),
+    )
+    return ProjectList(
+        projects=[Project.of(v) for v in views],
+        pagination=Pagination.of(offset, limit, len(views), total),
+    )
+
+
+@router.post("/workspaces/{workspace_id}/projects")
+async def create_project(
+    workspace_id: ObjectId, body: ProjectCreate, session: SessionDep, user: CurrentUser
+) -> ProjectResponse:
+    if body.workspace_id not in (None, 0, workspace_id):
+        raise InvalidArgument(
+            f"workspaceId: the body names workspace {body.workspace_id}, the path "
+            f"workspace {workspace_id}"
+        )
+    project = await workspaces.create_project(
+        session, workspace_id, user.id, body.name, body.description, body.key
+    )
+    return ProjectResponse(
+        project=Project.of(await workspaces.describe_project(session, project.id))
+    )
+
+
+@router.get("/projects/{project_id}")
+async def get_project(
+    project_id: ObjectId, session: SessionDep, _user: CurrentUser
+) -> ProjectResponse:
+    return ProjectResponse(
+        project=Project.of(await workspaces.describe_project(session, project_id))
+    )
+
+
+@router.patch("/projects/{project_id}")
+async def patch_project(
+    project_id: ObjectId, body: ProjectPatch, session: SessionDep, actor: CurrentActor
+) -> ProjectResponse:
+    await access.require_project_owner(session, actor, project_id, "edit it")
+    await workspaces.edit_project(session, project_id, body.name, body.description, body.key)
+    return ProjectResponse(
+        project=Project.of(await workspaces.describe_project(session, project_id))
+    )
+
+
+@router.post("/projects/{project_id}/archive")
+async def archive_project(
+    project_id: ObjectId, session: SessionDep, actor: CurrentActor
+) -> dict[str, Any]:
+    await access.require_project_owner(session, actor, project_id, "archive it")
+    await workspaces.set_project_archived(session, project_id, True)
+    return {}
+
+
+@router.post("/projects/{project_id}/unarchive")
+async def unarchive_project(
+    project_id: ObjectId, session: SessionDep, actor: CurrentActor
+) -> dict[str, Any]:
+    await access.require_project_owner(session, actor, project_id, "unarchive it")
+    await workspaces.set_project_archived(session, project_id, False)
+    return {}
+
+
+@router.post("/projects/{project_id}/move")
+async def move_project(
+    project_id: ObjectId, body: ProjectMove, session: SessionDep, actor: CurrentActor
+) -> dict[str, Any]:
+    if body.project_id not in (None, 0, project_id):
+        raise InvalidArgument(
+            f"projectId: the body names project {body.project_id}, the path project {project_id}"
+        )
+    if body.destination_workspace_id is None:
+        raise InvalidArgument("destinationWorkspaceId: required")
+    await access.require_project_owner(session, actor, project_id, "move it")
+    await workspaces.move_project(session, project_id, body.destination_workspace_id)
+    return {}
+
+
+@router.delete("/projects/{project_id}")
+async def delete_project(
+    project_id: ObjectId, session: SessionDep, actor: CurrentActor
+) -> DeleteResponse:
+    await access.require_project_owner(session, actor, project_id, "delete it")
+    completed = await workspaces.delete_project(session, project_id, actor.username)
+    return DeleteResponse(completed=completed)
+
+
+@router.post("/experiments/{experiment_id}/move")
+async def move_experiment(
+    experiment_id: ObjectId, body: ExperimentMove, session: SessionDep, actor: CurrentActor
+) -> dict[str, Any]:
+    if body.experiment_id not in (None, 0, experiment_id):
+        raise InvalidArgument(
+            f"experimentId: the body names experiment {body.experiment_id}, the path "
+            f"experiment {experiment_id}"
+        )
+    if body.destination_project_id is None:
+        raise InvalidArgument("destinationProjectId: required")
+    await access.require_experiment_owner(session, actor, experiment_id, "move it")
+    await experiments.move_experiment(session, experiment_id, body.destination_project_id)
+    return {}

@@ -1,0 +1,325 @@
+"""Determined's official `det` 0.38.1 and its bindings, unchanged, on workspaces and
+projects against a real master: `det workspace`, `det project`, `det e create --project_id`
+and `det e move`; pinning and moving a project, which the client has bindings for but no
+verb, through those bindings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.cluster import wait_until
+from tests.conftest import require
+from tests.e2e.conftest import (
+    MasterProcess,
+    describe_run,
+    lines,
+    official_client_path,
+    ok,
+    running_master,
+    unique,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.official_client]
+
+SINGLE = """\
+name: {name}
+entrypoint: python3 train.py
+searcher: {{name: single, metric: loss, max_length: {{batches: 10}}}}
+"""
+
+# Determined's bindings as its SDK calls them: pin, unpin, then move a project.
+BINDINGS_SCRIPT = """
+import json, sys
+from determined.common.api import authentication, bindings
+
+master, workspace_id, project_id, destination_id = sys.argv[1], *map(int, sys.argv[2:5])
+sess = authentication.login(master, "determined", "")
+bindings.post_PinWorkspace(sess, id=workspace_id)
+pinned = bindings.get_GetWorkspace(sess, id=workspace_id).workspace.pinned
+listed = [w.id for w in bindings.get_GetWorkspaces(sess, pinned=True).workspaces]
+bindings.post_UnpinWorkspace(sess, id=workspace_id)
+unpinned = bindings.get_GetWorkspace(sess, id=workspace_id).workspace.pinned
+bindings.post_MoveProject(
+    sess,
+    projectId=project_id,
+    body=bindings.v1MoveProjectRequest(
+        destinationWorkspaceId=destination_id, projectId=project_id
+    ),
+)
+moved_to = bindings.get_GetProject(sess, id=project_id).project.workspaceId
+print("RESULT " + json.dumps([pinned, listed, unpinned, moved_to]))
+"""
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+    ],
+)
+def master(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[MasterProcess]:
+    """A master of this file's own on each database: what deletion and the unique names
+    rest on differs between them (the shared e2e master runs on Postgres only)."""
+    with running_master(request, tmp_path_factory, "workspaces") as proc:
+        yield proc
+
+
+@pytest.fixture(autouse=True)
+def _official_client_installed() -> None:
+    require(
+        official_client_path() is not None,
+        "official det client not installed: run `make official-client`",
+    )
+
+
+def table(text: str) -> list[list[str]]:
+    """A tabulate table's rows (header first), cells stripped, rules dropped."""
+    return [
+        [cell.strip() for cell in line.split("|")]
+        for line in lines(text)
+        if "|" in line and not set(line) <= set("-+| ")
+    ]
+
+
+def workspace_named(master: MasterProcess, name: str) -> dict[str, Any]:
+    [found] = master.api("GET", "/api/v1/workspaces", params={"nameCaseSensitive": name})[
+        "workspaces"
+    ]
+    return dict(found)
+
+
+def failed(result: subprocess.CompletedProcess[str], message: str) -> None:
+    assert result.returncode != 0, describe_run(result)
+    assert "Traceback" not in result.stderr, describe_run(result)
+    assert message in result.stderr, describe_run(result)
+
+
+def test_workspace_verbs(master: MasterProcess, tmp_path: Path) -> None:
+    name = unique("ws")
+    created = ok(master.official("workspace", "create", name, "--json"))
+    workspace = json.loads(created.stdout)
+    assert workspace["name"] == name and workspace["numProjects"] == 0
+
+    listed = ok(master.official("workspace", "list"))
+    rows = table(listed.stdout)
+    assert rows[0][:3] == ["ID", "Name", "# Projects"], describe_run(listed)
+    assert [str(workspace["id"]), name, "0"] in [row[:3] for row in rows], describe_run(listed)
+    as_json = json.loads(ok(master.official("workspace", "list", "--json")).stdout)
+    assert name in [w["name"] for w in as_json]
+    # The database's collation orders names; descending is ascending reversed.
+    orders = [
+        [row[1] for row in table(ok(listing).stdout)[1:]]
+        for listing in (
+            master.official("workspace", "list", "--sort-by", "name", "--order-by", "asc"),
+            master.official("workspace", "list", "--sort-by", "name", "--order-by", "desc"),
+        )
+    ]
+    assert name in orders[0] and orders[1] == orders[0][::-1], orders
+
+    described = json.loads(ok(master.official("workspace", "describe", name, "--json")).stdout)
+    assert (described["id"], described["archived"]) == (workspace["id"], False)
+    shown = ok(master.official("workspace", "describe", name))
+    assert name in shown.stdout and "Checkpoint Storage Config" in shown.stdout
+
+    renamed = unique("ws-renamed")
+    edited = ok(master.official("workspace", "edit", name, "--name", renamed, "--json"))
+    assert json.loads(edited.stdout)["name"] == renamed
+
+    archived = ok(master.official("workspace", "archive", renamed))
+    assert lines(archived.stdout) == [f"Successfully archived workspace {renamed}."]
+    assert workspace_named(master, renamed)["archived"] is True
+    failed(
+        master.official("project", "create", renamed, "late"),
+        f"workspace '{renamed}' ({workspace['id']}) is archived",
+    )
+    unarchived = ok(master.official("workspace", "unarchive", renamed))
+    assert lines(unarchived.stdout) == [f"Successfully un-archived workspace {renamed}."]
+    assert workspace_named(master, renamed)["archived"] is False
+
+    # Pinning has bindings but no verb in this client.
+    destination = unique("ws-dest")
+    ok(master.official("workspace", "create", destination))
+    project = ok(master.official("project", "create", renamed, "moving", "--json"))
+    project_id = json.loads(project.stdout)["id"]
+    result = run_bindings(
+        master, tmp_path, workspace["id"], project_id, workspace_named(master, destination)["id"]
+    )
+    pinned, pinned_list, unpinned, moved_to = result
+    assert (pinned, unpinned) == (True, False)
+    assert pinned_list == [workspace["id"]]
+    assert moved_to == workspace_named(master, destination)["id"]
+
+    deleted = ok(master.official("workspace", "delete", renamed, "--yes"))
+    assert lines(deleted.stdout) == [f"Successfully deleted workspace {renamed}."]
+    failed(master.official("workspace", "describe", renamed), f"workspace '{renamed}' not found")
+
+    failed(
+        master.official("workspace", "create", destination),
+        f"a workspace named '{destination}' already exists",
+    )
+    failed(master.official("workspace", "edit", "Uncategorized", "--name", "x"), "is built in")
+    failed(master.official("workspace", "delete", "Uncategorized", "--yes"), "is built in")
+
+
+def run_bindings(
+    master: MasterProcess, tmp_path: Path, workspace_id: int, project_id: int, destination: int
+) -> list[Any]:
+    client_path = official_client_path()
+    assert client_path is not None
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DET_")}
+    env.update(XDG_CONFIG_HOME=str(tmp_path / "xdg"), PYTHONUNBUFFERED="1")
+    args = [master.url, str(workspace_id), str(project_id), str(destination)]
+    result = subprocess.run(
+        [str(client_path.parent / "python"), "-c", BINDINGS_SCRIPT, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, describe_run(result)
+    [line] = [line for line in lines(result.stdout) if line.startswith("RESULT ")]
+    found: list[Any] = json.loads(line.removeprefix("RESULT "))
+    return found
+
+
+def test_project_verbs_and_experiments_in_projects(
+    master: MasterProcess, files: dict[str, Path], tmp_path: Path
+) -> None:
+    ws = unique("team")
+    ok(master.official("workspace", "create", ws))
+    created = ok(
+        master.official("project", "create", ws, "detection", "--description", "boxes", "--json")
+    )
+    project = json.loads(created.stdout)
+    assert (project["name"], project["description"]) == ("detection", "boxes")
+
+    listed = ok(master.official("project", "list", ws))
+    rows = table(listed.stdout)
+    assert rows[0] == ["ID", "Key", "Name", "Description", "# Experiments", "# Active Experiments"]
+    assert rows[1][2:] == ["detection", "boxes", "0", "0"], describe_run(listed)
+    failed(
+        master.official("project", "create", ws, "detection"),
+        f"workspace '{ws}' already has a project named 'detection'",
+    )
+    # The SDK's Workspace.list_projects, paginated.
+    listed = ok(master.official("workspace", "list-projects", ws, "--json"))
+    [sdk_project] = json.loads(listed.stdout)
+    assert (sdk_project["id"], sdk_project["workspaceId"]) == (
+        project["id"],
+        project["workspaceId"],
+    )
+
+    # `det e create --project_id`, then the config's workspace/project keys.
+    config = tmp_path / "config.yaml"
+    config.write_text(SINGLE.format(name="by-id"), encoding="utf-8")
+    submitted = ok(
+        master.official(
+            "e", "create", "--project_id", str(project["id"]), str(config), str(files["model_dir"])
+        )
+    )
+    [line] = [x for x in lines(submitted.stdout) if x.startswith("Created experiment ")]
+    by_id = int(line.removeprefix("Created experiment "))
+    named = tmp_path / "named.yaml"
+    named.write_text(
+        SINGLE.format(name="by-name") + f"workspace: {ws}\nproject: detection\n", encoding="utf-8"
+    )
+    submitted = ok(master.official("e", "create", str(named), str(files["model_dir"])))
+    [line] = [x for x in lines(submitted.stdout) if x.startswith("Created experiment ")]
+    by_name = int(line.removeprefix("Created experiment "))
+
+    listed = ok(master.official("project", "list-experiments", ws, "detection"))
+    ids = [row[0] for row in table(listed.stdout)[1:]]
+    assert ids == [str(by_id), str(by_name)], describe_run(listed)
+    described = json.loads(
+        ok(master.official("project", "describe", ws, "detection", "--json")).stdout
+    )
+    assert (described["numExperiments"], described["numActiveExperiments"]) == (2, 2)
+    shown = ok(master.official("project", "describe", ws, "detection"))
+    assert "Associated Experiments" in shown.stdout, describe_run(shown)
+    assert str(by_id) in shown.stdout and "by-name" in shown.stdout, describe_run(shown)
+
+    failed(
+        master.official(
+            "e", "create", "--project_id", "987654", str(config), str(files["model_dir"])
+        ),
+        "projectId: project 987654 does not exist",
+    )
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text(
+        SINGLE.format(name="lost") + f"workspace: {ws}\nproject: nowhere\n", encoding="utf-8"
+    )
+    failed(
+        master.official("e", "create", str(unknown), str(files["model_dir"])),
+        f"project 'nowhere' does not exist in workspace '{ws}'",
+    )
+
+    # The project cannot go while its experiments are active; `det e move` takes them out.
+    failed(
+        master.official("project", "delete", ws, "detection", "--yes"),
+        f"holds active experiments ({by_id}, {by_name})",
+    )
+    shelf = json.loads(ok(master.official("project", "create", ws, "archive", "--json")).stdout)
+    for experiment_id in (by_id, by_name):
+        moved = ok(master.official("e", "move", str(experiment_id), ws, "archive"))
+        assert lines(moved.stdout) == [f'Moved experiment {experiment_id} to project "archive"']
+    listed = ok(master.official("project", "list-experiments", ws, "archive", "--json"))
+    assert [e["id"] for e in json.loads(listed.stdout)] == [by_id, by_name]
+    listed = ok(master.official("e", "list", "--show_project"))
+    rows = table(listed.stdout)
+    assert rows[0][:3] == ["Workspace", "Project", "ID"], describe_run(listed)
+    assert [ws, "archive", str(by_id)] in [row[:3] for row in rows], describe_run(listed)
+
+    archived = ok(master.official("project", "archive", ws, "archive"))
+    assert lines(archived.stdout) == ["Successfully archived project archive."]
+    for experiment_id in (by_id, by_name):  # still running in an archived project
+        stored = master.api("GET", f"/api/v1/experiments/{experiment_id}")["experiment"]
+        assert stored["state"] == "STATE_ACTIVE"
+    failed(
+        master.official(
+            "e", "create", "--project_id", str(shelf["id"]), str(config), str(files["model_dir"])
+        ),
+        "projectId: project 'archive'",
+    )
+    ok(master.official("project", "unarchive", ws, "archive"))
+
+    edited = ok(
+        master.official("project", "edit", ws, "detection", "--new_name", "boxes", "--json")
+    )
+    assert json.loads(edited.stdout)["name"] == "boxes"
+    deleted = ok(master.official("project", "delete", ws, "boxes", "--yes"))
+    assert lines(deleted.stdout) == ["Successfully deleted project boxes."]
+    listed = ok(master.official("project", "list", ws, "--json"))
+    assert [p["name"] for p in json.loads(listed.stdout)] == ["archive"]
+
+    # Ended experiments go with their project: the client waits while the master deletes
+    # them (checkpoints first), polling the project until it is gone.
+    for experiment_id in (by_id, by_name):
+        ok(master.official("e", "kill", str(experiment_id)))
+
+    def ended() -> bool:
+        return all(
+            master.api("GET", f"/api/v1/experiments/{i}")["experiment"]["state"] == "STATE_CANCELED"
+            for i in (by_id, by_name)
+        )
+
+    wait_until("the killed experiments to end", ended, timeout=60)
+    deleted = ok(master.official("project", "delete", ws, "archive", "--yes", timeout=120))
+    said = lines(deleted.stdout)
+    assert said[0] == "Started deletion of project archive...", describe_run(deleted)
+    assert said[-1] == "Project deleted successfully.", describe_run(deleted)
+    for experiment_id in (by_id, by_name):
+        assert master.http("GET", f"/api/v1/experiments/{experiment_id}").status_code == 404
+    deleted = ok(master.official("workspace", "delete", ws, "--yes"))
+    assert lines(deleted.stdout) == [f"Successfully deleted workspace {ws}."]
