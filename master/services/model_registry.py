@@ -14,7 +14,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.db.models import (
@@ -479,15 +479,13 @@ async def set_archived(
 async def delete_model(session: AsyncSession, actor: Actor, identifier: str) -> None:
     """The model and its versions; their checkpoints stay, no longer held by them."""
     row = await _owned_model(session, actor, identifier, "delete it")
-    # Explicitly, not by the foreign key's cascade: SQLite connections may have it off.
-    versions = (
-        await session.scalars(select(ModelVersionModel).where(ModelVersionModel.model_id == row.id))
-    ).all()
-    for version in versions:
-        await session.delete(version)
-    await session.delete(row)
-    await session.flush()
-    log.info("model %r deleted by %s with %d versions", row.name, actor.username, len(versions))
+    # Explicitly, not left to the foreign key's cascade: SQLite connections may have it off.
+    removed = await session.execute(
+        delete(ModelVersionModel).where(ModelVersionModel.model_id == row.id)
+    )
+    await session.execute(delete(ModelModel).where(ModelModel.id == row.id))
+    versions = getattr(removed, "rowcount", 0)
+    log.info("model %r deleted by %s with %d versions", row.name, actor.username, versions)
 
 
 async def _registrable_checkpoint(session: AsyncSession, uuid: Any, field: str) -> CheckpointModel:
