@@ -274,3 +274,64 @@ def test_a_registered_checkpoint_outlives_retention_and_deletes(
     master.api("DELETE", f"/api/v1/models/{name}/versions/1")
     ok(master.official("checkpoint", "delete", uuids[0], "--yes"))
     assert checkpoint_state(master, uuids[0]) in ("DELETING", "DELETED")
+
+
+def test_our_det_model_verbs(master: MasterProcess, tmp_path: Path) -> None:
+    _, (first, second) = checkpoints(master, tmp_path / "store", [0.5, 0.25])
+    name = unique("our-model")
+
+    created = json.loads(
+        ok(
+            master.det(
+                "model",
+                "create",
+                name,
+                "--description",
+                "d",
+                "--label",
+                "a",
+                "--metadata",
+                '{"team": "vision"}',
+                "--json",
+            )
+        ).stdout
+    )
+    assert created["name"] == name and created["labels"] == ["a"]
+    assert created["metadata"] == {"team": "vision"}
+    table = ok(master.det("model", "list"))
+    assert name in table.stdout and "Versions" in table.stdout, describe_run(table)
+    assert name in [m["name"] for m in json.loads(ok(master.det("model", "list", "--json")).stdout)]
+
+    v1 = json.loads(
+        ok(master.det("model", "register-version", name, first, "--name", "v-one", "--json")).stdout
+    )
+    assert v1["version"] == 1 and v1["checkpoint"]["uuid"] == first and v1["name"] == "v-one"
+    row = ok(master.det("model", "register-version", name, second))
+    assert second in row.stdout, describe_run(row)
+
+    versions = json.loads(ok(master.det("model", "list-versions", name, "--json")).stdout)
+    assert [(v["version"], v["checkpoint"]["uuid"]) for v in versions] == [(1, first), (2, second)]
+    described = ok(master.det("model", "describe", name))
+    assert first in described.stdout and second in described.stdout, describe_run(described)
+    assert "team" in described.stdout
+    as_json = json.loads(ok(master.det("model", "describe", name, "--json")).stdout)
+    assert as_json["model"]["numVersions"] == 2 and len(as_json["modelVersions"]) == 2
+
+    ok(master.det("model", "archive", name))
+    hidden = json.loads(ok(master.det("model", "list", "--json")).stdout)
+    assert name not in [m["name"] for m in hidden]
+    refused = failed(master.det("model", "register-version", name, first))
+    assert "is archived" in refused
+    ok(master.det("model", "unarchive", name))
+
+    bad = failed(master.det("model", "create", unique("bad"), "--metadata", "[1, 2]"))
+    assert "--metadata: must be a JSON object" in bad
+    assert f"a model named '{name}' already exists" in failed(master.det("model", "create", name))
+    assert "no model named" in failed(master.det("model", "describe", unique("nope")))
+
+    ok(master.det("model", "delete", name, "--version", "2"))
+    versions = json.loads(ok(master.det("model", "list-versions", name, "--json")).stdout)
+    assert [v["version"] for v in versions] == [1]
+    deleted = ok(master.det("model", "delete", name))
+    assert lines(deleted.stdout) == [f"Deleted model {name}"], describe_run(deleted)
+    assert master.http("GET", f"/api/v1/models/{name}").status_code == 404
