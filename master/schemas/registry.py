@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field
 
-from master.schemas.common import Pagination, WireInput, WireModel
+from master.schemas.common import DbInt, Pagination, WireInput, WireModel
 from master.schemas.experiments import Checkpoint
 
 # Metadata and labels are checked by the service (master.services.model_registry), so a
@@ -57,7 +57,7 @@ class ModelCreate(WireInput):
     notes: Any = None
     labels: Any = None
     metadata: Any = None
-    workspace_id: int | None = None
+    workspace_id: DbInt | None = None
     workspace_name: str | None = None
 
 
@@ -67,7 +67,7 @@ class ModelPatch(WireInput):
     notes: Any = None
     labels: Any = None
     metadata: Any = None
-    workspace_id: int | None = None
+    workspace_id: DbInt | None = None
     workspace_name: str | None = None
 
 

@@ -8,8 +8,10 @@ Determined's client sends either. Every refusal names the field and changes noth
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+import uuid as uuidlib
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +39,8 @@ COMPLETED = "COMPLETED"  # checkpoint_gc.ACTIVE (not imported: checkpoint_gc imp
 MAX_NAME = 255
 MAX_LABEL = 255
 MAX_LABELS = 100
+MAX_TEXT = 1_000_000  # notes are a readme: long, not unbounded
+MAX_METADATA_BYTES = 1_000_000
 
 MODEL_SORTS = (
     "SORT_BY_UNSPECIFIED",
@@ -88,6 +92,8 @@ class ModelFilter:
 def check_model_name(value: Any, field: str = "name") -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidArgument(f"{field}: a model needs a name that is not blank")
+    if _unstorable(value):
+        raise InvalidArgument(f"{field}: holds a NUL character or a lone surrogate")
     if value != value.strip():
         raise InvalidArgument(f"{field}: {value!r} starts or ends with spaces")
     if len(value) > MAX_NAME:
@@ -100,11 +106,20 @@ def check_model_name(value: Any, field: str = "name") -> str:
     return value
 
 
+def _unstorable(text: str) -> bool:
+    # Postgres stores neither NUL nor lone surrogates, in text or in JSONB.
+    return "\x00" in text or any(0xD800 <= ord(c) <= 0xDFFF for c in text)
+
+
 def _text(value: Any, field: str, default: str = "") -> str:
     if value is None:
         return default
     if not isinstance(value, str):
         raise InvalidArgument(f"{field}: must be a string, not {type(value).__name__}")
+    if _unstorable(value):
+        raise InvalidArgument(f"{field}: holds a NUL character or a lone surrogate")
+    if len(value) > MAX_TEXT:
+        raise InvalidArgument(f"{field}: at most {MAX_TEXT} characters, not {len(value)}")
     return value
 
 
@@ -121,6 +136,8 @@ def check_labels(value: Any, field: str = "labels") -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise InvalidArgument(f"{field}: must be a list of strings")
     labels = list(dict.fromkeys(v.strip() for v in value))
+    if any(_unstorable(v) for v in labels):
+        raise InvalidArgument(f"{field}: a label holds a NUL character or a lone surrogate")
     if "" in labels:
         raise InvalidArgument(f"{field}: a label cannot be blank")
     if len(labels) > MAX_LABELS or any(len(v) > MAX_LABEL for v in labels):
@@ -136,7 +153,28 @@ def check_metadata(value: Any, field: str = "metadata") -> dict[str, Any]:
     if not isinstance(value, dict):
         kind = "a list" if isinstance(value, list) else type(value).__name__
         raise InvalidArgument(f"{field}: must be a JSON object, not {kind}")
+    try:
+        encoded = json.dumps(value, allow_nan=False)
+    except (ValueError, TypeError, RecursionError):
+        raise InvalidArgument(
+            f"{field}: holds a value JSON cannot carry (NaN or infinity)"
+        ) from None
+    if len(encoded) > MAX_METADATA_BYTES:
+        raise InvalidArgument(f"{field}: at most {MAX_METADATA_BYTES} bytes of JSON")
+    if _any_unstorable(value):
+        raise InvalidArgument(f"{field}: holds a NUL character or a lone surrogate")
     return value
+
+
+def _any_unstorable(value: Any) -> bool:
+    """In any key or string of a JSON document (already known to be finite in depth)."""
+    if isinstance(value, str):
+        return _unstorable(value)
+    if isinstance(value, dict):
+        return any(_unstorable(k) or _any_unstorable(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_any_unstorable(v) for v in value)
+    return False
 
 
 # --- reading --------------------------------------------------------------------------------
@@ -491,7 +529,11 @@ async def delete_model(session: AsyncSession, actor: Actor, identifier: str) -> 
 async def _registrable_checkpoint(session: AsyncSession, uuid: Any, field: str) -> CheckpointModel:
     if not isinstance(uuid, str) or not uuid.strip():
         raise InvalidArgument(f"{field}: give the uuid of a checkpoint to register")
-    checkpoint = await session.get(CheckpointModel, uuid.strip().lower())
+    try:
+        canonical = str(uuidlib.UUID(uuid.strip()))
+    except ValueError:
+        canonical = None  # not a uuid, so not a checkpoint's
+    checkpoint = await session.get(CheckpointModel, canonical) if canonical else None
     if checkpoint is None:
         raise NotFound(f"{field}: no checkpoint {uuid}")
     if checkpoint.state != COMPLETED:

@@ -264,10 +264,17 @@ async def test_bad_models_are_refused_naming_the_field_and_nothing_changes(
         ({"name": "m", "labels": "one"}, 400, "labels: must be a list of strings"),
         ({"name": "m", "description": 5}, 400, "description: must be a string"),
         ({"name": "m", "workspaceName": "nowhere"}, 404, "workspaceName: no workspace"),
+        ({"name": "m", "workspaceId": 2**40}, 400, "body workspaceId:"),
+        ({"name": "m\u0000"}, 400, "name: holds a NUL character"),
+        ({"name": "m", "description": "a\u0000b"}, 400, "description: holds a NUL character"),
+        ({"name": "m", "metadata": {"k": ["\u0000"]}}, 400, "metadata: holds a NUL character"),
     ]
     for body, status, expected in cases:
         message = refusal(await api.post("/api/v1/models", json=body), status)
         assert message.startswith(expected), (body, message)
+    # A lone surrogate, escaped as a client may send it (httpx will not encode one).
+    reply = await api.post("/api/v1/models", content=b'{"name": "m", "labels": ["\\ud800"]}')
+    assert refusal(reply, 400).startswith("labels: a label holds a NUL character")
     patches: list[tuple[dict[str, Any], int, str]] = [
         ({"metadata": [1]}, 400, "metadata: must be a JSON object"),
         ({"metadata": 3}, 400, "metadata: must be a JSON object"),
@@ -289,6 +296,8 @@ async def test_bad_models_are_refused_naming_the_field_and_nothing_changes(
         reply = await api.request(method, "/api/v1/models/nope", json={"description": "x"})
         assert refusal(reply, 404).startswith("modelName:")
     assert refusal(await api.post("/api/v1/models/nope/archive"), 404).startswith("modelName:")
+    reply = await api.get("/api/v1/models", params={"userIds": 2**40})
+    assert refusal(reply, 400).startswith("query userIds")
     reply = await api.get("/api/v1/models", params={"sortBy": "SORT_BY_COLOUR"})
     assert refusal(reply, 400).startswith("sortBy:")
 

@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.api.deps import MAX_INT, CurrentActor, CurrentUser, ObjectId, SessionDep
 from master.api.routes.trials import checkpoint_views
-from master.schemas.common import Pagination
+from master.schemas.common import DbInt, Pagination
 from master.schemas.experiments import Empty
 from master.schemas.registry import (
     ModelCreate,
@@ -82,8 +82,8 @@ async def list_models(
     id: int | None = Query(None, ge=0, le=MAX_INT),
     labels: list[str] | None = Query(None),
     users: list[str] | None = Query(None),
-    user_ids: list[int] | None = Query(None, alias="userIds"),
-    workspace_ids: list[int] | None = Query(None, alias="workspaceIds"),
+    user_ids: list[DbInt] | None = Query(None, alias="userIds"),
+    workspace_ids: list[DbInt] | None = Query(None, alias="workspaceIds"),
     workspace_names: list[str] | None = Query(None, alias="workspaceNames"),
     sort_by: str = Query("SORT_BY_UNSPECIFIED", alias="sortBy"),
     order_by: str = Query("ORDER_BY_UNSPECIFIED", alias="orderBy"),
