@@ -9,12 +9,15 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.api.test_access import (
     alice,  # noqa: F401  (a fixture)
     refusal,
 )
 from tests.api.test_checkpoint_gc import checkpoint_with_files, config_for, deleter_pass, states
+from tests.api.test_no_server_errors import scalars
 from tests.api.test_trial_reports import Trial, ok, save, submit
 
 # Every key Determined's client indexes in a v1Model and a v1ModelVersion.
@@ -385,3 +388,60 @@ async def test_a_body_without_content_type_registers(api: httpx.AsyncClient) -> 
     reply = await api.post("/api/v1/models", content=b'{"name": "bare", "metadata": {"x": 1}}')
     assert reply.status_code == 200, reply.text
     assert reply.json()["model"]["metadata"] == {"x": 1}
+
+
+FIELDS = st.sampled_from(
+    [
+        "name",
+        "description",
+        "notes",
+        "labels",
+        "metadata",
+        "workspaceId",
+        "workspaceName",
+        "checkpointUuid",
+        "modelName",
+        "comment",
+        "checkpoint",
+        "uuid",
+    ]
+)
+BODIES = st.recursive(
+    scalars,
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(FIELDS, children, max_size=4),
+    max_leaves=10,
+)
+REGISTRY_ROUTES = [
+    ("POST", "/api/v1/models"),
+    ("PATCH", "/api/v1/models/{m}"),
+    ("POST", "/api/v1/models/{m}/versions"),
+    ("PATCH", "/api/v1/models/{m}/versions/{v}"),
+    ("GET", "/api/v1/models"),
+    ("GET", "/api/v1/models/{m}/versions"),
+]
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+async def test_random_registry_requests_never_fail_the_server(
+    api: httpx.AsyncClient, data: st.DataObject
+) -> None:
+    """Random bodies and query values on the registry's routes: a 200 or the client's 4xx."""
+    if (await api.get("/api/v1/models/fuzzed")).status_code == 404:
+        await create(api, "fuzzed")
+    method, template = data.draw(st.sampled_from(REGISTRY_ROUTES))
+    model = data.draw(st.sampled_from(["fuzzed", "1", "nope", "x y"]))
+    path = template.replace("{m}", model).replace("{v}", str(data.draw(st.integers(0, 3))))
+    params = data.draw(
+        st.dictionaries(
+            st.sampled_from(["sortBy", "orderBy", "labels", "users", "archived", "id", "limit"]),
+            scalars.map(str),
+            max_size=2,
+        )
+    )
+    reply = await api.request(method, path, json=data.draw(BODIES), params=params)
+    assert reply.status_code < 500, (method, path, reply.text)
+    if reply.status_code != 200:
+        assert reply.json()["message"]
