@@ -297,6 +297,9 @@ class CheckpointDeleter(Loop):
             ending = await session.scalar(
                 select(func.count()).where(ExperimentModel.state == ExperimentState.DELETING)
             )
+            if due:
+                kept = await _keep_registered(session, [row[0] for row in due])
+                due = [row for row in due if row[0] not in kept]
         if not due and not ending:
             return  # the usual idle second: one read, no second transaction
         outcomes = await asyncio.gather(
@@ -319,6 +322,25 @@ class CheckpointDeleter(Loop):
                     deletion_cause(reason or ""),
                 )
             await _finish_deleted_experiments(session)
+
+
+async def _keep_registered(session: AsyncSession, uuids: Sequence[str]) -> set[str]:
+    """Those of `uuids` a model version holds, back to COMPLETED before any file goes. Only
+    a registration that raced the decision to delete (both committed) leaves one here."""
+    held = await model_registry.holders(session, uuids)
+    for uuid, versions in held.items():
+        revived = await session.execute(
+            update(CheckpointModel)
+            .where(CheckpointModel.uuid == uuid, CheckpointModel.state == DELETING)
+            .values(
+                state=ACTIVE,
+                state_reason=f"kept: {model_registry.describe_holders(versions)}",
+                delete_next_at=None,
+            )
+        )
+        if getattr(revived, "rowcount", 0):
+            log.warning("checkpoint %s kept, not deleted: it is registered", uuid)
+    return set(held)
 
 
 # A failed attempt's reason keeps why the checkpoint is being deleted in front of it, so

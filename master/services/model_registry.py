@@ -16,7 +16,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.db.models import (
@@ -545,6 +545,20 @@ async def _registrable_checkpoint(session: AsyncSession, uuid: Any, field: str) 
         raise InvalidArgument(
             f"{field}: checkpoint {checkpoint.uuid} is {shown}; only a completed checkpoint "
             "can be registered"
+        )
+    # Take the checkpoint's row lock, still COMPLETED: a retention decision or a delete
+    # running beside this one either went first (nothing matches: refused) or waits for
+    # this transaction, and its deleter then finds the version (checkpoint_gc).
+    held = await session.execute(
+        update(CheckpointModel)
+        .where(CheckpointModel.uuid == checkpoint.uuid, CheckpointModel.state == COMPLETED)
+        .values(state=COMPLETED)
+        .execution_options(synchronize_session=False)
+    )
+    if getattr(held, "rowcount", 1) == 0:
+        raise InvalidArgument(
+            f"{field}: checkpoint {checkpoint.uuid} is being deleted; only a completed "
+            "checkpoint can be registered"
         )
     return checkpoint
 

@@ -12,6 +12,9 @@ from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from master.db.models import CheckpointModel
+from master.db.session import session_scope
+from master.services.checkpoint_gc import mark_deleting
 from tests.api.test_access import (
     alice,  # noqa: F401  (a fixture)
     refusal,
@@ -235,6 +238,27 @@ async def test_deleting_a_registered_checkpoint_is_refused_until_its_version_goe
     await deleter_pass(app)
     assert (await states(api, trial.experiment_id))[1] == ("DELETED", "STATE_DELETED")
     assert not (storage / uuid).exists()
+
+
+async def test_a_deletion_that_raced_a_registration_is_undone_before_any_file_goes(
+    app: FastAPI, api: httpx.AsyncClient, storage: Path
+) -> None:
+    """Retention and a registration decided at once, both committed: the deleter finds
+    the version and keeps the checkpoint, saying why."""
+    trial = await a_trial(api, storage)
+    uuid = await checkpoint_with_files(api, storage, trial, 1, 0.5)
+    await create(api, "raced")
+    await register(api, "raced", uuid)
+    async with session_scope(app.state.session_factory) as session:
+        checkpoint = await session.get(CheckpointModel, uuid)
+        assert checkpoint is not None
+        mark_deleting([checkpoint], "retention: decided beside the registration")
+    assert (await states(api, trial.experiment_id))[1][0] == "DELETING"
+    await deleter_pass(app)
+    found = (await ok(api.get(f"/api/v1/checkpoints/{uuid}")))["checkpoint"]
+    assert found["storageState"] == "ACTIVE"
+    assert found["stateReason"] == "kept: version 1 of model 'raced'"
+    assert (storage / uuid / "model.pt").is_file()
 
 
 async def test_deleting_a_model_lets_its_checkpoints_go(
