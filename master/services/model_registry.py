@@ -182,6 +182,8 @@ def _any_unstorable(value: Any) -> bool:
 
 async def find_model(session: AsyncSession, identifier: str) -> ModelModel:
     """By name, else by numeric id; NotFound names what was asked for."""
+    if _unstorable(identifier):  # no model has such a name; Postgres would refuse to look
+        raise NotFound(f"modelName: no model named {identifier!r}")
     row = await session.scalar(select(ModelModel).where(ModelModel.name == identifier))
     if row is None and _DIGITS.match(identifier) and int(identifier) <= MAX_INT:
         row = await session.get(ModelModel, int(identifier))
@@ -249,6 +251,9 @@ async def list_models(
     if sort_by not in MODEL_SORTS:
         raise InvalidArgument(f"sortBy: {sort_by!r} is not one of {', '.join(MODEL_SORTS)}")
     descending = _order(order_by)
+    for field, text in (("name", filters.name), ("description", filters.description)):
+        if text and _unstorable(text):
+            raise InvalidArgument(f"{field}: holds a NUL character or a lone surrogate")
     query = select(ModelModel)
     if filters.archived is not None:
         query = query.where(ModelModel.archived == filters.archived)
@@ -422,6 +427,8 @@ async def _workspace(
     session: AsyncSession, workspace_id: int | None, workspace_name: str | None
 ) -> WorkspaceModel:
     if workspace_name:
+        if _unstorable(workspace_name):
+            raise NotFound(f"workspaceName: no workspace named {workspace_name!r}")
         ws = await session.scalar(
             select(WorkspaceModel).where(WorkspaceModel.name == workspace_name)
         )
