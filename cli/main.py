@@ -12,6 +12,7 @@ from cli import (
     cluster,
     experiments,
     logs,
+    models,
     tasks,
     templates,
     tokens,
@@ -43,6 +44,8 @@ experiments.app.command("list-checkpoints")(checkpoints.list_checkpoints)
 experiments.app.command("lc", hidden=True)(checkpoints.list_checkpoints)
 app.add_typer(checkpoints.app, name="checkpoint")
 app.add_typer(checkpoints.app, name="c", hidden=True)
+app.add_typer(models.app, name="model")
+app.add_typer(models.app, name="m", hidden=True)
 cluster.task_app.command("logs")(logs.task_logs)
 app.add_typer(cluster.task_app, name="task")
 app.add_typer(cluster.agent_app, name="agent")

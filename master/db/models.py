@@ -439,6 +439,54 @@ class CheckpointModel(Base):
     )
 
 
+# "ModelModel" is the ORM naming rule applied to Determined's registry "model".
+class ModelModel(Base):
+    """A model in the registry: a named home for checkpoints a user chose to keep."""
+
+    __tablename__ = "models"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    notes: Mapped[str] = mapped_column(Text, default="")
+    labels: Mapped[list[str]] = mapped_column(JsonType, default=list)
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JsonType, default=dict)
+    archived: Mapped[bool] = mapped_column(default=False)
+    workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id"), index=True)
+    # Who may change it besides admins; NULL once that user is gone.
+    owner_id: Mapped[int | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL"), nullable=True
+    )
+    creation_time: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    last_updated_time: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ModelVersionModel(Base):
+    """A version of a model: one checkpoint, numbered 1, 2, ... within its model. While it
+    exists its checkpoint is neither deleted by retention nor by a user (checkpoint_gc)."""
+
+    __tablename__ = "model_versions"
+    __table_args__ = (UniqueConstraint("model_id", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"))
+    version: Mapped[int] = mapped_column(Integer)
+    # RESTRICT: a checkpoint row cannot go while a version holds it.
+    checkpoint_uuid: Mapped[str] = mapped_column(
+        ForeignKey("checkpoints.uuid", ondelete="RESTRICT"), index=True
+    )
+    name: Mapped[str] = mapped_column(String(255), default="")
+    comment: Mapped[str] = mapped_column(Text, default="")
+    notes: Mapped[str] = mapped_column(Text, default="")
+    labels: Mapped[list[str]] = mapped_column(JsonType, default=list)
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JsonType, default=dict)
+    owner_id: Mapped[int | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL"), nullable=True
+    )
+    creation_time: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    last_updated_time: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
 class StateChangeModel(Base):
     """Audit trail of every experiment and trial state change."""
 

@@ -186,6 +186,18 @@ async def require_project_owner(
     )
 
 
+async def require_model_owner(
+    session: AsyncSession, actor: Actor, name: str, owner_id: int | None, what: str
+) -> None:
+    """A registry model is its creator's; one whose creator is gone is the admins'."""
+    if actor.admin or (owner_id is not None and owner_id == actor.user_id):
+        return
+    owner = await _owner_name(session, owner_id)
+    raise PermissionDenied(
+        f"model {name!r} belongs to {owner}; only its owner or an admin may {what}"
+    )
+
+
 def may_act_for_user(actor: Actor, user_id: int, what: str) -> None:
     """A user may manage their own account and tokens; an admin anyone's."""
     if not actor.admin and actor.user_id != user_id:

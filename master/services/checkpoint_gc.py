@@ -32,8 +32,8 @@ from master.db.models import (
     utcnow,
 )
 from master.db.session import session_scope
-from master.errors import InvalidArgument, NotFound
-from master.services import states
+from master.errors import Conflict, InvalidArgument, NotFound
+from master.services import model_registry, states
 from master.services.loops import Loop
 from resolute.storage import StorageError, from_config, one_line
 
@@ -113,6 +113,8 @@ async def apply_retention(session: AsyncSession, experiment: ExperimentModel) ->
         return 0
     facts = await _facts(session, experiment, rows)
     keep = await _warm_starts(session, [c.uuid for c in rows])
+    # A model version's checkpoint is the user's choice to keep, whatever the settings say.
+    keep |= set(await model_registry.holders(session, [c.uuid for c in rows]))
     retention = retention_of(experiment.config)
     doomed = set(to_delete(facts, retention, ended_trials=ended, keep=keep))
     reason = (
@@ -186,6 +188,13 @@ async def delete_checkpoints(session: AsyncSession, uuids: Sequence[str], actor:
     missing = [u for u in uuids if u not in rows]
     if missing:
         raise NotFound(f"checkpointUuids: no checkpoint {', '.join(missing)}")
+    held = await model_registry.holders(session, uuids)
+    if held:
+        raise Conflict(
+            "checkpointUuids: "
+            + "; ".join(f"{uuid} is {model_registry.describe_holders(held[uuid])}" for uuid in held)
+            + "; delete those model versions first"
+        )
     for uuid in uuids:
         checkpoint = rows[uuid]
         trial = await session.get(TrialModel, checkpoint.trial_id)
@@ -215,10 +224,23 @@ async def delete_experiment(session: AsyncSession, experiment: ExperimentModel, 
             f"experiment {experiment.id} is {current}; kill it or wait for it to end before "
             "deleting it"
         )
-    states.set_experiment_state(session, experiment, ExperimentState.DELETING, f"by {actor}")
-    rows = await session.scalars(
-        select(CheckpointModel).where(CheckpointModel.experiment_id == experiment.id)
+    rows = list(
+        (
+            await session.scalars(
+                select(CheckpointModel).where(CheckpointModel.experiment_id == experiment.id)
+            )
+        ).all()
     )
+    held = await model_registry.holders(session, [c.uuid for c in rows])
+    if held:
+        uuid = next(iter(held))
+        raise Conflict(
+            f"experiment {experiment.id}: its checkpoint {uuid} is "
+            f"{model_registry.describe_holders(held[uuid])}"
+            + (f" (and {len(held) - 1} more checkpoints are registered)" if len(held) > 1 else "")
+            + "; delete those model versions before the experiment"
+        )
+    states.set_experiment_state(session, experiment, ExperimentState.DELETING, f"by {actor}")
     mark_deleting(rows, f"experiment {experiment.id} deleted by {actor}")
 
 
@@ -286,6 +308,9 @@ class CheckpointDeleter(Loop):
             ending = await session.scalar(
                 select(func.count()).where(ExperimentModel.state == ExperimentState.DELETING)
             )
+            if due:
+                kept = await _keep_registered(session, [row[0] for row in due])
+                due = [row for row in due if row[0] not in kept]
             if not due and not ending and self.pending is not None:
                 ending = await self.pending(session)
         if not due and not ending:
@@ -312,6 +337,25 @@ class CheckpointDeleter(Loop):
             await _finish_deleted_experiments(session)
             if self.after_pass is not None:
                 await self.after_pass(session)
+
+
+async def _keep_registered(session: AsyncSession, uuids: Sequence[str]) -> set[str]:
+    """Those of `uuids` a model version holds, back to COMPLETED before any file goes. Only
+    a registration that raced the decision to delete (both committed) leaves one here."""
+    held = await model_registry.holders(session, uuids)
+    for uuid, versions in held.items():
+        revived = await session.execute(
+            update(CheckpointModel)
+            .where(CheckpointModel.uuid == uuid, CheckpointModel.state == DELETING)
+            .values(
+                state=ACTIVE,
+                state_reason=f"kept: {model_registry.describe_holders(versions)}",
+                delete_next_at=None,
+            )
+        )
+        if getattr(revived, "rowcount", 0):
+            log.warning("checkpoint %s kept, not deleted: it is registered", uuid)
+    return set(held)
 
 
 # A failed attempt's reason keeps why the checkpoint is being deleted in front of it, so

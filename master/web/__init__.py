@@ -12,6 +12,7 @@ from master.web import (
     cluster,
     config_templates,
     experiments,
+    registry,
     search_views,
     tasks,
     trials,
@@ -26,7 +27,16 @@ from master.web.common import (
 )
 
 router = APIRouter(include_in_schema=False)
-for _module in (auth, cluster, experiments, search_views, trials, tasks, config_templates):
+for _module in (
+    auth,
+    cluster,
+    experiments,
+    search_views,
+    trials,
+    tasks,
+    config_templates,
+    registry,
+):
     router.include_router(_module.router)
 
 

@@ -11,6 +11,7 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.api.deps import MAX_INT, CurrentUser, ObjectId, PreemptionDep, SessionDep
 from master.db.models import AllocationState, CheckpointModel, ExperimentModel, TrialModel
@@ -205,7 +206,8 @@ async def start_run(body: RunStart, session: SessionDep, user: CurrentUser) -> E
 # -- checkpoints ---------------------------------------------------------------------------
 
 
-async def _checkpoint_views(session: SessionDep, rows: list[CheckpointModel]) -> list[Checkpoint]:
+async def checkpoint_views(session: AsyncSession, rows: list[CheckpointModel]) -> list[Checkpoint]:
+    """Checkpoints as Determined's v1Checkpoint (also inside a model version's reply)."""
     metrics = await trial_reports.checkpoint_metrics(session, rows)
     # Three queries for any number of checkpoints: their trials, experiments and metrics.
     trials = await _by_id(session, TrialModel, {row.trial_id for row in rows})
@@ -326,7 +328,7 @@ async def _checkpoint_list(
     sort_by_metric: str = "",
     states: tuple[str, ...] = (),
 ) -> CheckpointList:
-    views = await _checkpoint_views(session, rows)
+    views = await checkpoint_views(session, rows)
     if states:
         views = [v for v in views if v.state in states]
     views = _sort_checkpoints(views, sort_by, order_by, smaller_is_better, sort_by_metric)
@@ -364,7 +366,7 @@ async def get_checkpoint(
     if "application/gzip" in request.headers.get("accept", ""):
         return await download_checkpoint(uuid, session, user)
     row = await trial_reports.get_checkpoint(session, uuid)
-    return CheckpointResponse(checkpoint=(await _checkpoint_views(session, [row]))[0])
+    return CheckpointResponse(checkpoint=(await checkpoint_views(session, [row]))[0])
 
 
 # Determined's SDK downloads through the master at /checkpoints/{uuid}, outside /api/v1.
