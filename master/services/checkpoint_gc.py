@@ -33,7 +33,7 @@ from master.db.models import (
 )
 from master.db.session import session_scope
 from master.errors import Conflict, InvalidArgument, NotFound
-from master.services import model_registry, states
+from master.services import registered_checkpoints, states
 from master.services.loops import Loop
 from resolute.storage import StorageError, from_config, one_line
 
@@ -114,7 +114,7 @@ async def apply_retention(session: AsyncSession, experiment: ExperimentModel) ->
     facts = await _facts(session, experiment, rows)
     keep = await _warm_starts(session, [c.uuid for c in rows])
     # A model version's checkpoint is the user's choice to keep, whatever the settings say.
-    keep |= set(await model_registry.holders(session, [c.uuid for c in rows]))
+    keep |= set(await registered_checkpoints.holders(session, [c.uuid for c in rows]))
     retention = retention_of(experiment.config)
     doomed = set(to_delete(facts, retention, ended_trials=ended, keep=keep))
     reason = (
@@ -188,11 +188,13 @@ async def delete_checkpoints(session: AsyncSession, uuids: Sequence[str], actor:
     missing = [u for u in uuids if u not in rows]
     if missing:
         raise NotFound(f"checkpointUuids: no checkpoint {', '.join(missing)}")
-    held = await model_registry.holders(session, uuids)
+    held = await registered_checkpoints.holders(session, uuids)
     if held:
         raise Conflict(
             "checkpointUuids: "
-            + "; ".join(f"{uuid} is {model_registry.describe_holders(held[uuid])}" for uuid in held)
+            + "; ".join(
+                f"{uuid} is {registered_checkpoints.describe_holders(held[uuid])}" for uuid in held
+            )
             + "; delete those model versions first"
         )
     for uuid in uuids:
@@ -231,12 +233,12 @@ async def delete_experiment(session: AsyncSession, experiment: ExperimentModel, 
             )
         ).all()
     )
-    held = await model_registry.holders(session, [c.uuid for c in rows])
+    held = await registered_checkpoints.holders(session, [c.uuid for c in rows])
     if held:
         uuid = next(iter(held))
         raise Conflict(
             f"experiment {experiment.id}: its checkpoint {uuid} is "
-            f"{model_registry.describe_holders(held[uuid])}"
+            f"{registered_checkpoints.describe_holders(held[uuid])}"
             + (f" (and {len(held) - 1} more checkpoints are registered)" if len(held) > 1 else "")
             + "; delete those model versions before the experiment"
         )
@@ -342,14 +344,14 @@ class CheckpointDeleter(Loop):
 async def _keep_registered(session: AsyncSession, uuids: Sequence[str]) -> set[str]:
     """Those of `uuids` a model version holds, back to COMPLETED before any file goes. Only
     a registration that raced the decision to delete (both committed) leaves one here."""
-    held = await model_registry.holders(session, uuids)
+    held = await registered_checkpoints.holders(session, uuids)
     for uuid, versions in held.items():
         revived = await session.execute(
             update(CheckpointModel)
             .where(CheckpointModel.uuid == uuid, CheckpointModel.state == DELETING)
             .values(
                 state=ACTIVE,
-                state_reason=f"kept: {model_registry.describe_holders(versions)}",
+                state_reason=f"kept: {registered_checkpoints.describe_holders(versions)}",
                 delete_next_at=None,
             )
         )
