@@ -831,6 +831,7 @@ def test_not_found_pages_keep_the_navigation_and_say_what_is_missing(
             "Experiments",
             "Tasks",
             "Templates",
+            "Models",
         ], url
         assert says in page.locator("main").inner_text(), url
     page.goto("/ui/trials/987654321")
@@ -1337,7 +1338,7 @@ def test_another_users_task_cannot_be_killed_and_unknown_tasks_are_not_found(
         assert reply.status == 404
         assert "task no-such-task not found" in page.locator("main").inner_text()
         nav = page.locator("header.top nav").get_by_role("link").all_inner_texts()
-        assert nav == ["Cluster", "Experiments", "Tasks", "Templates"]
+        assert nav == ["Cluster", "Experiments", "Tasks", "Templates", "Models"]
     finally:
         context.close()
         cluster.master.http(
