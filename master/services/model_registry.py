@@ -2,8 +2,9 @@
 
 A version pins its checkpoint: retention skips it and a user's delete is refused until the
 version goes (master.services.checkpoint_gc asks master.services.registered_checkpoints
-which versions hold what). Ids in paths are a model's name or, when no model has that name, its numeric id, as
-Determined's client sends either. Every refusal names the field and changes nothing.
+which versions hold what). Ids in paths are a model's name or, when no model has that
+name, its numeric id, as Determined's client sends either. Every refusal names the field
+and changes nothing.
 """
 
 from __future__ import annotations
