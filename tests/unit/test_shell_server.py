@@ -108,7 +108,7 @@ def alive(pid: int) -> bool:
     """Running, as opposed to gone or a zombie waiting for a reaper that may never come."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before, or while, it was read
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
