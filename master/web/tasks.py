@@ -43,8 +43,19 @@ NOTICES = {
     "priority": "Priority changed; the next scheduling pass reorders the queue.",
     "killed": "Kill requested: the task stops once its process has exited.",
 }
-# Served through /proxy/<id>/ to their owner (a shell's page there is its terminal).
+# Served through /proxy/<id>/ to their owner. A shell serves no page: it is reached by ssh
+# through `det shell open ID`, which its page shows its owner (as Determined's web UI does).
 OPENABLE = (TaskType.NOTEBOOK, TaskType.TENSORBOARD)
+
+
+def can_connect(row: TaskRow, web: WebSession) -> bool:
+    """Whether to show the owner of a shell that has not ended how to reach it: `det shell
+    open` waits for a pending shell to run, so the command holds from the start."""
+    return (
+        row.task.type == TaskType.SHELL
+        and row.allocation.state not in (AllocationState.TERMINATED, AllocationState.TERMINATING)
+        and row.task.owner_id == web.user_id
+    )
 
 
 def can_open(row: TaskRow, web: WebSession) -> bool:
@@ -95,6 +106,7 @@ async def _context(
         # Jobs are one per experiment with queued or running trials: a short list.
         "jobs": jobs,
         "can_open": can_open,
+        "can_connect": can_connect,
     }
 
 
@@ -150,6 +162,7 @@ async def _task_context(session: AsyncSession, task_id: str) -> dict[str, Any]:
         "ended": state == AllocationState.TERMINATED,
         "can_kill": state not in (AllocationState.TERMINATED, AllocationState.TERMINATING),
         "can_open": can_open,
+        "can_connect": can_connect,
     }
 
 

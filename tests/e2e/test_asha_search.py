@@ -6,6 +6,8 @@ compared; then a master is killed with SIGKILL mid-search and restarted.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 import shutil
@@ -200,6 +202,20 @@ def test_honoured_stops_save_the_batches_determined_trained(
     first = trials[0]
     entered = first["searcher"]["rungs"][0]
     assert f"0 at {entered['units']} batches: {entered['metric']:.6g}" in describe.stdout
+    # Each trial's end as the searcher decided it, agreeing with its end reason: stopped at
+    # a rung below the top, or the top rung having trained the full max_time.
+    as_csv = master.det("experiment", "describe", str(honoured), "--csv")
+    assert as_csv.returncode == 0, as_csv.stderr
+    tables = [list(csv.reader(io.StringIO(t))) for t in as_csv.stdout.split("\n\n")]
+    (rungs,) = [t for t in tables if t and t[0][-1] == "Searcher's end"]
+    top = len(units) - 1
+    assert {row[0]: row[-1] for row in rungs[1:]} == {
+        str(trial["id"]): (
+            f"top rung {top}: full max_time" if rung == top else f"stopped at rung {rung}"
+        )
+        for trial, rung in zip(trials, expected, strict=True)
+    }
+    assert [t["searcher"]["reachedTop"] for t in trials] == [r == top for r in expected]
     preview = master.det("preview-search", str(work / "honoured" / "config.yaml"))
     assert preview.returncode == 0, preview.stderr
     assert "train for 8 batches" in preview.stdout and "Budget: 6 trials" in preview.stdout

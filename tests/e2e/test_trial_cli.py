@@ -5,6 +5,7 @@ running a trial that reports its metrics and checkpoints over REST as the traini
 from __future__ import annotations
 
 import csv
+import html
 import io
 import json
 import re
@@ -15,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from harness.cluster import AgentProcess
+from harness.cluster import AgentProcess, wait_until
 from tests.conftest import require
 from tests.e2e.agents import create_experiment, trial_logs, write_experiment
 from tests.e2e.conftest import (
@@ -468,6 +470,68 @@ def test_checkpoint_list_on_a_narrow_terminal_keeps_uuids_and_states_whole(
 
     both = master.det("checkpoint", "list", experiment, "--json", "--csv")
     not_found(both, "--json and --csv cannot be used together")
+
+
+def test_checkpoints_removed_by_retention_say_why_in_the_listing_and_on_the_dashboard(
+    cluster: tuple[MasterProcess, Path],
+) -> None:
+    """Default retention keeps each trial's best and latest: step 20's checkpoint is both
+    (lower loss), so step 10's goes when the experiment ends; `det checkpoint list` and the
+    experiment's page say why, where users used to see it vanish with no reason."""
+    master, work = cluster
+    storage = work / "retained"
+    storage.mkdir()
+    script = REPORTING_SCRIPT % {
+        "training": json.dumps(TRAINING),
+        "validation": json.dumps(VALIDATION),
+        "checkpoints": list(CHECKPOINT_STEPS),
+    }
+    config, model = write_experiment(
+        work / "retention",
+        script,
+        extra={
+            "checkpoint_storage": {"type": "shared_fs", "host_path": str(storage)},
+            "searcher": {"max_length": 20},
+        },
+    )
+    experiment = str(create_experiment(master, config, model))
+    ok(master.det("experiment", "wait", experiment, "--interval", "0.5", timeout=240))
+    reason = "retention: not among save_experiment_best=0, save_trial_best=1 or save_trial_latest=1"
+
+    def listed() -> list[dict[str, Any]] | None:
+        found = json.loads(ok(master.det("checkpoint", "list", experiment, "--json")).stdout)
+        return found if any(c.get("stateReason") for c in found) else None
+
+    checkpoints = wait_until("retention to mark step 10's checkpoint", listed, timeout=60)
+    by_steps = {c["metadata"]["steps_completed"]: c for c in checkpoints}
+    assert by_steps[10]["stateReason"] == reason and by_steps[10]["storageState"] in (
+        "DELETING",
+        "DELETED",
+    )
+    assert by_steps[20]["storageState"] == "ACTIVE" and not by_steps[20].get("stateReason")
+
+    table = ok(det_columns(master, 250, "checkpoint", "list", experiment))
+    header, *rows = lines(table.stdout)
+    assert header.rstrip().endswith("State reason"), describe_run(table)
+    kept = next(r for r in rows if by_steps[20]["uuid"] in r)
+    # A long reason wraps at spaces inside its column, every word whole.
+    assert reason in " ".join(table.stdout.split()) and "retention" not in kept, describe_run(table)
+    as_csv = list(csv.reader(io.StringIO(ok(master.det("c", "list", experiment, "--csv")).stdout)))
+    assert {r[2]: r[-1] for r in as_csv[1:]} == {
+        by_steps[10]["uuid"]: reason,
+        by_steps[20]["uuid"]: "",
+    }
+
+    with httpx.Client(base_url=master.url, timeout=30) as browser:
+        signed_in = browser.post(
+            "/ui/login",
+            data={"username": "determined", "password": ""},
+            headers={"Origin": master.url},
+        )
+        assert signed_in.status_code == 303, signed_in.text
+        page = html.unescape(browser.get(f"/ui/experiments/{experiment}").text)
+    row = next(r for r in page.split("</tr>") if f'title="{by_steps[10]["uuid"]}"' in r)
+    assert reason in row, row
 
 
 def test_checkpoint_describe(reported: Reported) -> None:

@@ -57,10 +57,18 @@ def test_a_notebook_opened_through_the_proxy_runs_a_cell_on_the_agent(
         page.get_by_label("Password").fill("")
         page.get_by_role("button", name="Sign in").click()
         page.wait_for_url(f"**{path}lab**")
+        # As a user finds it again: the Tasks page lists it, running, with Open.
+        page.goto("/ui/tasks")
+        row = page.locator(f'tr[data-task-id="{notebook_id}"]')
+        row.get_by_role("link", name="Open").click()
+        page.wait_for_url(f"**{path}lab**")
         # JupyterLab's launcher: a new Python notebook. Its kernel starts on the agent and
         # the page connects to it through the proxy; on a loaded machine either takes a
         # while, so wait for both where Jupyter itself says so before typing a key.
-        page.locator(".jp-LauncherCard[title*='Python 3']").first.click()
+        launcher = page.locator(".jp-LauncherCard[title*='Python 3']").first
+        launcher.wait_for()
+        page.screenshot(path=str(screenshot_dir / "notebook-opened-from-tasks.png"))
+        launcher.click()
         kernel = wait_until(
             "the notebook's kernel to be idle with the page connected to it",
             lambda: _connected_idle_kernel(page, path),

@@ -1337,6 +1337,31 @@ async def test_tasks_page_lists_commands_with_their_page_logs_and_kill(
     assert await command_state(admin, theirs) == "STATE_TERMINATED"
 
 
+async def test_a_shells_owner_is_shown_how_to_connect_and_nobody_else(
+    web: httpx.AsyncClient, admin: httpx.AsyncClient
+) -> None:
+    """A shell serves no page to open: its owner sees `det shell open ID` (ssh through the
+    master) on its page, linked from the list; others and an ended shell show no such line."""
+    await bearer(web)
+    shell = {"config": {"resources": {"slots": 0}}}
+    mine = (await web.post("/api/v1/shells", json=shell)).json()["shell"]["id"]
+    theirs = (await admin.post("/api/v1/shells", json=shell)).json()["shell"]["id"]
+
+    listing = (await web.get("/ui/tasks")).text
+    row = re.search(rf'<tr data-task-id="{mine}".*?</tr>', listing, re.S)
+    assert row and f'href="/ui/tasks/{mine}#connect">Connect</a>' in row.group(0)
+    assert "/proxy/" not in row.group(0)
+    other_row = re.search(rf'<tr data-task-id="{theirs}".*?</tr>', listing, re.S)
+    assert other_row and "#connect" not in other_row.group(0)
+
+    shown = (await web.get(f"/ui/tasks/{mine}")).text
+    assert f"<code>det shell open {mine}</code>" in shown and 'id="connect"' in shown
+    assert "det shell open" not in (await web.get(f"/ui/tasks/{theirs}")).text
+
+    assert (await web.post(f"/api/v1/shells/{mine}/kill")).status_code == 200
+    assert "det shell open" not in (await web.get(f"/ui/tasks/{mine}")).text
+
+
 async def test_unknown_tasks_get_the_not_found_page(web: httpx.AsyncClient) -> None:
     await bearer(web)
     experiment = await experiment_with_trials(web)
