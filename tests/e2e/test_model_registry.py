@@ -1,5 +1,5 @@
 """The model registry through Determined's official `det model ...` 0.38.1 and its Python SDK,
-unchanged, against a real master on SQLite and on Postgres; then our own `det model`.
+unchanged, against a real master on Postgres; then our own `det model`.
 
 The checkpoints are reported to the master the way a trial's harness reports them (as
 tests/api/test_trial_reports.py does), for an experiment whose trial never runs."""
@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import require
 from tests.e2e.conftest import (
+    BACKENDS,
     MasterProcess,
     describe_run,
     lines,
@@ -94,13 +95,13 @@ def _official_client_installed() -> None:
     )
 
 
-@pytest.fixture(
-    scope="module",
-    params=["sqlite", pytest.param("postgres", id="postgres", marks=pytest.mark.postgres)],
-)
+@pytest.fixture(scope="module", params=BACKENDS)
 def master(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[MasterProcess]:
+    """A master with no agent, so that the experiments' trials never run (their checkpoints
+    are reported by hand). On Postgres only, as the other e2e files: the registry's rules in
+    each database are tested through the API on both (tests/api/test_model_registry.py)."""
     with running_master(request, tmp_path_factory, "registry") as proc:
         yield proc
 

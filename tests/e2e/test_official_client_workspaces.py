@@ -17,6 +17,7 @@ import pytest
 from harness.cluster import wait_until
 from tests.conftest import require
 from tests.e2e.conftest import (
+    BACKENDS,
     MasterProcess,
     describe_run,
     lines,
@@ -58,18 +59,15 @@ print("RESULT " + json.dumps([pinned, listed, unpinned, moved_to]))
 """
 
 
-@pytest.fixture(
-    scope="module",
-    params=[
-        pytest.param("sqlite", id="sqlite"),
-        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-    ],
-)
+@pytest.fixture(scope="module", params=BACKENDS)
 def master(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[MasterProcess]:
-    """A master of this file's own on each database: what deletion and the unique names
-    rest on differs between them (the shared e2e master runs on Postgres only)."""
+    """A master of this file's own, with no agent, so that its experiments stay active (the
+    shared e2e master's agents would run them). On Postgres only, as the other e2e files:
+    what deletion and unique names rest on in each database is tested through the API on
+    both (tests/api/test_workspaces.py); what this file adds is the official client's wire.
+    """
     with running_master(request, tmp_path_factory, "workspaces") as proc:
         yield proc
 
