@@ -96,7 +96,12 @@ async def set_message(
             span: timedelta = parse_duration(duration, "duration")
         except ValueError as exc:
             raise InvalidArgument(str(exc)) from None
-        end = start + span
+        try:
+            end = start + span
+        except OverflowError:
+            raise InvalidArgument(
+                f"duration: {duration!r} after startTime is past year 9999"
+            ) from None
     if end is not None and end <= start:
         raise InvalidArgument("endTime: must be after startTime")
     if end is not None and end <= now:

@@ -9,9 +9,12 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.api.test_access import refusal
 from tests.api.test_trial_reports import ok
+from tests.factories import create_experiment
 
 PATH = "/api/v1/master/cluster_message"
 
@@ -113,6 +116,10 @@ async def test_only_admins_read_set_or_clear_it(
             "startTime: '2099-01-01T00:00:00' has no time zone",
         ),
         ({"message": "m", "duration": "5x"}, "duration: '5x' is not a duration"),
+        (
+            {"message": "m", "startTime": "9999-12-31T00:00:00Z", "duration": "2d"},
+            "duration: '2d' after startTime is past year 9999",
+        ),
         ({"message": "m", "duration": "0h"}, "duration: '0h' must be longer than zero"),
         ({"message": "m", "duration": "999999w"}, "duration: '999999w' is longer than 100 years"),
         ({"message": "m", "colour": "red"}, "colour"),
@@ -128,3 +135,54 @@ async def test_bad_input_is_refused_naming_the_field_and_changes_nothing(
     assert problem in reply.text
     message = await shown(api)
     assert message is not None and message["message"] == "before"
+
+
+wire_keys = st.sampled_from(
+    [
+        "message",
+        "startTime",
+        "endTime",
+        "duration",
+        "numDays",
+        "experimentId",
+        "destinationWorkspaceId",
+        "modelName",
+        "save_trial_best",
+        "save_trial_latest",
+    ]
+)
+wire_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**40), 2**40),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=30),
+    st.sampled_from(["2099-01-01T00:00:00Z", "1h", "5d", "2000-01-01T00:00:00+02:00", "-1"]),
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(body=st.dictionaries(wire_keys, wire_values, max_size=4), pick=st.integers(0, 3))
+async def test_random_input_to_these_routes_is_never_a_server_error(
+    admin: httpx.AsyncClient, body: dict[str, Any], pick: int
+) -> None:
+    """The cluster message, log retention, gc preview and model move routes, with bodies
+    and parameters a client might get wrong in any way: a 4xx, or a 200, never a 5xx."""
+    # Something real to aim at (the database is reset per test, not per example).
+    experiments = (await ok(admin.get("/api/v1/experiments")))["experiments"]
+    if not experiments:
+        experiments = [(await ok(create_experiment(admin)))["experiment"]]
+    if (await admin.get("/api/v1/models/target")).status_code == 404:
+        await ok(admin.post("/api/v1/models", json={"name": "target"}))
+    experiment_id = experiments[0]["id"]
+    params = {k: str(v) for k, v in body.items()}
+    request = (
+        lambda: admin.put(PATH, json=body),
+        lambda: admin.put(f"/api/v1/experiments/{experiment_id}/retain_logs", json=body),
+        lambda: admin.get(f"/experiments/{experiment_id}/preview_gc", params=params),
+        lambda: admin.post("/api/v1/models/target/move", json=body),
+    )[pick]()
+    reply = await request
+    assert reply.status_code < 500, (pick, body, reply.text)
