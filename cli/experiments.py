@@ -500,19 +500,88 @@ def set_gc_policy(
     save_experiment_best: int = typer.Option(..., help="Best checkpoints of the experiment."),
     save_trial_best: int = typer.Option(..., help="Best checkpoints of each trial."),
     save_trial_latest: int = typer.Option(..., help="Latest checkpoints of each trial."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Apply without showing what goes."),
+    as_json: bool = JsonOpt,
 ) -> None:
     """Change the checkpoint retention settings; checkpoints of ended trials that they no
-    longer keep are deleted at once."""
-    policy = {
-        "saveExperimentBest": save_experiment_best,
-        "saveTrialBest": save_trial_best,
-        "saveTrialLatest": save_trial_latest,
-    }
-    said = (
-        f"checkpoint retention to save_experiment_best={save_experiment_best}, "
-        f"save_trial_best={save_trial_best}, save_trial_latest={save_trial_latest}"
-    )
-    _patch(ctx, experiment_id, {"checkpointStorage": policy}, said)
+    longer keep are deleted at once. Without --yes, first lists those checkpoints and asks
+    (with --json: prints them and changes nothing)."""
+    with cli_errors():
+        api = client(ctx)
+        params = {
+            "save_experiment_best": save_experiment_best,
+            "save_trial_best": save_trial_best,
+            "save_trial_latest": save_trial_latest,
+        }
+        if not yes:
+            preview = api.get(f"/experiments/{experiment_id}/preview_gc", params=params)
+            doomed = preview["checkpoints"]
+            if as_json:
+                print_json(doomed)
+                return
+            _print_gc_preview(doomed, preview.get("metric_name") or "")
+            if not typer.confirm("Apply this policy? Deleted checkpoints cannot be recovered"):
+                stdout.print("Aborting; nothing changed.", markup=False)
+                return
+        policy = {
+            "saveExperimentBest": save_experiment_best,
+            "saveTrialBest": save_trial_best,
+            "saveTrialLatest": save_trial_latest,
+        }
+        api.request(
+            "PATCH", f"/api/v1/experiments/{experiment_id}", json={"checkpointStorage": policy}
+        )
+        stdout.print(
+            f"Set checkpoint retention of experiment {experiment_id} to "
+            f"save_experiment_best={save_experiment_best}, save_trial_best={save_trial_best}, "
+            f"save_trial_latest={save_trial_latest}",
+            markup=False,
+        )
+
+
+def _print_gc_preview(doomed: list[dict[str, Any]], metric_name: str) -> None:
+    if not doomed:
+        stdout.print("This policy deletes no checkpoints.", markup=False)
+        return
+    stdout.print(f"This policy deletes {len(doomed)} checkpoints:", markup=False)
+    rows = [
+        [
+            c["TrialID"],
+            c["StepsCompleted"],
+            format_value((c.get("ValidationMetrics") or {}).get(metric_name)),
+            c["UUID"],
+        ]
+        for c in sorted(doomed, key=lambda c: (c["TrialID"], c["StepsCompleted"]))
+    ]
+    print_table(["Trial ID", "Steps", f"Validation {metric_name}".strip(), "UUID"], rows)
+
+
+@set_app.command("log-retention")
+def set_log_retention(
+    ctx: typer.Context,
+    experiment_id: int = typer.Argument(..., min=0, help="Experiment ID."),
+    days: int | None = typer.Option(
+        None, "--days", help="Days its trials' logs are kept after each ends (0 to 32767)."
+    ),
+    forever: bool = typer.Option(False, "--forever", help="Keep its trials' logs forever."),
+) -> None:
+    """How long the logs of the experiment's trials are kept after they end; logs already
+    past it are deleted at the master's next retention pass."""
+    with cli_errors():
+        if forever and days is not None:
+            raise CliError("--days, --forever: give one or the other, not both")
+        if not forever and days is None:
+            raise CliError("give --days N (logs kept N days after a trial ends) or --forever")
+        if days is not None and not 0 <= days <= 32767:
+            raise CliError(f"--days: {days} is not from 0 to 32767 (--forever keeps them all)")
+        num_days = -1 if forever else days
+        client(ctx).request(
+            "PUT",
+            f"/api/v1/experiments/{experiment_id}/retain_logs",
+            json={"experimentId": experiment_id, "numDays": num_days},
+        )
+        said = "forever" if forever else f"{days} days after each trial ends"
+        stdout.print(f"Logs of experiment {experiment_id} are kept {said}", markup=False)
 
 
 def _action(verb: str, past: str) -> Any:

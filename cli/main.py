@@ -12,6 +12,7 @@ from cli import (
     cluster,
     experiments,
     logs,
+    master,
     models,
     tasks,
     templates,
@@ -70,6 +71,7 @@ app.add_typer(workspaces.workspace_app, name="workspace")
 app.add_typer(workspaces.workspace_app, name="w", hidden=True)
 app.add_typer(workspaces.project_app, name="project")
 app.add_typer(workspaces.project_app, name="p", hidden=True)
+app.add_typer(master.master_app, name="master")
 
 
 @app.callback()

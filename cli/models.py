@@ -20,6 +20,7 @@ from cli.output import (
     stdout,
 )
 from cli.state import client
+from cli.workspaces import workspace_by_name
 
 app = typer.Typer(help="Manage the model registry.", no_args_is_help=True)
 
@@ -255,3 +256,30 @@ def unarchive(
 ) -> None:
     """Bring an archived model back."""
     _set_archived(ctx, name, False, as_json)
+
+
+@app.command("move")
+def move(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Model name or id."),
+    workspace_name: str = typer.Option(
+        ..., "--workspace-name", "-w", help="The workspace it moves to."
+    ),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Move a model, with its versions, to another workspace."""
+    with cli_errors():
+        api = client(ctx)
+        workspace = workspace_by_name(api, workspace_name)
+        model = api.get(_path(name))["model"]
+        api.post(
+            _path(name, "move"),
+            json={"destinationWorkspaceId": workspace["id"], "modelName": model["name"]},
+        )
+        moved = api.get(_path(name))["model"]
+        if as_json:
+            print_json(moved)
+        else:
+            stdout.print(
+                f"Moved model {moved['name']} to workspace {workspace['name']}", markup=False
+            )

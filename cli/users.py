@@ -220,12 +220,24 @@ def login(
         token = log_in(api, name, password)
         api.token_store().set_token(name, token)
         stdout.print(f"Logged in as user '{name}'", markup=False)
+        _print_cluster_message(api, token)
         problem = weakness(password)
         if problem:
             warn(
                 f"the password of user {name} is weak ({problem}); "
                 "change it with `det user change-password`"
             )
+
+
+def _print_cluster_message(api: MasterClient, token: str) -> None:
+    """The admins' banner, if one is showing: a login is when people read it."""
+    try:
+        reply = api.get("/api/v1/master", auth=False, headers={"Authorization": f"Bearer {token}"})
+    except CliError:
+        return  # the login worked; a banner that cannot be read is not worth failing it
+    message = reply.get("clusterMessage")
+    if message:
+        stdout.print(f"Cluster message: {message['message']}", markup=False)
 
 
 def print_auth_token(ctx: typer.Context) -> None:

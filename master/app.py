@@ -53,6 +53,7 @@ from master.services.agent_enrolment import read_or_create_join_token
 from master.services.agent_link import AgentHub, HubLoop
 from master.services.checkpoint_gc import CheckpointDeleter
 from master.services.leadership import Leadership, install_fence
+from master.services.log_retention import LogRetentionLoop
 from master.services.loops import DatabaseWatch, Loop
 from master.services.master_logs import MasterLogBuffer
 from master.services.metrics import MetricsBuffer, MetricsLoop
@@ -261,6 +262,11 @@ def create_app(settings: MasterSettings) -> FastAPI:
             interactive.IdleLoop(
                 app.state.session_factory, app.state.task_activity, settings.idle_check_interval_s
             ),
+            LogRetentionLoop(
+                app.state.session_factory,
+                settings.retention_policy.log_retention_days,
+                settings.retention_policy.interval_s(),
+            ),
         ]
         for loop in loops:
             loop.health = db_health
@@ -353,6 +359,7 @@ def create_app(settings: MasterSettings) -> FastAPI:
     ):
         app.include_router(module.router)
     app.include_router(trials.download_router)
+    app.include_router(experiments.legacy_router)
     web.mount_static(app)
     app.include_router(web.router)
     return app

@@ -21,6 +21,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from master.core.durations import parse_duration
 from resolute._yaml_settings import YamlFileSource, absolute_path
 
 log = logging.getLogger(__name__)
@@ -298,6 +299,36 @@ class HighAvailabilitySettings(BaseModel):
     )
 
 
+class LogRetentionSettings(BaseModel):
+    """Determined's master `retention_policy`: how long task logs outlive their trial."""
+
+    log_retention_days: int | None = Field(
+        default=None,
+        ge=-1,
+        le=32767,
+        description=(
+            "Days a trial's logs are kept after it ends, for experiments whose config sets no "
+            "retention_policy.log_retention_days. Empty or -1: forever."
+        ),
+    )
+    schedule: str = Field(
+        default="1h",
+        description=(
+            "How often the leader deletes logs whose retention is over: a duration such as "
+            "'1h', '30m' or '1d' (cron expressions are not supported)."
+        ),
+    )
+
+    @field_validator("schedule")
+    @classmethod
+    def _a_duration(cls, value: str) -> str:
+        parse_duration(value, "retention_policy.schedule")
+        return value
+
+    def interval_s(self) -> float:
+        return parse_duration(self.schedule, "retention_policy.schedule").total_seconds()
+
+
 class MasterSettings(BaseSettings):
     """Every master setting. Env vars: DET_MASTER_<FIELD>, nested with `__` (DET_MASTER_DB__URL)."""
 
@@ -347,6 +378,7 @@ class MasterSettings(BaseSettings):
         default=True, description="Run the background loops (off for API-only tests)."
     )
     agent_link: AgentLinkSettings = Field(default_factory=AgentLinkSettings)
+    retention_policy: LogRetentionSettings = Field(default_factory=LogRetentionSettings)
     task_container_defaults: TaskContainerDefaults = Field(default_factory=TaskContainerDefaults)
     checkpoint_storage: dict[str, Any] | None = Field(
         default=None,

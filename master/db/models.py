@@ -439,6 +439,23 @@ class CheckpointModel(Base):
     )
 
 
+class ClusterMessageModel(Base):
+    """A banner admins set for every user (Determined's cluster message). Only the newest
+    row counts; setting or clearing one ends the others (end_time = now), so the table is
+    also the history of what was said."""
+
+    __tablename__ = "cluster_messages"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    message: Mapped[str] = mapped_column(Text)
+    start_time: Mapped[datetime] = mapped_column(UTCDateTime())
+    end_time: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    created_time: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    created_by: Mapped[int | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL"), nullable=True
+    )
+
+
 # "ModelModel" is the ORM naming rule applied to Determined's registry "model".
 class ModelModel(Base):
     """A model in the registry: a named home for checkpoints a user chose to keep."""

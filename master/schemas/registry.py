@@ -71,6 +71,13 @@ class ModelPatch(WireInput):
     workspace_name: str | None = None
 
 
+class ModelMove(WireInput):
+    """Determined's MoveModelRequest."""
+
+    destination_workspace_id: DbInt
+    model_name: str | None = None
+
+
 class ModelVersionCreate(WireInput):
     checkpoint_uuid: Any = None
     model_name: str | None = None

@@ -91,6 +91,33 @@ def mark_deleting(checkpoints: Iterable[CheckpointModel], reason: str) -> int:
 async def apply_retention(session: AsyncSession, experiment: ExperimentModel) -> int:
     """Mark for deletion what the experiment's retention settings no longer keep, among
     the checkpoints of its trials that have ended. Returns how many."""
+    retention = retention_of(experiment.config)
+    rows, doomed = await _doomed(session, experiment, retention)
+    reason = (
+        f"retention: not among save_experiment_best={retention.save_experiment_best}, "
+        f"save_trial_best={retention.save_trial_best} or "
+        f"save_trial_latest={retention.save_trial_latest}"
+    )
+    marked = mark_deleting([c for c in rows if c.uuid in doomed], reason)
+    if marked:
+        log.info("experiment %d: %d checkpoints to delete (%s)", experiment.id, marked, reason)
+    return marked
+
+
+async def preview_retention(
+    session: AsyncSession, experiment: ExperimentModel, retention: Retention
+) -> list[CheckpointModel]:
+    """What `retention` would delete now, were it the experiment's (nothing is changed):
+    `det experiment set gc-policy` shows this before asking."""
+    rows, doomed = await _doomed(session, experiment, retention)
+    return [c for c in rows if c.uuid in doomed]
+
+
+async def _doomed(
+    session: AsyncSession, experiment: ExperimentModel, retention: Retention
+) -> tuple[list[CheckpointModel], set[str]]:
+    """The experiment's stored checkpoints, and those `retention` does not keep among the
+    ones of ended trials."""
     rows = list(
         (
             await session.scalars(
@@ -102,7 +129,7 @@ async def apply_retention(session: AsyncSession, experiment: ExperimentModel) ->
         ).all()
     )
     if not rows:
-        return 0
+        return rows, set()
     trial_states = (
         await session.execute(
             select(TrialModel.id, TrialModel.state).where(TrialModel.experiment_id == experiment.id)
@@ -110,22 +137,12 @@ async def apply_retention(session: AsyncSession, experiment: ExperimentModel) ->
     ).all()
     ended = {tid for tid, state in trial_states if TrialState(state).is_terminal}
     if not any(c.trial_id in ended for c in rows):
-        return 0
+        return rows, set()
     facts = await _facts(session, experiment, rows)
     keep = await _warm_starts(session, [c.uuid for c in rows])
     # A model version's checkpoint is the user's choice to keep, whatever the settings say.
     keep |= set(await registered_checkpoints.holders(session, [c.uuid for c in rows]))
-    retention = retention_of(experiment.config)
-    doomed = set(to_delete(facts, retention, ended_trials=ended, keep=keep))
-    reason = (
-        f"retention: not among save_experiment_best={retention.save_experiment_best}, "
-        f"save_trial_best={retention.save_trial_best} or "
-        f"save_trial_latest={retention.save_trial_latest}"
-    )
-    marked = mark_deleting([c for c in rows if c.uuid in doomed], reason)
-    if marked:
-        log.info("experiment %d: %d checkpoints to delete (%s)", experiment.id, marked, reason)
-    return marked
+    return rows, set(to_delete(facts, retention, ended_trials=ended, keep=keep))
 
 
 async def _facts(

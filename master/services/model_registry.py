@@ -489,6 +489,28 @@ async def patch_model(
     return await model_view(session, row)
 
 
+async def move_model(
+    session: AsyncSession, actor: Actor, identifier: str, workspace_id: int
+) -> ModelView:
+    """Determined's MoveModel: the model (with its versions) now belongs to another workspace,
+    which must exist and take new things (not archived, not being deleted)."""
+    row = await _owned_model(session, actor, identifier, "move it")
+    destination = await session.get(WorkspaceModel, workspace_id) if workspace_id else None
+    if destination is None:
+        raise NotFound(f"destinationWorkspaceId: no workspace {workspace_id}")
+    if destination.deleting or destination.archived:
+        state = "being deleted" if destination.deleting else "archived"
+        raise InvalidArgument(
+            f"destinationWorkspaceId: workspace {destination.name!r} ({destination.id}) is {state}"
+        )
+    if row.workspace_id != destination.id:
+        row.workspace_id = destination.id
+        row.last_updated_time = utcnow()
+        await session.flush()
+        log.info("model %r moved to workspace %r by %s", row.name, destination.name, actor.username)
+    return await model_view(session, row)
+
+
 async def set_archived(
     session: AsyncSession, actor: Actor, identifier: str, archived: bool
 ) -> None:

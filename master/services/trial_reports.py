@@ -746,3 +746,27 @@ def _merge_metadata(base: dict[str, Any], update: dict[str, Any]) -> dict[str, A
         else:
             base[key] = value
     return base
+
+
+async def validations_at(
+    session: AsyncSession, points: Sequence[tuple[int, int]]
+) -> dict[tuple[int, int], dict[str, Any]]:
+    """The validation metrics reported at each (trial id, steps completed) that has one."""
+    wanted = set(points)
+    if not wanted:
+        return {}
+    rows = await session.execute(
+        select(
+            TrialMetricModel.trial_id, TrialMetricModel.steps_completed, TrialMetricModel.metrics
+        )
+        .where(
+            TrialMetricModel.trial_id.in_({trial_id for trial_id, _ in wanted}),
+            TrialMetricModel.group_name == "validation",
+        )
+        .order_by(TrialMetricModel.id)
+    )
+    found: dict[tuple[int, int], dict[str, Any]] = {}
+    for trial_id, steps, metrics in rows:
+        if (trial_id, steps) in wanted:
+            found[(trial_id, steps)] = dict(metrics or {})
+    return found

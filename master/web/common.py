@@ -32,7 +32,7 @@ from starlette.types import Scope
 from master.api.deps import MAX_INT, SessionDep
 from master.api.errors import describe_error, error_response, note_outage
 from master.errors import InvalidArgument, MasterError, PayloadTooLarge, PermissionDenied
-from master.services import access, auth
+from master.services import access, auth, cluster_message
 
 log = logging.getLogger(__name__)
 
@@ -229,6 +229,8 @@ class WebSession:
     user_id: int
     token: str
     admin: bool = False
+    # The admins' banner while it is active (det master cluster-message set), on every page.
+    cluster_message: str | None = None
 
     @property
     def actor(self) -> access.Actor:
@@ -249,7 +251,14 @@ async def web_session(request: Request, session: SessionDep) -> WebSession:
         raise SignInRequired from None
     if session.info.get(access.TOKEN_KIND) == access.TASK:
         raise SignInRequired  # a run's token opens its trial's API routes, not the dashboard
-    web = WebSession(username=user.username, user_id=user.id, token=token, admin=user.admin)
+    showing = await cluster_message.current(session, include_scheduled=False)
+    web = WebSession(
+        username=user.username,
+        user_id=user.id,
+        token=token,
+        admin=user.admin,
+        cluster_message=showing.message if showing is not None else None,
+    )
     # Kept for the error page: a handler that fails later still renders the navigation.
     request.state.web = web
     return web

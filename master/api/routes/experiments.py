@@ -14,9 +14,10 @@ from pydantic import Field
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from master.api.deps import MAX_INT, CurrentUser, ObjectId, SessionDep, SettingsDep
+from master.core.retention import Retention
 from master.db.models import ExperimentState, TrialMetricModel
 from master.errors import InvalidArgument
-from master.schemas.common import Pagination
+from master.schemas.common import Pagination, WireInput
 from master.schemas.experiments import (
     ContinueExperimentBody,
     ContinueExperimentResponse,
@@ -42,6 +43,7 @@ from master.services import (
     continuation,
     experiments,
     labels,
+    log_retention,
     search,
     trial_reports,
 )
@@ -50,6 +52,8 @@ from master.services.access import Actor
 log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/api/v1", tags=["Experiments"])
+# Determined's client still calls a few routes of its older API, outside /api/v1.
+legacy_router = APIRouter(tags=["Experiments"])
 
 ORDER_BY = ("ORDER_BY_UNSPECIFIED", "ORDER_BY_ASC", "ORDER_BY_DESC")
 
@@ -234,6 +238,83 @@ async def unarchive_experiment(
     await access.require_experiment_owner(session, Actor.of(user), experiment_id, "unarchive it")
     await experiments.set_archived(session, experiment_id, False, user.username)
     return Empty()
+
+
+class RetainLogsBody(WireInput):
+    """Determined's PutExperimentRetainLogsRequest."""
+
+    experiment_id: int | None = Field(default=None, ge=0, le=MAX_INT)
+    num_days: int = Field(ge=-(2**31), le=MAX_INT)
+
+
+@router.put("/experiments/{experiment_id}/retain_logs")
+async def put_experiment_retain_logs(
+    experiment_id: ObjectId, body: RetainLogsBody, session: SessionDep, user: CurrentUser
+) -> Empty:
+    """Determined's PutExperimentRetainLogs (`det experiment set log-retention`): its
+    trials' logs are kept `numDays` after each ends; -1 keeps them forever."""
+    if body.experiment_id is not None and body.experiment_id != experiment_id:
+        raise InvalidArgument(
+            f"experimentId: {body.experiment_id} is not the experiment in the path "
+            f"({experiment_id})"
+        )
+    log_retention.checked_days(body.num_days)
+    await access.require_experiment_owner(
+        session, Actor.of(user), experiment_id, "change its log retention"
+    )
+    await log_retention.set_experiment_retention(
+        session, experiment_id, body.num_days, user.username
+    )
+    return Empty()
+
+
+RetentionQuery = Annotated[int | None, Query(ge=0, le=MAX_INT)]
+
+
+@legacy_router.get("/experiments/{experiment_id}/preview_gc")
+async def preview_gc(
+    experiment_id: ObjectId,
+    session: SessionDep,
+    _user: CurrentUser,
+    save_experiment_best: RetentionQuery = None,
+    save_trial_best: RetentionQuery = None,
+    save_trial_latest: RetentionQuery = None,
+) -> dict[str, Any]:
+    """What `det experiment set gc-policy` shows before it asks: the checkpoints the given
+    retention settings would delete now (those not given stay as they are). In Determined's
+    shape: Go field names, and a `step.validation` on those with a validation."""
+    experiment = (await experiments.get_experiment(session, experiment_id)).experiment
+    current = checkpoint_gc.retention_of(experiment.config)
+    retention = Retention(
+        save_experiment_best=_or(save_experiment_best, current.save_experiment_best),
+        save_trial_best=_or(save_trial_best, current.save_trial_best),
+        save_trial_latest=_or(save_trial_latest, current.save_trial_latest),
+    )
+    doomed = await checkpoint_gc.preview_retention(session, experiment, retention)
+    validations = await trial_reports.validations_at(
+        session, [(c.trial_id, c.steps_completed) for c in doomed]
+    )
+    checkpoints = []
+    for c in doomed:
+        metrics = validations.get((c.trial_id, c.steps_completed))
+        entry: dict[str, Any] = {
+            "TrialID": c.trial_id,
+            "UUID": c.uuid,
+            "StepsCompleted": c.steps_completed,
+            "State": checkpoint_gc.WIRE_STATE.get(c.state, c.state).removeprefix("STATE_"),
+            "ReportTime": c.report_time.isoformat().replace("+00:00", "Z"),
+            "Resources": c.resources or {},
+            "ValidationMetrics": metrics or {},
+        }
+        if metrics is not None:
+            entry["step"] = {"validation": {"metrics": metrics}}
+        checkpoints.append(entry)
+    searcher = experiment.config.get("searcher") or {}
+    return {"checkpoints": checkpoints, "metric_name": searcher.get("metric") or ""}
+
+
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
 
 
 @router.post("/experiments/{experiment_id}/kill")

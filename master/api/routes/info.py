@@ -1,5 +1,6 @@
 """Unauthenticated cluster identity (`/info`), `det master info`, and for admins `det master
-config` (the settings, secrets hidden) and `det master logs [-f] [--tail N]`."""
+config` (the settings, secrets hidden), `det master logs [-f] [--tail N]`, and the cluster
+message (`det master cluster-message set|get|clear`)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
+from pydantic import Field
 
-from master.api.deps import CurrentUser
+from master.api.deps import CurrentUser, SessionDep
 from master.core.masking import masked
+from master.schemas.cluster import iso
+from master.schemas.common import WireInput
+from master.services import cluster_message
 from master.services.access import Actor, require_admin
 from master.services.master_logs import MasterLogBuffer, MasterLogLine
 from master.version import DETERMINED_COMPAT_VERSION, __version__
@@ -38,10 +43,22 @@ async def info(request: Request) -> dict[str, Any]:
     return {**identity, "master_id": identity["masterId"], "cluster_id": identity["clusterId"]}
 
 
+def _message_wire(message: cluster_message.ClusterMessage) -> dict[str, Any]:
+    return {
+        "message": message.message,
+        "startTime": iso(message.start_time),
+        "endTime": iso(message.end_time),
+        "createdTime": iso(message.created_time),
+    }
+
+
 @router.get("/api/v1/master")
-async def master_info(request: Request, _user: CurrentUser) -> dict[str, Any]:
+async def master_info(request: Request, session: SessionDep, _user: CurrentUser) -> dict[str, Any]:
+    # The banner everyone sees: only a message that has started and not ended.
+    showing = await cluster_message.current(session, include_scheduled=False)
     return {
         **_identity(request),
+        "clusterMessage": _message_wire(showing) if showing is not None else None,
         "hasCustomLogo": False,
         "strictJobQueueControl": False,
         "rbacEnabled": False,
@@ -61,6 +78,47 @@ async def master_config(request: Request, user: CurrentUser) -> dict[str, Any]:
     require_admin(Actor.of(user), "reading the master's config")
     settings = request.app.state.settings
     return {"config": masked(settings.model_dump(mode="json"))}
+
+
+class SetClusterMessageBody(WireInput):
+    """Determined's SetClusterMessageRequest."""
+
+    message: str = Field(max_length=10_000)
+    start_time: str | None = Field(default=None, max_length=64)
+    end_time: str | None = Field(default=None, max_length=64)
+    duration: str | None = Field(default=None, max_length=64)
+
+
+@router.get("/api/v1/master/cluster_message")
+async def get_cluster_message(session: SessionDep, user: CurrentUser) -> dict[str, Any]:
+    """Determined's GetClusterMessage: the message that shows or will show (admins only,
+    as there; everyone sees the active one in GET /api/v1/master)."""
+    require_admin(Actor.of(user), "reading the scheduled cluster message")
+    message = await cluster_message.current(session, include_scheduled=True)
+    return {"clusterMessage": _message_wire(message) if message is not None else None}
+
+
+@router.put("/api/v1/master/cluster_message")
+async def set_cluster_message(
+    body: SetClusterMessageBody, session: SessionDep, user: CurrentUser
+) -> dict[str, Any]:
+    """Determined's SetClusterMessage: replaces any message showing or scheduled."""
+    await cluster_message.set_message(
+        session,
+        Actor.of(user),
+        message=body.message,
+        start_time=body.start_time,
+        end_time=body.end_time,
+        duration=body.duration,
+    )
+    return {}
+
+
+@router.delete("/api/v1/master/cluster_message")
+async def clear_cluster_message(session: SessionDep, user: CurrentUser) -> dict[str, Any]:
+    """Determined's DeleteClusterMessage."""
+    await cluster_message.clear(session, Actor.of(user))
+    return {}
 
 
 # Python's level names as Determined's v1LogLevel.

@@ -16,6 +16,7 @@ from master.schemas.registry import (
     ModelCreate,
     ModelLabels,
     ModelList,
+    ModelMove,
     ModelPatch,
     ModelResponse,
     ModelVersion,
@@ -146,6 +147,16 @@ async def patch_model(
         session, actor, model_name, body.model_dump(exclude_none=True)
     )
     return ModelResponse(model=model_reply(view))
+
+
+@router.post("/models/{model_name}/move")
+async def move_model(
+    model_name: str, body: ModelMove, session: SessionDep, actor: CurrentActor
+) -> Empty:
+    """Determined's MoveModel (the web UI's "move to workspace"; `det model move` patches
+    workspaceName instead)."""
+    await model_registry.move_model(session, actor, model_name, body.destination_workspace_id)
+    return Empty()
 
 
 @router.post("/models/{model_name}/archive")
