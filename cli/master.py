@@ -1,13 +1,15 @@
-"""`det master cluster-message set|get|clear`: the banner admins show every user, on the
-dashboard and at `det user login`."""
+"""`det master config`, `det master logs` and `det master cluster-message set|get|clear`
+(the banner admins show every user, on the dashboard and at `det user login`)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import typer
 
-from cli.output import JsonOpt, cli_errors, print_json, stdout
+from cli.errors import CliError
+from cli.output import JsonOpt, cli_errors, print_json, print_yaml, stdout
 from cli.state import client
 
 master_app = typer.Typer(help="The master's own settings.", no_args_is_help=True)
@@ -15,6 +17,48 @@ message_app = typer.Typer(help="Set, show or clear the cluster-wide message.", n
 master_app.add_typer(message_app, name="cluster-message")
 
 PATH = "/api/v1/master/cluster_message"
+# Determined's v1LogLevel names, shortened as its `det master logs` prints them.
+LEVELS = {"LOG_LEVEL_DEBUG": "DEBUG", "LOG_LEVEL_INFO": "INFO", "LOG_LEVEL_WARNING": "WARNING"}
+LEVELS |= {"LOG_LEVEL_ERROR": "ERROR", "LOG_LEVEL_CRITICAL": "CRITICAL"}
+
+
+@master_app.command("config")
+def config(ctx: typer.Context, as_json: bool = JsonOpt) -> None:
+    """The settings the master runs with, secrets masked (YAML; --json for JSON). Admins
+    only."""
+    with cli_errors():
+        settings = client(ctx).get("/api/v1/master/config")["config"]
+        if as_json:
+            print_json(settings)
+        else:
+            print_yaml(settings)
+
+
+@master_app.command("logs")
+def logs(
+    ctx: typer.Context,
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
+    tail: int | None = typer.Option(
+        None, "--tail", "-t", min=1, help="Only the last N lines (of the last 10,000 kept)."
+    ),
+) -> None:
+    """The master's own log lines, oldest first. Admins only."""
+    with cli_errors():
+        path = f"/api/v1/master/logs?follow={str(follow).lower()}"
+        if tail is not None:
+            path += f"&offset={-tail}"
+        with client(ctx).stream_body(path, accept="application/x-ndjson") as reply:
+            for raw in reply.iter_lines():
+                if not raw.strip():
+                    continue
+                try:
+                    entry = json.loads(raw)["result"]["logEntry"]
+                except (ValueError, KeyError, TypeError):
+                    problem = f"the master sent a line that is no log entry: {raw[:200]!r}"
+                    raise CliError(problem) from None
+                level = LEVELS.get(entry.get("level"), "INFO")
+                # As Determined's client prints them, so what people grep for still matches.
+                print(f"[{entry['timestamp']}] [{level}]: {entry['message']}", flush=True)
 
 
 def describe(message: dict[str, Any]) -> str:

@@ -334,6 +334,15 @@ def test_master_config_and_logs(master: MasterProcess) -> None:
     assert "agent_link" in shown and "scheduler_interval_s" in shown, shown
     tail = ok(master.official(*admin, "master", "logs", "--tail", "3", input="\n")).stdout
     assert len(tail.splitlines()) == 3 and tail.count("]: ") == 3, tail
+    # Ours: the same, and JSON on asking.
+    refused = master.det("master", "config")
+    assert refused.returncode != 0 and "is for admins" in refused.stderr, describe_run(refused)
+    ours = json.loads(ok(master.det(*admin, "master", "config", "--json")).stdout)
+    assert ours["agent_link"] == shown["agent_link"], ours
+    assert yaml.safe_load(ok(master.det(*admin, "master", "config")).stdout) == ours
+    tail = ok(master.det(*admin, "master", "logs", "--tail", "3")).stdout
+    assert len(tail.splitlines()) == 3, tail
+    assert all(re.match(r"^\[\S+\] \[[A-Z]+\]: ", line) for line in tail.splitlines()), tail
     env = client_env(master.url, XDG_CONFIG_HOME=str(master.scratch))
     with subprocess.Popen(
         [str(official_client_path()), *admin, "master", "logs", "-f", "--tail", "1"],
