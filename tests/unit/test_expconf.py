@@ -245,6 +245,8 @@ def test_full_realistic_config_validates() -> None:
         "environment.drop_capabilities",
         "bind_mounts.1.propagation",
         "resources.devices",
+        "log_policies",
+        "retention_policy.log_retention_days",
         "environment.proxy_ports",
     ]
     # The stored config validates again to the same thing (the master re-reads it).
