@@ -29,6 +29,8 @@ from pathlib import Path
 RUN_DETERMINED = Path("/run/determined")
 SHARED_FS = Path("/determined_shared_fs")
 WORKDIR = RUN_DETERMINED / "workdir"
+# Where a per_agent launch binds the experiment's mounts before moving them (see _INIT).
+STAGING = ".bind-mounts"
 # Where a TLS agent's CA file shows inside the namespace (DET_MASTER_CERT_FILE, cluster.json).
 MASTER_CERT = RUN_DETERMINED / "etc" / "ssl" / "master.crt"
 
@@ -39,6 +41,11 @@ MASTER_CERT = RUN_DETERMINED / "etc" / "ssl" / "master.crt"
 # absolute path (the trial's PATH may hold only a venv), and `env --default-signal` undoes
 # the SIGINT/SIGQUIT ignore a shell gives background commands. Every mount that fails says
 # which, so a trial never ends in a bare exit status.
+# The experiment's bind mounts are made in two steps when /tmp becomes an overlay: each
+# host path is bound at a staging point under /run/determined first, while a host path
+# under /tmp is still the host's (after, it would be the overlay's copy, and writes would
+# not reach the host), then moved to its target once the overlay is up (a target under
+# /tmp lands on the overlay). Without an overlay the staging point is the target.
 _INIT = """set -e
 mount=$1 env=$2 run=$3 shared=$4 tmp=$5 shm=$6 binds=$7
 shift 7
@@ -46,22 +53,32 @@ fail() { echo "resolute: $1" >&2; exit 125; }
 if [ -n "$run" ]; then
   "$mount" --bind "$run" /run/determined
   if [ -n "$shared" ]; then "$mount" --bind "$shared" /determined_shared_fs; fi
-  "$mount" -t overlay overlay -o "lowerdir=/tmp,upperdir=$tmp/upper,workdir=$tmp/work" /tmp
-  cd /run/determined/workdir
 fi
-if [ "$shm" != 0 ]; then
-  "$mount" -t tmpfs -o "size=$shm,mode=1777,nosuid,nodev" shm /dev/shm ||
-    fail "cannot mount a private /dev/shm of $shm bytes (resources.shm_size)"
-fi
+count=$binds
 while [ "$binds" -gt 0 ]; do
   if [ "$3" = ro ]; then
-    "$mount" --bind -o ro "$1" "$2" || fail "cannot bind-mount $1 at $2 read-only (bind_mounts)"
+    "$mount" --bind -o ro "$1" "$2" || fail "cannot bind-mount $1 read-only (bind_mounts)"
   else
-    "$mount" --bind "$1" "$2" || fail "cannot bind-mount $1 at $2 (bind_mounts)"
+    "$mount" --bind "$1" "$2" || fail "cannot bind-mount $1 (bind_mounts)"
   fi
   shift 3
   binds=$((binds - 1))
 done
+if [ -n "$run" ]; then
+  "$mount" -t overlay overlay -o "lowerdir=/tmp,upperdir=$tmp/upper,workdir=$tmp/work" /tmp
+  cd /run/determined/workdir
+fi
+while [ "$count" -gt 0 ]; do
+  if [ "$1" != "$2" ]; then
+    "$mount" --move "$1" "$2" || fail "cannot bind-mount at $2 (bind_mounts)"
+  fi
+  shift 2
+  count=$((count - 1))
+done
+if [ "$shm" != 0 ]; then
+  "$mount" -t tmpfs -o "size=$shm,mode=1777,nosuid,nodev" shm /dev/shm ||
+    fail "cannot mount a private /dev/shm of $shm bytes (resources.shm_size)"
+fi
 set +e
 "$env" --default-signal=INT,QUIT "$@" &
 child=$!
@@ -216,9 +233,13 @@ def wrap(
         # The merged /tmp takes the upper layer's mode: make it /tmp's, or a rank user
         # could not write its own /tmp.
         (tmp_dir / "upper").chmod(0o1777)
+    stages = [_staging_point(m, i, run_dir) for i, m in enumerate(mounts)]
     binds = [
-        part for m in mounts for part in (m.host_path, m.target, "ro" if m.read_only else "rw")
+        part
+        for m, stage in zip(mounts, stages, strict=True)
+        for part in (m.host_path, stage, "ro" if m.read_only else "rw")
     ]
+    moves = [part for m, stage in zip(mounts, stages, strict=True) for part in (stage, m.target)]
     return [
         *_unshare_argv(os.geteuid() == 0),
         "/bin/sh",
@@ -233,9 +254,24 @@ def wrap(
         str(shm_size_bytes),
         str(len(mounts)),
         *binds,
+        *moves,
         *run_as,
         *argv,
     ]
+
+
+def _staging_point(mount: Mount, index: int, run_dir: Path | None) -> str:
+    """Where `mount` is bound before /tmp's overlay (see _INIT), made here: under the
+    allocation's /run/determined, a file for a file. Without an overlay, its target."""
+    if run_dir is None:
+        return mount.target
+    outside = run_dir / STAGING / str(index)
+    outside.parent.mkdir(parents=True, exist_ok=True)
+    if Path(mount.host_path).is_dir():
+        outside.mkdir(exist_ok=True)
+    else:
+        outside.touch()
+    return str(RUN_DETERMINED / STAGING / str(index))
 
 
 def write_info(
