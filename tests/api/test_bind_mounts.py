@@ -139,3 +139,27 @@ async def test_bad_shm_size_and_propagation_are_refused_naming_the_field(
     )
     problems = await _refused(api, config)
     assert set(problems) == {"bind_mounts.0.propagation", "resources.shm_size"}, problems
+
+
+async def test_a_continue_cannot_mount_over_the_trials_files(
+    api: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    reply = await create_experiment(api, yaml.safe_dump(CONFIG))
+    assert reply.status_code == 200, reply.text
+    experiment_id = reply.json()["experiment"]["id"]
+    killed = await api.post(f"/api/v1/experiments/{experiment_id}/kill")
+    assert killed.status_code == 200, killed.text
+    override = yaml.safe_dump(
+        {"bind_mounts": [{"host_path": str(tmp_path), "container_path": "/run/determined"}]}
+    )
+    reply = await api.post(
+        "/api/v1/experiments/continue", json={"id": experiment_id, "overrideConfig": override}
+    )
+    assert reply.status_code == 400, reply.text
+    assert [d["path"] for d in reply.json()["details"]] == ["bind_mounts.0.container_path"]
+    stored = (await api.get(f"/api/v1/experiments/{experiment_id}")).json()["experiment"]
+    assert (
+        stored["state"] == "STATE_CANCELED"
+        and "bind_mounts" not in stored["config"]
+        or (stored["config"]["bind_mounts"] == [])
+    )
