@@ -79,6 +79,14 @@ class AllocationRun:
     per_agent: bool = False  # Determined's layout: one process, ranks tagged by its output
     started_at: float = float("inf")  # time.monotonic() when its ranks were spawned
     rank: RankUser | None = None  # its own uid of rank_uid_range, if the agent has one
+    # The experiment's bind_mounts and private /dev/shm (0: the host's), made in the
+    # process's mount namespace; a per_slot launch gets one only when it asks for these.
+    mounts: list[bootstrap.Mount] = field(default_factory=list)
+    shm_size_bytes: int = 0
+
+    @property
+    def namespaced(self) -> bool:
+        return self.per_agent or bool(self.mounts) or self.shm_size_bytes > 0
 
 
 Emit = Callable[[pb.AgentMessage], None]
@@ -153,6 +161,12 @@ class Runner:
             self.work_dir / "allocations" / allocation_id,
             start.stop_grace_s,
             per_agent=start.layout == pb.LAUNCH_LAYOUT_PER_AGENT,
+            shm_size_bytes=max(start.shm_size_bytes, 0),
+        )
+        run.mounts = bootstrap.plan_mounts(
+            [(m.host_path, m.container_path, m.read_only) for m in start.bind_mounts],
+            str(bootstrap.WORKDIR) if run.per_agent else str(run.work_dir),
+            run.work_dir / "run" / "workdir" if run.per_agent else run.work_dir,
         )
         self.runs[allocation_id] = run
         try:
@@ -172,6 +186,11 @@ class Runner:
                 await asyncio.to_thread(_unpack, start.model_definition, run.work_dir)
                 if self.master_cert_file is not None:
                     shutil.copyfile(self.master_cert_file, run.work_dir / MASTER_CERT)
+                problem = await asyncio.to_thread(self._mounts_problem, run)
+                if problem:
+                    run.kind, run.message = pb.EXIT_KIND_UNRUNNABLE, problem
+                    self._note(run, -1, f"cannot start: {problem}")
+                    run.stopping = True
             if not run.stopping:
                 await asyncio.to_thread(self._hand_over, run)
                 problem = await self._storage_problem(start, run)
@@ -279,6 +298,7 @@ class Runner:
             self.master_cert_file,
             self.master_cert_name,
         )
+        problem = problem or await asyncio.to_thread(self._mounts_problem, run)
         if problem:
             return problem
         await asyncio.to_thread(self._hand_over, run)  # the probe runs as the rank user
@@ -291,7 +311,22 @@ class Runner:
             start.shared_fs_host_path,
             run.work_dir / "tmp",
             self._switch(run),
+            shm_size_bytes=run.shm_size_bytes,
+            mounts=run.mounts,
         )
+
+    def _mounts_problem(self, run: AllocationRun) -> str | None:
+        """Why the experiment's mounts cannot be made here (a host path missing on this
+        agent, say), checked before anything of the trial runs; their mount points are
+        made now."""
+        if not run.namespaced:
+            return None
+        if self.namespace_problem:
+            return (
+                "this agent cannot give the trial the bind_mounts or resources.shm_size it "
+                f"asks for: {self.namespace_problem}"
+            )
+        return bootstrap.prepare_mounts(run.mounts)
 
     async def _storage_problem(self, start: pb.StartAllocation, run: AllocationRun) -> str | None:
         """Write, read and delete a file in the trial's object store before any rank
@@ -342,17 +377,19 @@ class Runner:
         where = run.work_dir / "run" / "workdir" if run.per_agent else run.work_dir
         if shutil.which(argv[0], path=env["PATH"]) is None and not (where / argv[0]).exists():
             raise LaunchFailed(f"entrypoint command {argv[0]!r} not found on PATH")
-        if run.per_agent:
+        if run.namespaced:
             # The namespace's init sets up its mounts as root, then drops to the rank user.
             argv = bootstrap.wrap(
                 argv,
-                run.work_dir / "run",
-                start.shared_fs_host_path,
-                run.work_dir / "tmp",
+                run.work_dir / "run" if run.per_agent else None,
+                start.shared_fs_host_path if run.per_agent else "",
+                run.work_dir / "tmp" if run.per_agent else None,
                 self._switch(run),
+                shm_size_bytes=run.shm_size_bytes,
+                mounts=run.mounts,
             )
         process = await asyncio.create_subprocess_exec(
-            *_die_with_agent(argv, None if run.per_agent else self._user(run)),
+            *_die_with_agent(argv, None if run.namespaced else self._user(run)),
             cwd=run.work_dir,
             env=env,
             stdin=asyncio.subprocess.DEVNULL,

@@ -34,7 +34,8 @@ TEMPLATE_CONFIG: dict[str, Any] = {
     "description": "template-cpu",
     "checkpoint_storage": {"type": "shared_fs", "host_path": "/mnt/ckpt", "storage_path": "runs"},
     "resources": {"slots_per_trial": 2, "priority": 10},
-    "bind_mounts": [{"host_path": "/data", "container_path": "/data", "read_only": True}],
+    # A host path every machine has: a master that shares its agents' host checks it exists.
+    "bind_mounts": [{"host_path": "/usr", "container_path": "/usr", "read_only": True}],
     "environment": {"environment_variables": ["FROM_TEMPLATE=1"]},
 }
 

@@ -55,7 +55,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from typing_extensions import TypeAliasType
 
-from master.core import asha
+from master.core import asha, expconf_keys, mounts
 from master.core.errors import ConfigError, ConfigProblem
 
 __all__ = [
@@ -224,12 +224,12 @@ MaxLengthSpec = Annotated[
 
 # --- resources -------------------------------------------------------------------------------
 
-_MEMORY_SIZE = re.compile(r"^(\d+(\.\d+)?|\.\d+) ?([kmgtpKMGTP]([iI]?[bB])?|[bB])?$")
-
 
 def _memory_size(value: str) -> str:
-    if not _MEMORY_SIZE.match(value):
-        raise ValueError('must be a memory size such as 4294967296, "4G" or "512 MiB"')
+    try:
+        mounts.parse_memory_size(value)
+    except ValueError:
+        raise ValueError('must be a memory size such as 4294967296, "4G" or "512 MiB"') from None
     return value
 
 
@@ -380,12 +380,13 @@ def _not_dot(value: str) -> str:
 
 
 class BindMount(_Strict):
-    """A host directory mounted into every trial container."""
+    """A host file or directory bind-mounted in every trial's private mount namespace
+    (master.core.mounts says where, and which targets are refused)."""
 
     host_path: Annotated[str, AfterValidator(_absolute)]
     container_path: Annotated[str, AfterValidator(_not_dot)]
     read_only: bool = False
-    propagation: str = "rprivate"
+    propagation: Literal["rprivate", "private", "rshared", "shared", "rslave", "slave"] = "rprivate"
 
 
 _ENV_VAR = re.compile(r"^[^=\s][^=]*=", re.DOTALL)
@@ -841,6 +842,8 @@ class ExperimentConfig(_Strict):
 # --- pydantic errors -> ConfigProblems -------------------------------------------------------
 
 _SPECIAL_UNKNOWN_KEYS: dict[str, str] = {
+    # Determined's keys refused here, each with why (docs/determined.md's table).
+    **{key: f"refused: {why}" for key, why in expconf_keys.REFUSED_REASONS.items()},
     "template": "a config cannot name a template inside the file; pass it with --template "
     "(and a template cannot name another template)",
     "resources.slots": "not supported for experiments; use resources.slots_per_trial to set "
@@ -1484,6 +1487,7 @@ def config_warnings(cfg: ExperimentConfig) -> list[str]:
     warnings: list[str] = _docker_only_warnings(cfg.environment)
     warnings += _container_mount_warnings(cfg)
     warnings += _retired_resources_warnings(cfg.resources)
+    warnings += _unserved_warnings(cfg)
     hp = cfg.hyperparameters.get("global_batch_size")
     slots = cfg.resources.slots_per_trial
     if isinstance(hp, ConstHP) and _is_positive_int(hp.val) and slots >= 1:
@@ -1516,6 +1520,28 @@ _NO_CONTAINERS = (
 )
 
 
+def _unserved_warnings(cfg: ExperimentConfig) -> list[str]:
+    """Determined's keys whose work its master does and this one does not (yet)."""
+    warnings: list[str] = []
+    if cfg.log_policies:
+        warnings.append(
+            "log_policies does not apply: the master does not match a trial's logs against "
+            "patterns, so no policy's action is taken"
+        )
+    if cfg.retention_policy is not None and cfg.retention_policy.log_retention_days is not None:
+        warnings.append(
+            f"retention_policy.log_retention_days ({cfg.retention_policy.log_retention_days}) "
+            "does not apply: nothing here deletes task logs by age"
+        )
+    if cfg.environment.proxy_ports:
+        ports = ", ".join(str(p.proxy_port) for p in cfg.environment.proxy_ports)
+        warnings.append(
+            f"environment.proxy_ports ({ports}) does not apply: the master does not proxy a "
+            "trial's ports; trials listen on the host's network directly"
+        )
+    return warnings
+
+
 def _retired_resources_warnings(resources: Resources) -> list[str]:
     warnings: list[str] = []
     if resources.agent_label:
@@ -1532,35 +1558,24 @@ def _retired_resources_warnings(resources: Resources) -> list[str]:
 
 
 def _container_mount_warnings(cfg: ExperimentConfig) -> list[str]:
-    """bind_mounts, resources.shm_size and resources.devices shape a container; trials here
-    see the host's own filesystem, /dev/shm and devices. A mount of a path onto itself
-    still holds (the trial sees host_path where it asked), except that nothing makes it
-    read-only; every other case is named, so a config that relied on it is not silently
-    running without it."""
+    """bind_mounts and resources.shm_size are made in the trial's private mount namespace
+    (agent/bootstrap.py); what of them cannot hold there is named, so a config that relied
+    on it is not silently running without it: mount propagation to or from the host, and
+    devices, which only a container's device cgroup gives or takes."""
     warnings: list[str] = []
     for index, mount in enumerate(cfg.bind_mounts):
-        where = f"bind_mounts.{index}"
-        if mount.container_path != mount.host_path:
+        if mount.propagation not in mounts.PRIVATE_PROPAGATIONS:
             warnings.append(
-                f"{where} ({mount.host_path} -> {mount.container_path}) does not apply: "
-                f"{_NO_IMAGES}, which see host paths as they are; read {mount.host_path} "
-                "directly"
+                f"bind_mounts.{index}.propagation ({mount.propagation}) does not apply: "
+                "every mount of a trial is private to its mount namespace (rprivate), so "
+                "mounts made later under the path are not shared with the host"
             )
-        elif mount.read_only:
-            warnings.append(
-                f"{where}.read_only (true) does not apply: trials see {mount.host_path} on the "
-                "host as it is, writable wherever the agent's user may write"
-            )
-    if cfg.resources.shm_size is not None:
-        warnings.append(
-            f"resources.shm_size ({cfg.resources.shm_size}) does not apply: trials share "
-            "the host's /dev/shm"
-        )
     if cfg.resources.devices:
         paths = ", ".join(device.host_path for device in cfg.resources.devices)
         warnings.append(
-            f"resources.devices ({paths}) does not apply: trials see the host's devices as "
-            "the agent's user may open them"
+            f"resources.devices ({paths}) does not apply: resolute agents run trials as "
+            "processes, not in containers, and trials see the host's devices as the agent's "
+            "user may open them"
         )
     return warnings
 

@@ -12,7 +12,7 @@ from datetime import timedelta
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from master.core import launch, task_config
+from master.core import launch, mounts, task_config
 from master.core.interfaces import InterfaceChoice, choose_interface
 from master.db.models import (
     AgentModel,
@@ -168,6 +168,15 @@ class LaunchAssembler:
             default_variables=self.default_variables(allocation.resource_pool, device_type),
         )
         archive = model_definition.archive if model_definition else b""
+        bind_mounts = [
+            pb.BindMount(
+                host_path=m.host_path, container_path=m.container_path, read_only=m.read_only
+            )
+            for m in mounts.requested_mounts(experiment.config)
+        ]
+        shm_size_bytes = mounts.shm_bytes(
+            (experiment.config.get("resources") or {}).get("shm_size")
+        )
         per_agent = layout == launch.PER_AGENT
         log.info(
             "allocation %s starting (%s): %d processes on %s, rendezvous %s:%d over %s",
@@ -197,6 +206,8 @@ class LaunchAssembler:
                         else pb.LAUNCH_LAYOUT_PER_SLOT,
                         info_files=agent_launch.info_files,
                         shared_fs_host_path=launch.shared_fs_host_path(experiment.config),
+                        bind_mounts=bind_mounts,
+                        shm_size_bytes=shm_size_bytes,
                     )
                 ),
             )

@@ -19,9 +19,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.core.expconf import effective_dict, parse_yaml, validate_config
 from master.core.merge import merge_template
-from master.db.models import ExperimentModel, ExperimentState, TrialModel, TrialState
+from master.db.models import (
+    ExperimentModel,
+    ExperimentState,
+    ModelDefinitionModel,
+    TrialModel,
+    TrialState,
+)
 from master.errors import Conflict, InvalidArgument, NotFound
-from master.services import allocations, labels, states, trial_reports
+from master.services import allocations, bind_mounts, labels, states, trial_reports
 from master.services.configs import config_errors_as_invalid_argument
 from master.services.templates import refuse_hidden_secrets
 
@@ -78,7 +84,18 @@ async def continue_experiment(
             "(fork it to train more)"
         )
     if override:
-        experiment.config = _merged_config(experiment.config, override)
+        config = _merged_config(experiment.config, override)
+        if "bind_mounts" in override:
+            archive = await session.scalar(
+                select(ModelDefinitionModel.archive).where(
+                    ModelDefinitionModel.experiment_id == experiment.id
+                )
+            )
+            with config_errors_as_invalid_argument("overrideConfig"):
+                await bind_mounts.check_bind_mounts(
+                    session, experiment.resource_pool, config, archive or b""
+                )
+        experiment.config = config
         if "labels" in override:
             checked = labels.checked_labels(override["labels"], "overrideConfig.labels")
             labels.set_labels(experiment, checked)

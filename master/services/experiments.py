@@ -45,6 +45,7 @@ from master.db.models import (
 from master.errors import Conflict, InvalidArgument, NotFound
 from master.services import (
     allocations,
+    bind_mounts,
     checkpoint_gc,
     labels,
     release,
@@ -205,6 +206,8 @@ async def prepare_experiment(
         )
     layout = choose_launch_layout(effective, packed)
     effective["launch_layout"] = layout.layout
+    with config_errors_as_invalid_argument("experiment config"):
+        await bind_mounts.check_bind_mounts(session, pool.pool_name, effective, packed.archive)
     return PreparedExperiment(
         original_config=original,
         effective_config=effective,

@@ -180,3 +180,11 @@ def read_text_file(archive: bytes, path: str, limit_bytes: int = 4 * 2**20) -> s
             handle = tar.extractfile(member)
             return handle.read().decode("utf-8", errors="replace") if handle else None
     return None
+
+
+def archive_paths(archive: bytes) -> list[str]:
+    """Every path a packed model definition holds (files, directories, links), relative."""
+    if not archive:
+        return []
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        return [posixpath.normpath(name) for name in tar.getnames()]

@@ -112,7 +112,7 @@ async def test_template_merge_and_isolation_from_later_edits(api: httpx.AsyncCli
     config = SINGLE_YAML + (
         "resources: {slots_per_trial: 4}\n"
         "bind_mounts:\n"
-        "  - {host_path: /scratch, container_path: /data}\n"
+        "  - {host_path: /scratch, container_path: /usr}\n"
         "  - {host_path: /home, container_path: /home}\n"
         "environment: {environment_variables: [FROM_CONFIG=1]}\n"
     )
@@ -127,7 +127,7 @@ async def test_template_merge_and_isolation_from_later_edits(api: httpx.AsyncCli
     assert effective["environment"]["environment_variables"] == ["FROM_TEMPLATE=1", "FROM_CONFIG=1"]
     # ... except bind mounts on the same container_path, where the config's entry wins.
     mounts = [(m["host_path"], m["container_path"]) for m in effective["bind_mounts"]]
-    assert mounts == [("/scratch", "/data"), ("/home", "/home")]
+    assert mounts == [("/scratch", "/usr"), ("/home", "/home")]
 
     experiment_id = reply.json()["experiment"]["id"]
     await api.patch("/api/v1/templates/tpl", json={"resources": {"priority": 99}})

@@ -108,7 +108,7 @@ def test_template_to_experiment_walkthrough(
     assert yaml.safe_load(described.stdout) == TEMPLATE_CONFIG, describe_run(described)
 
     # The config adds a bind mount of its own: both lists survive the merge.
-    own_mount = "bind_mounts:\n- host_path: /scratch\n  container_path: /scratch\n"
+    own_mount = "bind_mounts:\n- host_path: /var\n  container_path: /var\n"
     config = write(tmp_path / "walk.yaml", experiment_yaml(seed=4321, extra=own_mount))
     experiment_id = created_id(
         master.det("e", "create", "--template", name, str(config), str(files["model_dir"]))
@@ -128,8 +128,8 @@ def test_template_to_experiment_walkthrough(
     assert merged["resources"]["priority"] == 10
     assert merged["environment"]["environment_variables"] == ["FROM_TEMPLATE=1"]
     mounts = {m["container_path"]: m for m in merged["bind_mounts"]}
-    assert set(mounts) == {"/data", "/scratch"}, merged["bind_mounts"]
-    assert mounts["/data"]["host_path"] == "/data" and mounts["/data"]["read_only"] is True
+    assert set(mounts) == {"/usr", "/var"}, merged["bind_mounts"]
+    assert mounts["/usr"]["host_path"] == "/usr" and mounts["/usr"]["read_only"] is True
     # ...while the config's own keys win, and the text sent is kept verbatim.
     assert merged["name"] == "mnist-random"
     assert merged["searcher"]["name"] == "random"

@@ -143,7 +143,7 @@ def test_experiment_create_list_describe(
     merged = experiment["config"]
     assert merged["checkpoint_storage"]["host_path"] == "/mnt/ckpt"
     assert merged["resources"]["slots_per_trial"] == 2
-    assert [m["container_path"] for m in merged["bind_mounts"]] == ["/data"]
+    assert [m["container_path"] for m in merged["bind_mounts"]] == ["/usr"]
     assert merged["reproducibility"]["experiment_seed"] == seed
 
     # The table view walks trials and their workloads too.

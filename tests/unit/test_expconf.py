@@ -243,10 +243,11 @@ def test_full_realistic_config_validates() -> None:
         "environment.pod_spec",
         "environment.add_capabilities",
         "environment.drop_capabilities",
-        "bind_mounts.0",
-        "bind_mounts.1",
-        "resources.shm_size",
+        "bind_mounts.1.propagation",
         "resources.devices",
+        "log_policies",
+        "retention_policy.log_retention_days",
+        "environment.proxy_ports",
     ]
     # The stored config validates again to the same thing (the master re-reads it).
     effective = effective_dict(cfg)
@@ -1075,13 +1076,14 @@ def test_every_docker_only_key_gets_one_warning() -> None:
     assert effective_dict(cfg)["environment"]["ports"] == {"tensorboard": 6006}
 
 
-def test_container_mounts_and_devices_warn_unless_they_hold_as_written() -> None:
+def test_mounts_and_shm_apply_so_only_propagation_and_devices_warn() -> None:
     config = {
         **MINIMAL,
         "bind_mounts": [
-            {"host_path": "/data", "container_path": "/data"},  # holds: same path, writable
+            {"host_path": "/data", "container_path": "/data"},
             {"host_path": "/datasets/imagenet", "container_path": "/data/imagenet"},
             {"host_path": "/models", "container_path": "/models", "read_only": True},
+            {"host_path": "/nfs", "container_path": "/nfs", "propagation": "rslave"},
         ],
         "resources": {
             "shm_size": "4G",
@@ -1095,14 +1097,24 @@ def test_container_mounts_and_devices_warn_unless_they_hold_as_written() -> None
     }
     warnings = config_warnings(validate_config(config, complete=True))
     assert warnings == [
-        "bind_mounts.1 (/datasets/imagenet -> /data/imagenet) does not apply: "
-        f"{NOT_IN_IMAGES}, which see host paths as they are; read /datasets/imagenet directly",
-        "bind_mounts.2.read_only (true) does not apply: trials see /models on the host as "
-        "it is, writable wherever the agent's user may write",
-        "resources.shm_size (4G) does not apply: trials share the host's /dev/shm",
-        "resources.devices (/dev/infiniband/uverbs0) does not apply: trials see the host's "
-        "devices as the agent's user may open them",
+        "bind_mounts.3.propagation (rslave) does not apply: every mount of a trial is "
+        "private to its mount namespace (rprivate), so mounts made later under the path are "
+        "not shared with the host",
+        "resources.devices (/dev/infiniband/uverbs0) does not apply: resolute agents run "
+        "trials as processes, not in containers, and trials see the host's devices as the "
+        "agent's user may open them",
     ]
+
+
+def test_bind_mount_propagation_must_be_one_of_dockers() -> None:
+    bad = {
+        **MINIMAL,
+        "bind_mounts": [{"host_path": "/a", "container_path": "/a", "propagation": "up"}],
+    }
+    with pytest.raises(ConfigError) as caught:
+        validate_config(bad, complete=True)
+    assert [p.path for p in caught.value.problems] == ["bind_mounts.0.propagation"]
+    assert "rprivate" in caught.value.problems[0].message
 
 
 def test_docker_only_keys_that_ask_for_nothing_are_not_mentioned() -> None:
