@@ -1528,11 +1528,6 @@ def _unserved_warnings(cfg: ExperimentConfig) -> list[str]:
             "log_policies does not apply: the master does not match a trial's logs against "
             "patterns, so no policy's action is taken"
         )
-    if cfg.retention_policy is not None and cfg.retention_policy.log_retention_days is not None:
-        warnings.append(
-            f"retention_policy.log_retention_days ({cfg.retention_policy.log_retention_days}) "
-            "does not apply: nothing here deletes task logs by age"
-        )
     if cfg.environment.proxy_ports:
         ports = ", ".join(str(p.proxy_port) for p in cfg.environment.proxy_ports)
         warnings.append(

@@ -86,9 +86,9 @@ KEYS: tuple[KeyRule, ...] = (
     ),
     KeyRule(
         "retention_policy",
-        "warned",
-        "nothing here deletes task logs by age",
-        sample={"log_retention_days": 7},
+        "applied",
+        "log_retention_days: the leader deletes an ended trial's logs that much later "
+        "(-1 keeps them; `det e set log-retention` changes it)",
     ),
     KeyRule(
         "data_layer",
