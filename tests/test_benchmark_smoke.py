@@ -353,3 +353,13 @@ def test_smoke_submit_benchmark_costs_a_submit_against_the_floor(postgres: Postg
     assert report["submit"]["requests"] == report["floor_get_me"]["requests"] == submits
     assert report["submit"]["master_cpu_ms_per_request"] > 0
     assert report["floor_get_me"]["master_cpu_ms_per_request"] > 0
+
+
+@pytest.mark.e2e
+def test_smoke_webhooks_benchmark_delivers_every_event_once() -> None:
+    report = run_smoke("bench_webhooks")
+    events = report["parameters"]["events"]
+    assert report["delivered"] == report["delivery_latency"]["n"] == events
+    assert report["duplicates_by_event_id"] == 0
+    assert report["events_per_s"] > 0
+    assert report["delivery_latency"]["p50_ms"] <= report["delivery_latency"]["p99_ms"]

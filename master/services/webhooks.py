@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 
 KEY_FILE = "webhook_signing_key"
 STATE, TASK_LOG, CUSTOM = "state", "task_log", "custom"
+# session.info key: the request recorded an event, so its commit wakes the shipper.
+WAKE_SHIPPER = "wake_webhook_shipper"
 
 
 def signing_key(settings: MasterSettings) -> bytes:
@@ -238,6 +240,7 @@ async def send_test(settings: MasterSettings, url: str, body: bytes) -> None:
 
 def record_state_change(session: AsyncSession, experiment_id: int, state: str) -> None:
     session.add(WebhookOutboxModel(kind=STATE, experiment_id=experiment_id, data={"state": state}))
+    session.info[WAKE_SHIPPER] = True
 
 
 def record_custom(
@@ -256,6 +259,7 @@ def record_custom(
             data={"title": title, "description": description, "level": level},
         )
     )
+    session.info[WAKE_SHIPPER] = True
 
 
 @dataclass
