@@ -6,13 +6,22 @@ and whether the scheduling passes notice.
 Prints one JSON document on stdout (progress on stderr). A `det-master` on SQLite in a
 temporary directory, no agents, one experiment (its trials stay queued, so the scheduler
 has passes to run) whose config names a CUSTOM webhook, and a receiver on 127.0.0.1 (a
-threaded http.server in this process). N clients post the events as a trial's alerts
+threaded http.server in this process). Events are a trial's alerts
 (POST /api/v1/webhooks/custom; each is committed to the master's queue when its request
-returns). Reported: events per second from the first post to the last delivery, each
-event's delivery latency (its post's reply to its arrival) p50 / p99, deliveries seen
-twice, and the master's mean scheduling pass time over a quiet window before and while the
-events are delivered (from GET /metrics; in both, an experiment is submitted every 0.25 s
-so that there are passes to time).
+returns). Two phases of N events each:
+
+- live: N clients post while the receiver is up. Events per second from the first post
+  to the last delivery; each event's delivery latency (its post's reply to its arrival)
+  p50 / p99.
+- backlog: the receiver is down while the events are posted, then comes up; the drain's
+  events per second, and the scheduling passes while the master does nothing but deliver.
+
+Both report deliveries seen twice by event id. Scheduling passes (mean time, from GET
+/metrics) are timed over a quiet window first, then over each phase; throughout, an
+experiment is submitted and killed every 0.25 s so that there are passes to time (with no
+agents, a pass with nothing new is skipped). Retries are capped at 1 s for the backlog
+(DET_MASTER_WEBHOOKS__RETRY_MAX_S). The live phase's passes share the master with the
+posts; the backlog's show what sending alone costs them.
 """
 
 from __future__ import annotations
@@ -77,8 +86,9 @@ def mean_pass_ms(before: tuple[float, int], after: tuple[float, int]) -> dict[st
 
 
 class Submitter:
-    """Submits an experiment every SUBMIT_EVERY_S while running: with no agents a pass that
-    has nothing new to consider is skipped, so this gives both windows passes to time."""
+    """Submits an experiment every SUBMIT_EVERY_S while running, and kills it at once: with
+    no agents a pass with nothing new to consider is skipped, so this gives both windows
+    passes to time, over a queue that stays the same size."""
 
     def __init__(self, client: httpx.Client) -> None:
         self.client = client
@@ -88,7 +98,10 @@ class Submitter:
     def _run(self) -> None:
         body = {"activate": True, "config": TICK_CONFIG, "modelDefinition": [TRAIN_PY]}
         while not self._stop.wait(SUBMIT_EVERY_S):
-            self.client.post("/api/v1/experiments", json=body).raise_for_status()
+            reply = self.client.post("/api/v1/experiments", json=body)
+            reply.raise_for_status()
+            killed = reply.json()["experiment"]["id"]
+            self.client.post(f"/api/v1/experiments/{killed}/kill").raise_for_status()
 
     def __enter__(self) -> Submitter:
         self._thread.start()
@@ -107,7 +120,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="resolute-hooks-")))
         receiver = Receiver()
         stack.callback(receiver.close)
-        master = MasterProcess(tmp / "master")
+        master = MasterProcess(tmp / "master", env={"DET_MASTER_WEBHOOKS__RETRY_MAX_S": "1"})
         stack.callback(master.stop)
         master.start()
         admin = stack.enter_context(master.client(master.login("admin")))
@@ -153,40 +166,69 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 with lock:
                     committed[f"e{i}"] = time.monotonic()
 
-        common.progress(f"{events} events from {args.clients} clients")
-        with Submitter(submitter):
-            busy_before = pass_totals(admin)
-            started = time.monotonic()
+        def post_all(offset: int) -> float:
             threads = [
-                threading.Thread(target=post, args=(c, range(n, events, len(clients))))
+                threading.Thread(
+                    target=post, args=(c, range(offset + n, offset + events, len(clients)))
+                )
                 for n, c in enumerate(clients)
             ]
             for thread in threads:
                 thread.start()
             for thread in threads:
                 thread.join()
+            return time.monotonic()
+
+        def delivered(count: int) -> None:
             wait_until(
-                f"{events} deliveries",
-                lambda: len(receiver.received()) >= events,
+                f"{count} deliveries",
+                lambda: len(receiver.received()) >= count,
                 300,
                 interval=0.05,
             )
-            busy = mean_pass_ms(busy_before, pass_totals(admin))
-        deliveries = receiver.received()
-        finished = max(d.received_at for d in deliveries)
-        titles = [d.json["event_data"]["custom_data"]["title"] for d in deliveries]
-        latencies = [d.received_at - committed[t] for d, t in zip(deliveries, titles, strict=True)]
+
+        common.progress(f"live: {events} events from {args.clients} clients")
+        with Submitter(submitter):
+            live_before = pass_totals(admin)
+            started = time.monotonic()
+            post_all(0)
+            delivered(events)
+            live_passes = mean_pass_ms(live_before, pass_totals(admin))
+        live = receiver.received()
+        live_end = max(d.received_at for d in live)
+        titles = [d.json["event_data"]["custom_data"]["title"] for d in live]
+        latencies = [d.received_at - committed[t] for d, t in zip(live, titles, strict=True)]
+
+        common.progress(f"backlog: {events} events posted while the receiver is down")
+        receiver.down()
+        post_all(events)
+        with Submitter(submitter):
+            backlog_before = pass_totals(admin)
+            receiver.up()
+            up_at = time.monotonic()
+            delivered(2 * events)
+            backlog_passes = mean_pass_ms(backlog_before, pass_totals(admin))
+        everything = receiver.received()
+        drained = everything[len(live) :]
+        drain_end = max(d.received_at for d in drained)
     return {
         "benchmark": "webhooks",
         "mode": mode,
         "machine": facts,
         "parameters": {"events": events, "clients": args.clients, "database": "sqlite"},
-        "events_per_s": round(events / (finished - started), 1),
-        "delivery_latency": ms_summary(latencies),
-        "delivered": len(deliveries),
-        "duplicates_by_event_id": len(deliveries) - len({d.event_id for d in deliveries}),
         "scheduling_pass_quiet": quiet,
-        "scheduling_pass_while_delivering": busy,
+        "live": {
+            "events_per_s": round(events / (live_end - started), 1),
+            "delivery_latency": ms_summary(latencies),
+            "delivered": len(live),
+            "scheduling_pass": live_passes,
+        },
+        "backlog": {
+            "drain_events_per_s": round(events / (drain_end - up_at), 1),
+            "delivered": len(drained),
+            "scheduling_pass": backlog_passes,
+        },
+        "duplicates_by_event_id": len(everything) - len({d.event_id for d in everything}),
     }
 
 

@@ -332,7 +332,7 @@ def slack_log_message(
             f"Experiment ID `{experiment_id}`, Trial ID `{trial_id}`, running on node "
             f"`{node}`, reported a log\n```{line}```\nThis log matched the regex\n```{regex}```\n"
         )
-        path = f"/ui/experiments/{experiment_id}/trials/{trial_id}"
+        path = f"/ui/trials/{trial_id}"
         text += f"<{base_url.rstrip('/')}{path} | View full logs here>" if base_url else ""
     else:
         text = (

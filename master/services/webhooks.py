@@ -228,7 +228,9 @@ async def send_test(settings: MasterSettings, url: str, body: bytes) -> None:
     """Sent now rather than queued, so the caller learns whether the receiver answers."""
     try:
         async with httpx.AsyncClient(timeout=settings.webhooks.timeout_s) as client:
-            reply = await client.post(url, content=body, headers=_headers(settings, body, None))
+            reply = await client.post(
+                url, content=body, headers=_headers(signing_key(settings), body, None)
+            )
     except httpx.HTTPError as exc:
         raise InvalidArgument(f"url: sending the test to {url} failed: {exc!r}") from None
     if reply.status_code >= 400:
@@ -388,33 +390,45 @@ def _queue(session: AsyncSession, webhook: WebhookModel, event_id: str, body: An
     )
 
 
-async def _triggered(
-    session: AsyncSession, trigger_type: str
-) -> list[tuple[WebhookTriggerModel, WebhookModel]]:
-    return [
-        (t, w)
-        for t, w in (
-            await session.execute(
+class _Lookups:
+    """What one pass over the outbox reads, read once: the triggers of each type and the
+    experiments its rows name."""
+
+    def __init__(self, session: AsyncSession) -> None:
+        self.session = session
+        self._triggers: dict[str, list[tuple[WebhookTriggerModel, WebhookModel]]] = {}
+        self._experiments: dict[int, _Experiment | None] = {}
+
+    async def triggered(self, trigger_type: str) -> list[tuple[WebhookTriggerModel, WebhookModel]]:
+        if trigger_type not in self._triggers:
+            rows = await self.session.execute(
                 select(WebhookTriggerModel, WebhookModel)
                 .join(WebhookModel, WebhookModel.id == WebhookTriggerModel.webhook_id)
                 .where(WebhookTriggerModel.trigger_type == trigger_type)
                 .order_by(WebhookTriggerModel.id)
             )
-        ).all()
-    ]
+            self._triggers[trigger_type] = [(t, w) for t, w in rows.all()]
+        return self._triggers[trigger_type]
+
+    async def experiment(self, experiment_id: int) -> _Experiment | None:
+        if experiment_id not in self._experiments:
+            self._experiments[experiment_id] = await _experiment(self.session, experiment_id)
+        return self._experiments[experiment_id]
 
 
-async def _expand(session: AsyncSession, row: WebhookOutboxModel, base_url: str) -> int:
+async def _expand(
+    session: AsyncSession, lookups: _Lookups, row: WebhookOutboxModel, base_url: str
+) -> int:
     now = int(time.time())
     queued = 0
     if row.kind == STATE and row.experiment_id is not None:
         state = str(row.data.get("state", ""))
         hits = [
             (t, w)
-            for t, w in await _triggered(session, core.STATE_CHANGE)
+            for t, w in await lookups.triggered(core.STATE_CHANGE)
             if (t.condition or {}).get("state") == state
         ]
-        exp = await _experiment(session, row.experiment_id) if hits else None
+        exp = await lookups.experiment(row.experiment_id) if hits else None
         if exp is None:
             return 0
         facts = dataclasses.replace(exp.facts, state=state)
@@ -436,11 +450,11 @@ async def _expand(session: AsyncSession, row: WebhookOutboxModel, base_url: str)
             _queue(session, webhook, event_id, body)
             queued += 1
     elif row.kind == CUSTOM and row.experiment_id is not None:
-        exp = await _experiment(session, row.experiment_id)
+        exp = await lookups.experiment(row.experiment_id)
         if exp is None:
             return 0
         done: set[int] = set()
-        for _trigger, webhook in await _triggered(session, core.CUSTOM):
+        for _trigger, webhook in await lookups.triggered(core.CUSTOM):
             if webhook.id in done or not _reaches(webhook, exp):
                 continue
             done.add(webhook.id)
@@ -483,7 +497,7 @@ async def _expand(session: AsyncSession, row: WebhookOutboxModel, base_url: str)
             if row.trial_id is not None
             else None
         )
-        exp = await _experiment(session, experiment_id) if experiment_id is not None else None
+        exp = await lookups.experiment(experiment_id) if experiment_id is not None else None
         if not _reaches(webhook, exp):
             return 0
         session.add(WebhookLogMatchModel(task_id=row.task_id, trigger_id=trigger.id))
@@ -516,8 +530,9 @@ async def expand_outbox(session: AsyncSession, base_url: str, limit: int = 200) 
             select(WebhookOutboxModel).order_by(WebhookOutboxModel.id).limit(limit)
         )
     ).all()
+    lookups = _Lookups(session)
     for row in rows:
-        await _expand(session, row, base_url)
+        await _expand(session, lookups, row, base_url)
         await session.delete(row)
     return len(rows)
 
@@ -525,12 +540,12 @@ async def expand_outbox(session: AsyncSession, base_url: str, limit: int = 200) 
 # -- delivery -------------------------------------------------------------------------------
 
 
-def _headers(settings: MasterSettings, body: bytes, event_id: str | None) -> dict[str, str]:
+def _headers(key: bytes, body: bytes, event_id: str | None) -> dict[str, str]:
     stamp = int(time.time())
     headers = {
         "Content-Type": "application/json; charset=UTF-8",
         core.TIMESTAMP_HEADER: str(stamp),
-        core.SIGNATURE_HEADER: core.signature(signing_key(settings), stamp, body),
+        core.SIGNATURE_HEADER: core.signature(key, stamp, body),
     }
     if event_id is not None:
         headers[core.EVENT_ID_HEADER] = event_id
@@ -551,13 +566,14 @@ class WebhookShipper(Loop):
     """The leader's background sender: never inside a scheduling pass or a request."""
 
     name = "webhook-shipper"
-    batch = 64
+    batch = 128
 
     def __init__(self, factory: async_sessionmaker[AsyncSession], settings: MasterSettings) -> None:
         super().__init__(interval=settings.webhooks.poll_interval_s)
         self.factory = factory
         self.settings = settings
         self._client: httpx.AsyncClient | None = None
+        self._key = signing_key(settings)
 
     async def stop(self) -> None:
         await super().stop()
@@ -602,7 +618,7 @@ class WebhookShipper(Loop):
         assert self._client is not None
         try:
             reply = await self._client.post(
-                event.url, content=body, headers=_headers(self.settings, body, event.event_id)
+                event.url, content=body, headers=_headers(self._key, body, event.event_id)
             )
         except httpx.HTTPError as exc:
             return core.Outcome.RETRY, f"{type(exc).__name__}: {exc}"[:500]
