@@ -38,6 +38,12 @@ class Delivery:
         return hmac.compare_digest(expected, self.headers["X-Determined-AI-Signature"])
 
 
+class _Server(ThreadingHTTPServer):
+    # A listen backlog for the master's concurrent deliveries (http.server's is 5).
+    request_queue_size = 256
+    daemon_threads = True
+
+
 class Receiver:
     def __init__(self) -> None:
         self.deliveries: list[Delivery] = []
@@ -45,7 +51,7 @@ class Receiver:
         self.status = 200
         self.hang_s = 0.0
         self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
+        self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self.port = 0
         self.up()
@@ -77,8 +83,7 @@ class Receiver:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        server.daemon_threads = True
+        server = _Server(("127.0.0.1", self.port), Handler)
         self.port = server.server_address[1]
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -398,6 +398,9 @@ class _Lookups:
         self.session = session
         self._triggers: dict[str, list[tuple[WebhookTriggerModel, WebhookModel]]] = {}
         self._experiments: dict[int, _Experiment | None] = {}
+        # (task, trigger) pairs that fired in this pass: not yet written, so not yet in the
+        # table a later row of the pass would look in.
+        self.log_matches: set[tuple[str, int]] = set()
 
     async def triggered(self, trigger_type: str) -> list[tuple[WebhookTriggerModel, WebhookModel]]:
         if trigger_type not in self._triggers:
@@ -488,7 +491,8 @@ async def _expand(
         if found is None:
             return 0
         trigger, webhook = found
-        if await session.get(WebhookLogMatchModel, (row.task_id, trigger.id)) is not None:
+        key = (row.task_id, trigger.id)
+        if key in lookups.log_matches or await session.get(WebhookLogMatchModel, key) is not None:
             return 0  # this task already fired this trigger
         experiment_id = (
             await session.scalar(
@@ -501,7 +505,7 @@ async def _expand(
         if not _reaches(webhook, exp):
             return 0
         session.add(WebhookLogMatchModel(task_id=row.task_id, trigger_id=trigger.id))
-        await session.flush()  # seen by the next outbox row of this pass
+        lookups.log_matches.add(key)
         regex = str((trigger.condition or {}).get("regex", ""))
         line, node = str(row.data.get("line", "")), str(row.data.get("node", ""))
         event_id = str(uuid.uuid4())
@@ -524,7 +528,10 @@ async def _expand(
 
 
 async def expand_outbox(session: AsyncSession, base_url: str, limit: int = 200) -> int:
-    """Outbox rows into deliveries, in one transaction; returns how many rows were taken."""
+    """Outbox rows into deliveries, in one transaction; returns how many rows were taken.
+
+    Everything is read first and written at the commit (the session does not autoflush),
+    so on SQLite the write lock is held for one flush, not for the whole pass."""
     rows = (
         await session.scalars(
             select(WebhookOutboxModel).order_by(WebhookOutboxModel.id).limit(limit)
@@ -533,7 +540,10 @@ async def expand_outbox(session: AsyncSession, base_url: str, limit: int = 200) 
     lookups = _Lookups(session)
     for row in rows:
         await _expand(session, lookups, row, base_url)
-        await session.delete(row)
+    if rows:
+        await session.execute(
+            delete(WebhookOutboxModel).where(WebhookOutboxModel.id.in_([r.id for r in rows]))
+        )
     return len(rows)
 
 
@@ -567,6 +577,7 @@ class WebhookShipper(Loop):
 
     name = "webhook-shipper"
     batch = 128
+    settle_s = 0.05
 
     def __init__(self, factory: async_sessionmaker[AsyncSession], settings: MasterSettings) -> None:
         super().__init__(interval=settings.webhooks.poll_interval_s)
@@ -587,6 +598,10 @@ class WebhookShipper(Loop):
         sent = await self.deliver_due()
         if taken or sent >= self.batch:
             self.wake()  # more may be waiting: carry on without the interval's pause
+        if taken or sent:
+            # Events arriving meanwhile are taken together: fewer, larger transactions,
+            # which on SQLite leave the scheduler's own writes fewer chances to collide.
+            await asyncio.sleep(self.settle_s)
 
     async def deliver_due(self) -> int:
         now = utcnow()
@@ -625,44 +640,50 @@ class WebhookShipper(Loop):
         return core.outcome_of(reply.status_code), f"HTTP {reply.status_code}"
 
     async def _settle(self, due: list[_Due], results: list[tuple[str, str]]) -> None:
+        """One short write: delivered and dropped ones deleted, the others' next attempt set."""
         cfg = self.settings.webhooks
         now = utcnow()
         finished: list[int] = []
-        async with session_scope(self.factory) as session:
-            for event, (outcome, detail) in zip(due, results, strict=True):
-                if outcome == core.Outcome.DELIVERED:
-                    finished.append(event.id)
-                    continue
-                age = (now - event.created_at).total_seconds()
-                if outcome == core.Outcome.REFUSED or age > cfg.max_age_s:
-                    log.warning(
-                        "webhook event %s to %s dropped after %d attempts: %s",
-                        event.event_id,
-                        event.url,
-                        event.attempts + 1,
-                        detail,
-                    )
-                    finished.append(event.id)
-                    continue
-                attempts = event.attempts + 1
-                wait = core.retry_delay(attempts, cfg.retry_initial_s, cfg.retry_max_s)
-                log.info(
-                    "webhook event %s to %s failed (%s); retry %d in %.1fs",
+        retries: list[dict[str, Any]] = []
+        for event, (outcome, detail) in zip(due, results, strict=True):
+            if outcome == core.Outcome.DELIVERED:
+                finished.append(event.id)
+                continue
+            age = (now - event.created_at).total_seconds()
+            if outcome == core.Outcome.REFUSED or age > cfg.max_age_s:
+                log.warning(
+                    "webhook event %s to %s dropped after %d attempts: %s",
                     event.event_id,
                     event.url,
+                    event.attempts + 1,
                     detail,
-                    attempts,
-                    wait,
                 )
-                await session.execute(
-                    update(WebhookEventModel)
-                    .where(WebhookEventModel.id == event.id)
-                    .values(
-                        attempts=attempts,
-                        next_attempt_at=now + timedelta(seconds=wait),
-                        last_error=detail,
-                    )
-                )
+                finished.append(event.id)
+                continue
+            attempts = event.attempts + 1
+            wait = core.retry_delay(attempts, cfg.retry_initial_s, cfg.retry_max_s)
+            retries.append(
+                {
+                    "id": event.id,
+                    "attempts": attempts,
+                    "next_attempt_at": now + timedelta(seconds=wait),
+                    "last_error": detail,
+                }
+            )
+        if retries:
+            first = next(d for d in due if d.id == retries[0]["id"])
+            log.info(
+                "%d webhook deliveries failed and will be retried (e.g. %s: %s)",
+                len(retries),
+                first.url,
+                retries[0]["last_error"],
+            )
+        if not finished and not retries:
+            return
+        async with session_scope(self.factory) as session:
+            if retries:
+                # Bulk UPDATE by primary key: one statement for the batch.
+                await session.execute(update(WebhookEventModel), retries)
             if finished:
                 await session.execute(
                     delete(WebhookEventModel).where(WebhookEventModel.id.in_(finished))
