@@ -23,7 +23,7 @@ import uuid
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
@@ -624,8 +624,23 @@ class WebhookShipper(Loop):
                 timeout=self.settings.webhooks.timeout_s,
                 limits=httpx.Limits(max_connections=32),
             )
-        results = await asyncio.gather(*(self._send(d) for d in due))
-        await self._settle(due, results)
+        # One delivery per endpoint first: an endpoint that is down or failing costs one
+        # attempt and one statement per pass, not one of each per event queued for it.
+        by_url: dict[str, list[_Due]] = {}
+        for event in due:
+            by_url.setdefault(event.url, []).append(event)
+        probes = [events[0] for events in by_url.values()]
+        probe_results = await asyncio.gather(*(self._send(p) for p in probes))
+        failing = {
+            p.url: (p, detail)
+            for p, (outcome, detail) in zip(probes, probe_results, strict=True)
+            if outcome == core.Outcome.RETRY
+        }
+        rest = [e for url, events in by_url.items() if url not in failing for e in events[1:]]
+        rest_results = await asyncio.gather(*(self._send(e) for e in rest))
+        await self._settle(
+            probes + rest, [*probe_results, *rest_results], list(failing.values()), now
+        )
         return len(due)
 
     async def _send(self, event: _Due) -> tuple[str, str]:
@@ -639,8 +654,15 @@ class WebhookShipper(Loop):
             return core.Outcome.RETRY, f"{type(exc).__name__}: {exc}"[:500]
         return core.outcome_of(reply.status_code), f"HTTP {reply.status_code}"
 
-    async def _settle(self, due: list[_Due], results: list[tuple[str, str]]) -> None:
-        """One short write: delivered and dropped ones deleted, the others' next attempt set."""
+    async def _settle(
+        self,
+        due: list[_Due],
+        results: list[tuple[str, str]],
+        failing: list[tuple[_Due, str]],
+        picked_at: datetime,
+    ) -> None:
+        """One short write: delivered and dropped ones deleted, the others' next attempt set;
+        the other due events of a failing endpoint wait with its probe."""
         cfg = self.settings.webhooks
         now = utcnow()
         finished: list[int] = []
@@ -681,6 +703,27 @@ class WebhookShipper(Loop):
         if not finished and not retries:
             return
         async with session_scope(self.factory) as session:
+            for probe, detail in failing:
+                attempts = probe.attempts + 1
+                wait = core.retry_delay(attempts, cfg.retry_initial_s, cfg.retry_max_s)
+                same_endpoint = (WebhookEventModel.url == probe.url) & (
+                    WebhookEventModel.id != probe.id
+                )
+                await session.execute(
+                    delete(WebhookEventModel).where(
+                        same_endpoint,
+                        WebhookEventModel.created_at < now - timedelta(seconds=cfg.max_age_s),
+                    )
+                )
+                await session.execute(
+                    update(WebhookEventModel)
+                    .where(same_endpoint, WebhookEventModel.next_attempt_at <= picked_at)
+                    .values(
+                        attempts=WebhookEventModel.attempts + 1,
+                        next_attempt_at=now + timedelta(seconds=wait),
+                        last_error=detail,
+                    )
+                )
             if retries:
                 # Bulk UPDATE by primary key: one statement for the batch.
                 await session.execute(update(WebhookEventModel), retries)
