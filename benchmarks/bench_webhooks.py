@@ -153,6 +153,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             quiet = mean_pass_ms(quiet_before, pass_totals(admin))
 
         committed: dict[str, float] = {}
+        refused_503 = [0]
         lock = threading.Lock()
 
         def post(client: httpx.Client, indexes: range) -> None:
@@ -162,7 +163,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "experimentId": experiment["id"],
                     "trialId": trial_id,
                 }
-                client.post("/api/v1/webhooks/custom", json=body).raise_for_status()
+                while True:
+                    reply = client.post("/api/v1/webhooks/custom", json=body)
+                    if reply.status_code != 503:
+                        break
+                    # SQLite refused a write under contention: retry as Retry-After says.
+                    with lock:
+                        refused_503[0] += 1
+                    time.sleep(float(reply.headers.get("Retry-After", "1")))
+                reply.raise_for_status()
                 with lock:
                     committed[f"e{i}"] = time.monotonic()
 
@@ -229,6 +238,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "scheduling_pass": backlog_passes,
         },
         "duplicates_by_event_id": len(everything) - len({d.event_id for d in everything}),
+        "posts_refused_503_then_retried": refused_503[0],
     }
 
 

@@ -577,7 +577,7 @@ class WebhookShipper(Loop):
 
     name = "webhook-shipper"
     batch = 128
-    settle_s = 0.05
+    settle_s = 0.2
 
     def __init__(self, factory: async_sessionmaker[AsyncSession], settings: MasterSettings) -> None:
         super().__init__(interval=settings.webhooks.poll_interval_s)
