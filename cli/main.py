@@ -19,6 +19,7 @@ from cli import (
     tokens,
     trials,
     users,
+    webhooks,
     workspaces,
 )
 from cli.state import Globals
@@ -69,6 +70,7 @@ app.add_typer(tokens.token_app, name="token")
 app.add_typer(tokens.token_app, name="tkn", hidden=True)
 app.add_typer(workspaces.workspace_app, name="workspace")
 app.add_typer(workspaces.workspace_app, name="w", hidden=True)
+app.add_typer(webhooks.app, name="webhook")
 app.add_typer(workspaces.project_app, name="project")
 app.add_typer(workspaces.project_app, name="p", hidden=True)
 app.add_typer(master.master_app, name="master")

@@ -35,6 +35,7 @@ from master.api.routes import (
     templates,
     trials,
     users,
+    webhooks,
     workspaces,
 )
 from master.db.migrate import upgrade_to_head
@@ -59,6 +60,7 @@ from master.services.master_logs import MasterLogBuffer
 from master.services.metrics import MetricsBuffer, MetricsLoop
 from master.services.preemption import PreemptionSignals
 from master.services.scheduler import SchedulerLoop
+from master.services.webhooks import WebhookShipper
 from master.settings import MasterSettings
 from master.version import __version__
 from master.web.common import COOKIE, PROXY_COOKIE
@@ -248,6 +250,9 @@ def create_app(settings: MasterSettings) -> FastAPI:
         hub_loop = HubLoop(hub)
         app.state.hub_loop = hub_loop
         scheduler.after_commit = hub_loop.wake
+        # Deliveries go out from their own task: a slow receiver never holds up a pass.
+        webhook_shipper = WebhookShipper(app.state.session_factory, settings)
+        app.state.webhook_shipper = webhook_shipper
         loops: list[Loop] = [
             DatabaseWatch(app.state.session_factory, db_health),
             scheduler,
@@ -267,6 +272,7 @@ def create_app(settings: MasterSettings) -> FastAPI:
                 settings.retention_policy.log_retention_days,
                 settings.retention_policy.interval_s(),
             ),
+            webhook_shipper,
         ]
         for loop in loops:
             loop.health = db_health
@@ -352,6 +358,7 @@ def create_app(settings: MasterSettings) -> FastAPI:
         experiments,
         trials,
         model_registry,
+        webhooks,
         cluster,
         logs,
         commands,

@@ -329,6 +329,53 @@ class LogRetentionSettings(BaseModel):
         return parse_duration(self.schedule, "retention_policy.schedule").total_seconds()
 
 
+class WebhookSettings(BaseModel):
+    """Webhook deliveries (Determined's `webhooks` master config)."""
+
+    signing_key: str = Field(
+        default="",
+        description=(
+            "Secret for each delivery's X-Determined-AI-Signature: hex HMAC-SHA256 of "
+            "`<X-Determined-AI-Signature-Timestamp>,<body>`. Empty: a random key is made on "
+            "the first start and kept in <data_dir>/webhook_signing_key (masters sharing a "
+            "database should all be given the same key)."
+        ),
+    )
+    base_url: str = Field(
+        default="",
+        description="The dashboard's URL, for links in Slack messages (empty: no links).",
+    )
+    timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description="How long one delivery may take; a receiver slower than this is retried.",
+    )
+    retry_initial_s: float = Field(
+        default=1.0, gt=0, le=600, description="Wait before the first retry of a failed delivery."
+    )
+    retry_max_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="Longest wait between retries (the wait doubles from retry_initial_s).",
+    )
+    max_age_s: float = Field(
+        default=86400.0,
+        gt=0,
+        description=(
+            "A delivery still failing this long after its event is dropped, with a warning. "
+            "A 4xx answer drops it at once: the receiver refused it."
+        ),
+    )
+    poll_interval_s: float = Field(
+        default=0.5,
+        gt=0,
+        le=10,
+        description="Longest time between the shipper's looks at its queue.",
+    )
+
+
 class MasterSettings(BaseSettings):
     """Every master setting. Env vars: DET_MASTER_<FIELD>, nested with `__` (DET_MASTER_DB__URL)."""
 
@@ -346,6 +393,7 @@ class MasterSettings(BaseSettings):
     db: DatabaseSettings = Field(default_factory=DatabaseSettings)
     ha: HighAvailabilitySettings = Field(default_factory=HighAvailabilitySettings)
     security: SecuritySettings = Field(default_factory=SecuritySettings)
+    webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
     max_model_definition_mb: float = Field(
         default=96.0, gt=0, description="Largest model definition (decoded) accepted, in MiB."
     )

@@ -353,3 +353,14 @@ def test_smoke_submit_benchmark_costs_a_submit_against_the_floor(postgres: Postg
     assert report["submit"]["requests"] == report["floor_get_me"]["requests"] == submits
     assert report["submit"]["master_cpu_ms_per_request"] > 0
     assert report["floor_get_me"]["master_cpu_ms_per_request"] > 0
+
+
+@pytest.mark.e2e
+def test_smoke_webhooks_benchmark_delivers_every_event_once() -> None:
+    report = run_smoke("bench_webhooks")
+    events = report["parameters"]["events"]
+    live, backlog = report["live"], report["backlog"]
+    assert live["delivered"] == live["delivery_latency"]["n"] == backlog["delivered"] == events
+    assert report["duplicates_by_event_id"] == 0
+    assert live["events_per_s"] > 0 and backlog["drain_events_per_s"] > 0
+    assert live["delivery_latency"]["p50_ms"] <= live["delivery_latency"]["p99_ms"]

@@ -12,7 +12,7 @@ from master.db.models import MAX_INT as MAX_INT  # re-exported: routes bound the
 from master.db.models import UserModel
 from master.db.session import session_scope
 from master.errors import Unauthenticated
-from master.services import access, auth
+from master.services import access, auth, webhooks
 from master.services.allocations import WAKE_HUB, WAKE_SCHEDULER
 from master.services.preemption import PreemptionSignals
 from master.settings import MasterSettings
@@ -42,6 +42,11 @@ async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
         hub_loop = getattr(request.app.state, "hub_loop", None)
         if hub_loop is not None:
             hub_loop.wake()
+    if session.info.get(webhooks.WAKE_SHIPPER):
+        # An event this request recorded goes out now rather than at the shipper's next look.
+        shipper = getattr(request.app.state, "webhook_shipper", None)
+        if shipper is not None:
+            shipper.wake()
     if session.info.get(WAKE_SCHEDULER):
         # Only now is the new work visible to the scheduler's own transaction.
         request.app.state.scheduler.wake()

@@ -9,7 +9,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 HIDDEN = "********"
 # Key names that hold a credential, whatever section they are in.
-_SECRET_KEY = re.compile(r"password|secret|token|access_key|api_key|credential|connection_string")
+_SECRET_KEY = re.compile(
+    r"password|secret|token|access_key|api_key|credential|connection_string|signing_key"
+)
 
 
 def masked(value: Any, key: str = "") -> Any:

@@ -752,3 +752,84 @@ class TaskLogModel(Base):
     level: Mapped[str] = mapped_column(String(32), default="LOG_LEVEL_INFO")
     timestamp: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     message: Mapped[str] = mapped_column(Text)
+
+
+class WebhookModel(Base):
+    """Where to tell someone about events (Determined's webhooks): a URL, a payload format
+    (DEFAULT JSON or SLACK), a workspace it is limited to (NULL: every workspace), and a
+    mode (WORKSPACE: every experiment in scope; SPECIFIC: those whose config names it)."""
+
+    __tablename__ = "webhooks"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255))
+    url: Mapped[str] = mapped_column(Text)
+    webhook_type: Mapped[str] = mapped_column(String(16))
+    mode: Mapped[str] = mapped_column(String(16))
+    workspace_id: Mapped[int | None] = mapped_column(
+        ForeignKey("workspaces.id", ondelete="CASCADE"), index=True
+    )
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class WebhookTriggerModel(Base):
+    """One thing a webhook fires on: EXPERIMENT_STATE_CHANGE {state}, TASK_LOG {regex},
+    CUSTOM {} or METRIC_THRESHOLD_EXCEEDED (accepted, as Determined accepts it, and never
+    fired, as there)."""
+
+    __tablename__ = "webhook_triggers"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    webhook_id: Mapped[int] = mapped_column(
+        ForeignKey("webhooks.id", ondelete="CASCADE"), index=True
+    )
+    trigger_type: Mapped[str] = mapped_column(String(32))
+    condition: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+
+
+class WebhookOutboxModel(Base):
+    """Something happened that webhooks may want to hear about, written in the transaction
+    that made it happen; the leader's shipper turns each row into deliveries and deletes it
+    (master/services/webhooks.py). kind: state (experiment_id, data.state), task_log
+    (task_id, data: trigger_id, line, node) or custom (experiment_id, trial_id, data)."""
+
+    __tablename__ = "webhook_outbox"
+
+    id: Mapped[int] = mapped_column(_BIG_ID, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    experiment_id: Mapped[int | None] = mapped_column(Integer)
+    trial_id: Mapped[int | None] = mapped_column(Integer)
+    task_id: Mapped[str | None] = mapped_column(String(64))
+    data: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class WebhookEventModel(Base):
+    """One delivery to make: its payload is fixed when queued, so a retry sends the same
+    bytes and the same event_id (the receiver's key to drop a second copy)."""
+
+    __tablename__ = "webhook_events"
+
+    id: Mapped[int] = mapped_column(_BIG_ID, primary_key=True, autoincrement=True)
+    event_id: Mapped[str] = mapped_column(String(36), unique=True)
+    webhook_id: Mapped[int] = mapped_column(
+        ForeignKey("webhooks.id", ondelete="CASCADE"), index=True
+    )
+    url: Mapped[str] = mapped_column(Text)
+    payload: Mapped[str] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
+    last_error: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class WebhookLogMatchModel(Base):
+    """A TASK_LOG trigger fires once per task, as Determined's does: the first matching
+    line is remembered here."""
+
+    __tablename__ = "webhook_log_matches"
+
+    task_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    trigger_id: Mapped[int] = mapped_column(
+        ForeignKey("webhook_triggers.id", ondelete="CASCADE"), primary_key=True
+    )

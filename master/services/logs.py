@@ -28,7 +28,7 @@ from master.db.models import (
 )
 from master.db.session import session_scope
 from master.errors import NotFound
-from master.services import counters
+from master.services import counters, webhooks
 from master.services.allocations import task_id as trial_task_id
 
 log = logging.getLogger(__name__)
@@ -278,6 +278,7 @@ async def append_logs(
                 {"namespace": _LOG_LOCK_NAMESPACE, "key": key},
             )
     await session.execute(insert(TaskLogModel), rows)
+    await webhooks.record_log_matches(session, rows)
     return len(rows)
 
 

@@ -19,6 +19,7 @@ from master.db.models import (
     utcnow,
 )
 from master.errors import Conflict
+from master.services import webhooks
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,8 @@ def set_experiment_state(
     if new.is_terminal and not old.is_terminal:
         experiment.end_time = utcnow()
     _record(session, "experiment", experiment.id, old, new, reason)
+    # In this transaction: webhooks hear of the change if and only if it commits.
+    webhooks.record_state_change(session, experiment.id, new)
     log.info("experiment %s: %s -> %s (%s)", experiment.id, old, new, reason)
 
 

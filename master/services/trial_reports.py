@@ -30,7 +30,7 @@ from master.db.models import (
     utcnow,
 )
 from master.errors import Conflict, InvalidArgument, NotFound, PermissionDenied
-from master.services import access, auth, logs
+from master.services import access, auth, logs, webhooks
 from resolute.storage import checkpoint_location
 
 log = logging.getLogger(__name__)
@@ -351,8 +351,8 @@ class AlertReport:
 
 
 async def report_alert(session: AsyncSession, user: UserModel, alert: AlertReport) -> None:
-    """Context.alert(): Determined hands it to the experiment's webhooks; resolute has none,
-    so it becomes a line of the trial's logs, at its level."""
+    """Context.alert(): a line of the trial's logs, at its level, and an event for the
+    experiment's CUSTOM webhooks (those its config names, as Determined's)."""
     word = ALERT_LEVELS.get(alert.level)
     if word is None:
         raise InvalidArgument(
@@ -366,6 +366,9 @@ async def report_alert(session: AsyncSession, user: UserModel, alert: AlertRepor
             f"experimentId: {alert.experiment_id} is not the experiment of trial {trial.id}"
         )
     text = ": ".join(part for part in ("alert", alert.title, alert.description) if part)
+    webhooks.record_custom(
+        session, trial.experiment_id, trial.id, alert.title, alert.description, word
+    )
     allocation_id = await session.scalar(
         select(AllocationModel.id)
         .where(AllocationModel.trial_id == trial.id)

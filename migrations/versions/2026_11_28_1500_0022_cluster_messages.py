@@ -1,7 +1,7 @@
 """cluster messages: the admins' banner (`det master cluster-message set`)
 
 Revision ID: 0022
-Revises: 0020
+Revises: 0021
 Create Date: 2026-11-28 15:00:00.000000
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0022"
-down_revision: str | None = "0020"
+down_revision: str | None = "0021"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
