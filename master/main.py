@@ -54,6 +54,10 @@ def configure_logging(settings: MasterSettings) -> None:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=settings.log_level, handlers=[handler], force=True)
+    # httpx logs every request at INFO: one line per webhook delivery and object-store call.
+    # The webhook shipper logs what matters (failures, give-ups) itself.
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def load_settings(**overrides: Any) -> MasterSettings:
