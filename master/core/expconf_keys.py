@@ -77,7 +77,12 @@ KEYS: tuple[KeyRule, ...] = (
     KeyRule("scheduling_unit", "applied", _HARNESS),
     KeyRule("perform_initial_validation", "applied", _HARNESS),
     KeyRule("checkpoint_policy", "applied", _HARNESS),
-    KeyRule("integrations", "applied", _HARNESS),
+    KeyRule(
+        "integrations",
+        "applied",
+        "integrations.webhooks names the webhooks this experiment's events go to "
+        "(docs/webhooks.md); the rest is " + _HARNESS,
+    ),
     KeyRule(
         "log_policies",
         "warned",
