@@ -37,6 +37,7 @@ class PendingEntry:
     order: tuple[float, int]
     reason: Reason
     label: str = ""
+    max_slots: int | None = None  # the experiment's resources.max_slots
 
     def request(self) -> placement.Request:
         return placement.Request(
@@ -47,6 +48,7 @@ class PendingEntry:
             order=self.order,
             single_node=self.single_node,
             label=self.label,
+            max_slots=self.max_slots,
         )
 
 
@@ -218,6 +220,10 @@ class ClusterView:
             if a.pool == pool
         ]
 
+    def held_slots(self, job_ids: Iterable[int]) -> dict[int, int]:
+        """How many slots the placed allocations of each of these jobs hold."""
+        return held_slots_of((held.running for held in self.held.values()), job_ids)
+
     def running_by_pool(self) -> dict[str, list[placement.Running]]:
         by_pool: dict[str, list[placement.Running]] = defaultdict(list)
         for held in self.held.values():
@@ -251,3 +257,13 @@ class ClusterView:
             if entry is not None and entry.reason != reason:
                 self.pending[allocation_id] = replace(entry, reason=reason)
         self._apply(StopAsked(frozenset(preempted)))
+
+
+def held_slots_of(running: Iterable[placement.Running], job_ids: Iterable[int]) -> dict[int, int]:
+    """Slots held by job, for the jobs asked about (those with a resources.max_slots)."""
+    wanted = set(job_ids)
+    held: dict[int, int] = dict.fromkeys(wanted, 0)
+    for run in running:
+        if run.job_id in wanted:
+            held[run.job_id] += sum(len(slot_ids) for _, slot_ids in run.slots)
+    return held

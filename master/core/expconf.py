@@ -1358,6 +1358,20 @@ def _check_batch_vs_slots(cfg: ExperimentConfig, complete: bool) -> list[ConfigP
     return []
 
 
+def _check_max_slots(cfg: ExperimentConfig, complete: bool) -> list[ConfigProblem]:
+    """A cap below one trial's gang would keep every trial waiting for ever."""
+    resources = cfg.resources
+    if resources.max_slots is None or resources.max_slots >= resources.slots_per_trial:
+        return []
+    return [
+        ConfigProblem(
+            "resources.max_slots",
+            f"is {resources.max_slots}, below resources.slots_per_trial "
+            f"({resources.slots_per_trial}): no trial could ever start",
+        )
+    ]
+
+
 def _check_grid_counts(cfg: ExperimentConfig, complete: bool) -> list[ConfigProblem]:
     """The grid searcher needs a count for every range it enumerates."""
     if not complete or cfg.searcher is None or cfg.searcher.name != "grid":
@@ -1446,6 +1460,7 @@ _CHECKS: tuple[tuple[frozenset[str], _Check], ...] = (
     (frozenset({"searcher"}), _check_searcher_fields),
     (frozenset({"checkpoint_storage"}), _check_storage),
     (frozenset({"hyperparameters", "resources"}), _check_batch_vs_slots),
+    (frozenset({"resources"}), _check_max_slots),
     (frozenset({"hyperparameters", "searcher"}), _check_grid_counts),
     (frozenset({"workspace", "project"}), _check_workspace_project),
     (frozenset({"entrypoint"}), _check_entrypoint),
@@ -1527,6 +1542,11 @@ def _unserved_warnings(cfg: ExperimentConfig) -> list[str]:
         warnings.append(
             "log_policies does not apply: the master does not match a trial's logs against "
             "patterns, so no policy's action is taken"
+        )
+    if cfg.resources.weight != 1.0:
+        warnings.append(
+            f"resources.weight ({cfg.resources.weight:g}) does not apply yet: the queue is "
+            "ordered by priority, then by submit time, with no fair share between experiments"
         )
     if cfg.environment.proxy_ports:
         ports = ", ".join(str(p.proxy_port) for p in cfg.environment.proxy_ports)

@@ -123,9 +123,18 @@ KEYS: tuple[KeyRule, ...] = (
     ),
     # resources
     KeyRule("resources.slots_per_trial", "applied", "slots (GPUs, or CPUs) of each trial"),
-    KeyRule("resources.max_slots", "applied", "the most slots the experiment holds at once"),
+    KeyRule(
+        "resources.max_slots",
+        "applied",
+        "the most slots the experiment holds at once; its other trials wait (AT_MAX_SLOTS)",
+    ),
     KeyRule("resources.priority", "applied", "the scheduling priority (1..99)"),
-    KeyRule("resources.weight", "applied", "the fair-share weight"),
+    KeyRule(
+        "resources.weight",
+        "warned",
+        "no fair share between experiments yet: the queue is ordered by priority, then submit time",
+        sample=3,
+    ),
     KeyRule("resources.resource_pool", "applied", "the pool the trials run in"),
     KeyRule("resources.is_single_node", "applied", "a trial's slots on one agent"),
     KeyRule(

@@ -19,7 +19,7 @@ that failed once fails for the rest of it and each reason is worked out once per
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
@@ -79,6 +79,8 @@ class Request:
     single_node: bool = False
     # How pending reasons name its job ("job 12" by default; a task's is its own name).
     label: str = ""
+    # The job's resources.max_slots: the most slots all its allocations may hold at once.
+    max_slots: int | None = None
 
     @property
     def job_name(self) -> str:
@@ -123,6 +125,7 @@ class PendingCode(StrEnum):
     WAITING_FOR_ZERO_SLOT_CAPACITY = "WAITING_FOR_ZERO_SLOT_CAPACITY"
     # fits the pool's agents, but not the ones usable now
     WAITING_FOR_USABLE_AGENTS = "WAITING_FOR_USABLE_AGENTS"
+    AT_MAX_SLOTS = "AT_MAX_SLOTS"  # its job holds as many slots as resources.max_slots allows
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,7 @@ def schedule(
     agents: Sequence[AgentState],
     requests: Sequence[Request],
     running: Sequence[Running] = (),
+    held_slots: Mapping[int, int] | None = None,
 ) -> Plan:
     """Place what fits now, in (priority, order, id) order, and explain the rest.
 
@@ -170,8 +174,13 @@ def schedule(
     so the head fits next pass. Zero-slot requests use their own per-agent cap and neither
     block nor are blocked by slot requests.
 
+    A request whose job has a max_slots waits (AT_MAX_SLOTS) while the slots its job holds
+    (`held_slots`, by job id, plus what this pass gives it) and its own would pass the cap;
+    it neither becomes the head nor reserves anything, so it holds up no one else.
+
     Agent, request and running ids must each be unique: they are the final tie-breaks.
     """
+    held_by_job = dict(held_slots or {})
     summary = _summarize(policy, agents)
     cap = _Capacity(policy, sorted(agents, key=_AGENT_ID), summary)
     never: dict[tuple[int, bool], Pending | None] = {}
@@ -194,6 +203,13 @@ def schedule(
         if impossible is not None:
             done.append(Pending(req.id, impossible.code, impossible.message))
             continue
+        max_slots = req.max_slots
+        capped = max_slots is not None
+        if max_slots is not None:
+            held = held_by_job.get(req.job_id, 0)
+            if held + s > max_slots:
+                done.append(Pending(req.id, PendingCode.AT_MAX_SLOTS, _at_max_slots(req, held)))
+                continue
         if s == 0:
             r = cap.place_zero()
             if r < 0:
@@ -205,12 +221,16 @@ def schedule(
             r = pick(s)
             if r >= 0:
                 assignments.append(Assignment(req.id, ((ids[r], take(r, s)),)))
+                if capped:
+                    held_by_job[req.job_id] = held_by_job.get(req.job_id, 0) + s
                 continue
             min_failed_single = s
         if not req.single_node and s > 1 and s not in failed_gangs:
             gang = cap.place_gang(s)
             if gang is not None:
                 assignments.append(Assignment(req.id, gang))
+                if capped:
+                    held_by_job[req.job_id] = held_by_job.get(req.job_id, 0) + s
                 continue
             failed_gangs.add(s)
         if head is None:
@@ -772,6 +792,13 @@ def _reason(
         PendingCode.WAITING_FOR_IDLE_AGENTS,
         f"waiting for {_plural(s // n, f'idle {n}-slot agent')}, {idle_now}",
         None,
+    )
+
+
+def _at_max_slots(req: Request, held: int) -> str:
+    return (
+        f"{req.job_name} holds {_plural(held, 'slot')} of its resources.max_slots "
+        f"{req.max_slots}; this one needs {req.slots} more, so it waits for one of them to end"
     )
 
 

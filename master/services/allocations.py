@@ -226,7 +226,12 @@ def _pending_allocation(
     }
 
 
-def _queued(row: dict[str, Any], priority: int) -> cluster_view.PendingEntry:
+def _max_slots(experiment: ExperimentModel) -> int | None:
+    value = (experiment.config.get("resources") or {}).get("max_slots")
+    return None if value is None else int(value)
+
+
+def _queued(row: dict[str, Any], priority: int, max_slots: int | None) -> cluster_view.PendingEntry:
     """What the in-memory view holds of a new pending allocation (as the pass loads it)."""
     return cluster_view.PendingEntry(
         id=row["id"],
@@ -238,6 +243,7 @@ def _queued(row: dict[str, Any], priority: int) -> cluster_view.PendingEntry:
         priority=priority,
         order=(row["registered_at"].timestamp(), row["trial_id"]),
         reason=(FIRST_PENDING_CODE, FIRST_PENDING_REASON, None),
+        max_slots=max_slots,
     )
 
 
@@ -246,7 +252,8 @@ def enqueue_trial(session: AsyncSession, trial: TrialModel, experiment: Experime
     trial.run_id += 1
     row = _pending_allocation(trial.id, trial.run_id, experiment, utcnow())
     session.add(AllocationModel(**row))
-    note_change(session, cluster_view.Enqueued((_queued(row, experiment.priority),)))
+    entry = _queued(row, experiment.priority, _max_slots(experiment))
+    note_change(session, cluster_view.Enqueued((entry,)))
 
 
 async def enqueue_new_trials(
@@ -262,14 +269,14 @@ async def enqueue_new_trials_of(
     """enqueue_new_trials for the trials of several experiments, in one statement."""
     now = utcnow()
     rows = [
-        (_pending_allocation(i, 1, experiment, now), experiment.priority)
+        (_pending_allocation(i, 1, experiment, now), experiment.priority, _max_slots(experiment))
         for trial_ids, experiment in new
         for i in trial_ids
     ]
     if not rows:
         return
-    await session.execute(insert(cast(Table, AllocationModel.__table__)), [r for r, _ in rows])
-    note_change(session, cluster_view.Enqueued(tuple(_queued(r, p) for r, p in rows)))
+    await session.execute(insert(cast(Table, AllocationModel.__table__)), [r for r, *_ in rows])
+    note_change(session, cluster_view.Enqueued(tuple(_queued(*row) for row in rows)))
 
 
 async def cancel_pending(session: AsyncSession, trial_ids: Sequence[int], reason: str) -> None:

@@ -871,9 +871,10 @@ async def patch_experiment(
     """Every field is checked before any is applied, so a refused patch changes nothing.
     Values the experiment has already pass as they are: Determined's client sends back
     what it read, and an old label or name must not block the change the user asked for."""
-    if "priority" in patch.resources:
+    if "priority" in patch.resources or "max_slots" in patch.resources:
         # Before the experiment's row, in the order kill and pause take them. Queued trials
-        # move in the queue: the scheduler reads it afresh after this commit.
+        # move in the queue, or meet another cap: the scheduler reads it afresh after this
+        # commit.
         await allocations.hold_scheduler(session)
     experiment = await experiment_for_update(session, experiment_id)
     name = description = new_labels = None
@@ -892,6 +893,13 @@ async def patch_experiment(
     new_retention = {k: v for k, v in patch.retention.items() if storage.get(k) != v}
     if "priority" in new_resources:
         _refuse_final_priority(experiment, f"experiment {experiment_id}")
+    if new_resources.get("max_slots") is not None:
+        slots = int(resources.get("slots_per_trial", 1))
+        if new_resources["max_slots"] < slots:
+            raise InvalidArgument(
+                f"resources.max_slots: {new_resources['max_slots']} is below "
+                f"resources.slots_per_trial ({slots}): no trial could ever start"
+            )
     changed = []
     if name is not None:
         experiment.name = name

@@ -177,6 +177,7 @@ async def _load_pending(session: AsyncSession) -> list[PendingEntry]:
             func.coalesce(_EXPERIMENTS.c.priority, _TASKS.c.priority),
             _TASKS.c.type,
             _TASKS.c.uuid,
+            _EXPERIMENTS.c.config["resources"]["max_slots"].as_integer(),
         )
         .select_from(_ALLOCATIONS)
         .outerjoin(_EXPERIMENTS, _EXPERIMENTS.c.id == a.experiment_id)
@@ -195,6 +196,7 @@ async def _load_pending(session: AsyncSession) -> list[PendingEntry]:
             order=(r[7].timestamp(), r[1] or 0),
             reason=(r[8], r[9], r[10]),
             label=_task_label(r[12], r[13]),
+            max_slots=r[14],
         )
         for r in (await conn.execute(query)).all()
     ]
@@ -358,6 +360,17 @@ async def _run_pass(
     requests_by_pool: dict[str, list[placement.Request]] = defaultdict(list)
     for row in pending:
         requests_by_pool[row.pool].append(row.request())
+    # What the jobs with a resources.max_slots hold already (across pools: a job's cap is
+    # its own, wherever its allocations run).
+    capped_jobs = {row.job_id for row in pending if row.max_slots is not None}
+    held_slots: dict[int, int] = {}
+    if capped_jobs:
+        if view is not None:
+            held_slots = view.held_slots(capped_jobs)
+        else:
+            every = running or await _load_running(session)
+            runs = (run for runs in every.values() for run in runs)
+            held_slots = cluster_view.held_slots_of(runs, capped_jobs)
     assignments: list[placement.Assignment] = []
     new_reasons: dict[str, tuple[str, str, int | None]] = {}
     preempt: list[str] = []
@@ -370,7 +383,11 @@ async def _run_pass(
                 new_reasons[request.id] = (NO_SUCH_POOL, message, None)
             continue
         plan = placement.schedule(
-            policy_of(pool), agents.get(pool_name, []), requests, running.get(pool_name, [])
+            policy_of(pool),
+            agents.get(pool_name, []),
+            requests,
+            running.get(pool_name, []),
+            held_slots,
         )
         assignments.extend(plan.assignments)
         preempt.extend(plan.preempt)

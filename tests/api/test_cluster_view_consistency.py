@@ -70,7 +70,10 @@ async def test_the_view_matches_the_database_after_every_step(
         actions.append(action)
         if action == "submit" or not experiments:
             slots = rng.choice([1, 1, 2, 4, 8])
-            body = await submit(api, config(slots, name=f"s{step}", trials=rng.choice([1, 1, 3])))
+            trials = rng.choice([1, 1, 3])
+            # Some capped by resources.max_slots: the view must hold the cap as a load does.
+            extra = rng.choice(["", "", f", max_slots: {slots * 2}"])
+            body = await submit(api, config(slots, name=f"s{step}", trials=trials, extra=extra))
             experiments.append(body["experiment"]["id"])
         elif action == "pass":
             loop.wake()

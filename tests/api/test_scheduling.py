@@ -692,3 +692,62 @@ async def test_every_scheduling_change_moves_the_epoch(
         assert await epoch(app) > before
         await loop.run_once()
         assert loop.passes == passes + 1
+
+
+async def test_max_slots_caps_what_an_experiment_holds_and_says_why(
+    api: httpx.AsyncClient, app: FastAPI
+) -> None:
+    """resources.max_slots 4 on a 16-trial search over 16 slots: four run, the rest wait with
+    a reason naming the cap, another experiment gets the free slots; a trial that ends lets
+    exactly one more start; raising the cap takes effect at the next pass."""
+    await register(app, "m1", 8)
+    await register(app, "m2", 8)
+    capped = await submit(api, config(1, "capped", trials=16, extra=", max_slots: 4"))
+    capped_id = capped["experiment"]["id"]
+    other_id = (await submit(api, config(2, "other")))["experiment"]["id"]
+
+    async def held() -> list[dict[str, Any]]:
+        return [t for t in await tasks_of(api, capped_id) if t["resources"]]
+
+    await schedule(app)
+    running = await held()
+    assert len(running) == 4
+    waiting = [t for t in await tasks_of(api, capped_id) if not t["resources"]]
+    assert {t["pendingReason"]["code"] for t in waiting} == {"AT_MAX_SLOTS"}
+    assert waiting[0]["pendingReason"]["message"] == (
+        f"job {capped_id} holds 4 slots of its resources.max_slots 4; this one needs 1 more, "
+        "so it waits for one of them to end"
+    )
+    [other] = await tasks_of(api, other_id)
+    assert other["resources"], other
+
+    await release(app, running[0]["allocationId"], ReleaseOutcome.COMPLETED)
+    await schedule(app)
+    assert len(await held()) == 4
+
+    # Below one trial's slots: refused, naming the field, the cap unchanged.
+    path = f"/api/v1/experiments/{capped_id}"
+    refused = await api.patch(path, json={"resources": {"maxSlots": 0}})
+    assert refused.status_code == 400, refused.text
+    assert "resources.max_slots: 0 is below resources.slots_per_trial (1)" in refused.text
+    await schedule(app)
+    assert len(await held()) == 4
+
+    raised = await api.patch(path, json={"resources": {"maxSlots": 6}})
+    assert raised.status_code == 200, raised.text
+    await schedule(app)
+    assert len(await held()) == 6
+
+
+async def test_a_config_with_max_slots_below_a_trials_slots_is_refused(
+    api: httpx.AsyncClient,
+) -> None:
+    reply = await api.post(
+        "/api/v1/experiments", json={"config": config(4, "gang", extra=", max_slots: 2")}
+    )
+    assert reply.status_code == 400, reply.text
+    assert "resources.max_slots" in reply.text and "below resources.slots_per_trial (4)" in (
+        reply.text
+    )
+    listed = (await api.get("/api/v1/experiments", params={"name": "gang"})).json()
+    assert listed["experiments"] == []

@@ -4,6 +4,7 @@ running a trial that reports its metrics and checkpoints over REST as the traini
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import html
 import io
@@ -12,14 +13,19 @@ import re
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import select
 
 from harness.cluster import AgentProcess, wait_until
+from master.db.models import AllocationModel
+from master.db.session import create_engine, create_session_factory, session_scope
+from master.settings import async_database_url
 from tests.conftest import require
 from tests.e2e.agents import create_experiment, trial_logs, write_experiment
 from tests.e2e.conftest import (
@@ -532,6 +538,60 @@ def test_checkpoints_removed_by_retention_say_why_in_the_listing_and_on_the_dash
         page = html.unescape(browser.get(f"/ui/experiments/{experiment}").text)
     row = next(r for r in page.split("</tr>") if f'title="{by_steps[10]["uuid"]}"' in r)
     assert reason in row, row
+
+
+def test_max_slots_caps_a_search_on_real_agents(
+    cluster: tuple[MasterProcess, Path],
+) -> None:
+    """resources.max_slots 4 on a 16-trial search, with 10 slots free over two agents: from
+    the allocations' history (placed when committed, freed when released), the experiment
+    never held more than 4 slots at once, and did hold 4."""
+    master, work = cluster
+    wide = AgentProcess(master, "wide", work / "wide-agent", slots=8).start()
+    try:
+        wide.wait_connected()
+        config, model = write_experiment(
+            work / "capped",
+            "import time\ntime.sleep(0.5)\n",
+            extra={
+                "resources": {"max_slots": 4},
+                "hyperparameters": {"x": {"type": "int", "minval": 1, "maxval": 100}},
+                "searcher": {"name": "random", "max_trials": 16, "max_length": 1},
+            },
+        )
+        experiment = create_experiment(master, config, model)
+        ok(master.det("experiment", "wait", str(experiment), "--interval", "0.5", timeout=240))
+    finally:
+        wide.stop()
+    spans = allocation_spans(master, experiment)
+    assert len(spans) == 16, spans
+    # Releases before placements at the same instant: a freed slot is not held twice.
+    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    held, most = 0, 0
+    for _, step in events:
+        held += step
+        most = max(most, held)
+    assert most == 4, spans
+
+
+def allocation_spans(master: MasterProcess, experiment_id: int) -> list[tuple[float, float]]:
+    """Each of the experiment's allocations: (placed, released), from the master's records."""
+
+    async def read() -> list[tuple[float, float]]:
+        engine = create_engine(async_database_url(master.db_url, master.data_dir))
+        try:
+            async with session_scope(create_session_factory(engine)) as session:
+                rows = await session.execute(
+                    select(AllocationModel.assigned_at, AllocationModel.ended_at).where(
+                        AllocationModel.experiment_id == experiment_id
+                    )
+                )
+                return [(a.timestamp(), e.timestamp()) for a, e in rows.all()]
+        finally:
+            await engine.dispose()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, read()).result()
 
 
 def test_checkpoint_describe(reported: Reported) -> None:

@@ -246,6 +246,7 @@ def test_full_realistic_config_validates() -> None:
         "bind_mounts.1.propagation",
         "resources.devices",
         "log_policies",
+        "resources.weight",
         "environment.proxy_ports",
     ]
     # The stored config validates again to the same thing (the master re-reads it).
@@ -1174,3 +1175,23 @@ def test_determined_s_retired_resources_keys_submit_with_a_warning() -> None:
     assert effective_dict(plain)["resources"]["native_parallel"] is False
     with pytest.raises(ConfigError, match=r"resources\.agent_label: must be a string"):
         validate_config({**MINIMAL, "resources": {"agent_label": ["a100"]}}, complete=True)
+
+
+@pytest.mark.parametrize(("max_slots", "slots"), [(0, 1), (3, 4)])
+def test_max_slots_below_one_trials_gang_is_refused(max_slots: int, slots: int) -> None:
+    raw = with_changes(MINIMAL, {"resources": {"max_slots": max_slots, "slots_per_trial": slots}})
+    with pytest.raises(ConfigError) as info:
+        validate_config(raw, complete=True)
+    assert [p.path for p in info.value.problems] == ["resources.max_slots"]
+    assert f"below resources.slots_per_trial ({slots}): no trial could ever start" in str(
+        info.value
+    )
+
+
+def test_max_slots_of_whole_gangs_and_of_cpu_trials_are_accepted() -> None:
+    for resources in (
+        {"max_slots": 4, "slots_per_trial": 4},
+        {"max_slots": 0, "slots_per_trial": 0},
+    ):
+        cfg = validate_config(with_changes(MINIMAL, {"resources": resources}), complete=True)
+        assert cfg.resources.max_slots == resources["max_slots"]

@@ -689,3 +689,57 @@ def test_same_input_in_any_order_gives_the_same_plan() -> None:
 def test_plan_types() -> None:
     plan = schedule(POOL, eight_slot(1), [req("r", 2)])
     assert plan == Plan((Assignment("r", (("a1", (0, 1)),)),), ())
+
+
+# --- resources.max_slots ---------------------------------------------------------------------
+
+
+def capped(request_id: str, slots: int, max_slots: int, *, job: int = 7, t: float = 0.0) -> Request:
+    return Request(request_id, job, slots, 42, (t, 0), label="experiment 7", max_slots=max_slots)
+
+
+def test_a_job_never_holds_more_than_its_max_slots_and_others_use_the_rest() -> None:
+    # 16 one-slot trials of a job capped at 4, on 16 idle slots, with another job behind it.
+    trials = [capped(f"t{i:02d}", 1, 4, t=i) for i in range(16)]
+    other = req("other", 2, t=99, job=8)
+    plan = schedule(POOL, eight_slot(2), [*trials, other])
+    assert sorted(placements(plan)) == ["other", "t00", "t01", "t02", "t03"]
+    waiting = reasons(plan)
+    assert {waiting[t.id].code for t in trials[4:]} == {PendingCode.AT_MAX_SLOTS}
+    assert waiting["t04"].message == (
+        "experiment 7 holds 4 slots of its resources.max_slots 4; this one needs 1 more, "
+        "so it waits for one of them to end"
+    )
+    # Capped trials reserve nothing: no agent is held for them.
+    assert plan.reserved == ()
+
+
+def test_slots_the_job_holds_already_count_against_its_cap() -> None:
+    # It holds 3 of its 4: a 2-slot trial waits and a 1-slot one of the same job fits.
+    plan = schedule(
+        POOL,
+        [busy("a1", 3), agent("a2")],
+        [capped("two", 2, 4, t=0), capped("one", 1, 4, t=1)],
+        held_slots={7: 3},
+    )
+    assert sorted(placements(plan)) == ["one"]
+    assert reasons(plan)["two"].code == PendingCode.AT_MAX_SLOTS
+    assert "holds 3 slots of its resources.max_slots 4; this one needs 2 more" in (
+        reasons(plan)["two"].message
+    )
+
+
+def test_a_gang_is_placed_whole_within_the_cap_or_waits() -> None:
+    plan = schedule(POOL, eight_slot(4), [capped("g1", 16, 24, t=0), capped("g2", 16, 24, t=1)])
+    assert agents_of(plan) == {"g1": ("a1", "a2")}
+    assert reasons(plan)["g2"].code == PendingCode.AT_MAX_SLOTS
+
+
+def test_a_cap_on_one_job_leaves_other_jobs_alone() -> None:
+    plan = schedule(
+        POOL,
+        [agent("a1", 2)],
+        [capped("c", 1, 1, job=7, t=0), capped("d", 1, 1, job=9, t=1)],
+        held_slots={7: 1},
+    )
+    assert sorted(placements(plan)) == ["d"]
