@@ -333,3 +333,45 @@ def test_preemption_asks_only_less_important_preemptible_work_to_stop(case: Case
             if a.id in plan.reserved
         ]
         assert fits(after, head.slots, head.single_node)
+
+
+# --- resources.max_slots ---------------------------------------------------------------------
+
+
+@st.composite
+def capped_st(
+    draw: st.DrawFn,
+) -> tuple[tuple[AgentState, ...], tuple[Request, ...], dict[int, int], dict[int, int]]:
+    """A cluster and a queue whose jobs may have a cap (one per job, as an experiment's
+    resources.max_slots) and slots they hold already (possibly past a cap lowered since)."""
+    agents = draw(agents_st())
+    caps = {
+        job: cap
+        for job in range(1, 6)
+        if (cap := draw(st.one_of(st.none(), st.integers(0, 24)))) is not None
+    }
+    held = {job: draw(st.integers(0, 10)) for job in caps}
+    requests = tuple(replace(r, max_slots=caps.get(r.job_id)) for r in draw(requests_st()))
+    return agents, requests, held, caps
+
+
+@SETTINGS
+@given(capped_st())
+def test_no_capped_job_is_placed_past_its_max_slots_and_waiting_ones_change_nothing(
+    case: tuple[tuple[AgentState, ...], tuple[Request, ...], dict[int, int], dict[int, int]],
+) -> None:
+    agents, requests, held, caps = case
+    policy = PoolPolicy("default")
+    plan = schedule(policy, agents, requests, held_slots=held)
+    by_id = {r.id: r for r in requests}
+    placed: Counter[int] = Counter()
+    for assignment in plan.assignments:
+        placed[by_id[assignment.request_id].job_id] += by_id[assignment.request_id].slots
+    for job, cap in caps.items():
+        assert placed[job] == 0 or held[job] + placed[job] <= cap, (job, cap, held, placed)
+    at_cap = {p.request_id for p in plan.pending if p.code == PendingCode.AT_MAX_SLOTS}
+    assert all(by_id[i].max_slots is not None for i in at_cap)
+    # A request waiting at its cap holds up no one: without it, the same plan.
+    others = tuple(r for r in requests if r.id not in at_cap)
+    again = schedule(policy, agents, others, held_slots=held)
+    assert again.assignments == plan.assignments and again.reserved == plan.reserved
