@@ -85,7 +85,11 @@ def test_smoke_heartbeat_benchmark_loses_nothing_and_detects_the_silent_agent() 
     assert window["of_those_acked"] == window["heartbeats_sent_in_window"] > 0
     silent = report["silent_agent"]
     assert silent["api_connected_false_seen"] is True
-    assert silent["from_last_heartbeat_to_api_disconnected_s"] <= silent["lost_after_s"] + 3
+    # Dropped by the lost-after rule: never before lost_after_s of silence, and well before
+    # anything else would drop it. The margin is wide because a loaded machine delays the
+    # master's tick and the API poll (6.3 s seen for 2.5 s under CI beside another job).
+    detected = silent["from_last_heartbeat_to_api_disconnected_s"]
+    assert silent["lost_after_s"] <= detected <= silent["lost_after_s"] + 10, silent
     assert totals["closed_by_master"] == [silent["agent"]], "only the silent agent was dropped"
     stored = report["persistence"]
     per_heartbeat = stored["metric_samples_per_heartbeat"]

@@ -344,7 +344,14 @@ def test_set_priority_weight_max_slots_gc_policy_and_archive(
     ok(master.det("e", "set", "weight", eid, "0.5"))
     ok(master.det("e", "set", "max-slots", eid, "2"))
     policy = ("--save-experiment-best", "1", "--save-trial-best", "0", "--save-trial-latest", "1")
-    ok(master.det("e", "set", "gc-policy", eid, *policy))
+    # Without --yes it shows what would go and asks, as Determined's does: "no" changes nothing.
+    before = stored(master, experiment_id)["config"]["checkpoint_storage"]
+    asked = master.det("e", "set", "gc-policy", eid, *policy, input="n\n")
+    said = lines(asked.stdout)
+    assert said[0] == "This policy deletes no checkpoints.", describe_run(asked)
+    assert said[-1].endswith("[y/N]: Aborting; nothing changed."), describe_run(asked)
+    assert stored(master, experiment_id)["config"]["checkpoint_storage"] == before
+    ok(master.det("e", "set", "gc-policy", eid, *policy, "--yes"))
     found = stored(master, experiment_id)["config"]
     resources, storage = found["resources"], found["checkpoint_storage"]
     assert (resources["priority"], resources["weight"], resources["max_slots"]) == (12, 0.5, 2)
