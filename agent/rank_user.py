@@ -101,11 +101,13 @@ def lookup(user: str, group: str | None = None) -> RankUser:
 
 
 def switch_options(rank: RankUser) -> list[str]:
-    """setpriv's options that make the process `rank`: real, effective and saved ids, and
-    the supplementary groups /etc/group gives the user, or none for a uid of
-    rank_uid_range (never the agent's)."""
+    """setpriv's options that make the process `rank`: real, effective and saved ids, the
+    supplementary groups /etc/group gives the user, or none for a uid of rank_uid_range
+    (never the agent's), and no privileges gained by exec from then on."""
     groups = "--init-groups" if rank.init_groups else "--clear-groups"
-    return [f"--reuid={rank.uid}", f"--regid={rank.gid}", groups]
+    # --no-new-privs: no setuid program gives a rank back the root it was switched from
+    # (a bind mount may put the user's own file where such a program reads its settings).
+    return [f"--reuid={rank.uid}", f"--regid={rank.gid}", groups, "--no-new-privs"]
 
 
 def command(

@@ -255,7 +255,7 @@ class Resources(_Strict):
     shm_size: (
         Annotated[
             (
-                Annotated[int, Field(ge=0), Tag("int")]
+                Annotated[int, Field(ge=0, le=2**63 - 1), Tag("int")]
                 | Annotated[str, AfterValidator(_memory_size), Tag("str")]
             ),
             Discriminator(

@@ -32,6 +32,9 @@ PROPAGATIONS = ("rprivate", "private", "rshared", "shared", "rslave", "slave")
 PRIVATE_PROPAGATIONS = ("rprivate", "private")
 
 
+MAX_SHM_BYTES = 2**63 - 1
+
+
 def parse_memory_size(value: int | str) -> int:
     """Bytes for `shm_size`: an integer of bytes, or a size such as "4G", "512 MiB", "1.5g".
     Raises ValueError for anything else."""
@@ -40,13 +43,20 @@ def parse_memory_size(value: int | str) -> int:
     if isinstance(value, int):
         if value < 0:
             raise ValueError("must not be negative")
-        return value
+        return _at_most_int64(value)
     match = _SIZE.match(value.strip())
     if match is None:
         raise ValueError(f'{value!r} is not a size such as 4294967296, "4G" or "512 MiB"')
     number, unit = match.groups()
     power = _UNIT_POWER[unit.lower()] if unit else 0
-    return int(float(number) * 1024**power)
+    return _at_most_int64(int(float(number) * 1024**power))
+
+
+def _at_most_int64(size: int) -> int:
+    # The agent protocol carries it as an int64; no host has that much memory anyway.
+    if size > MAX_SHM_BYTES:
+        raise ValueError(f"{size} bytes is more than the largest size, {MAX_SHM_BYTES}")
+    return size
 
 
 def shm_bytes(value: int | str | None) -> int:
@@ -57,15 +67,24 @@ def shm_bytes(value: int | str | None) -> int:
     return size if size > 0 else DEFAULT_SHM_BYTES
 
 
+# Directories of the host's system: a mount over them (or inside them) could put a file the
+# user wrote where root's programs read their configuration, and the agent would create
+# missing mount points there.
+SYSTEM_DIRS: tuple[str, ...] = ("/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
+SYSTEM_DIRS += ("/libx32", "/boot", "/root", "/sys", "/run")
+
+
 def container_target(container_path: str, workdir: str) -> str:
-    """Where a bind mount lands: an absolute container_path as it is, a relative one under
-    the trial's working directory, as Determined joins it with the container's."""
-    path = (
-        container_path
-        if container_path.startswith("/")
-        else posixpath.join(workdir, container_path)
-    )
-    return posixpath.normpath(path)
+    """Where a bind mount lands, as the kernel resolves it: an absolute container_path with
+    its slashes collapsed (normpath keeps a leading `//`, the kernel does not) and /var/run
+    read as /run (a link to it on the hosts agents run on); a relative one under the trial's
+    working directory, as Determined joins it with the container's."""
+    if not container_path.startswith("/"):
+        return posixpath.normpath(posixpath.join(workdir, container_path))
+    path = posixpath.normpath("/" + container_path.lstrip("/"))
+    if _is_within(path, "/var/run"):
+        path = "/run" + path[len("/var/run") :]
+    return path
 
 
 @dataclass(frozen=True)
@@ -109,6 +128,14 @@ def mount_problems(
             problems.append(
                 ConfigProblem(where, f"{mount.container_path!r} leaves the working directory")
             )
+        elif relative and target == WORKDIR:
+            problems.append(
+                ConfigProblem(
+                    where,
+                    f"{mount.container_path!r} is the working directory itself, which holds "
+                    "the model definition; mount into a directory below it",
+                )
+            )
         elif target == "/":
             problems.append(ConfigProblem(where, "cannot mount over the file system root"))
         elif relative:
@@ -142,5 +169,15 @@ def mount_problems(
         elif target in ("/tmp", "/dev/shm", "/dev", "/proc"):
             problems.append(
                 ConfigProblem(where, f"{target} is the trial's own; mount below it or elsewhere")
+            )
+        elif any(_is_within(target, system) for system in SYSTEM_DIRS):
+            system = next(d for d in SYSTEM_DIRS if _is_within(target, d))
+            problems.append(
+                ConfigProblem(
+                    where,
+                    f"{target} is in the host's {system}, which trials may not mount over; "
+                    "mount data elsewhere (for example under /mnt, /data or the working "
+                    "directory)",
+                )
             )
     return problems

@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
-from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -160,13 +160,13 @@ async def _views(session: AsyncSession, rows: Sequence[WebhookModel]) -> list[We
 
 
 async def list_webhooks(session: AsyncSession, actor: Actor) -> list[WebhookView]:
-    """Admins see all; others those for every workspace and those of workspaces they own."""
+    """Admins see all; others only those of workspaces they own, which they manage. A
+    webhook's URL is often its credential (a Slack incoming webhook's is), so the global
+    ones, which only admins manage, are not shown to everyone."""
     query = select(WebhookModel).order_by(WebhookModel.id)
     if not actor.admin:
         owned = select(WorkspaceModel.id).where(WorkspaceModel.user_id == actor.user_id)
-        query = query.where(
-            or_(WebhookModel.workspace_id.is_(None), WebhookModel.workspace_id.in_(owned))
-        )
+        query = query.where(WebhookModel.workspace_id.in_(owned))
     return await _views(session, (await session.scalars(query)).all())
 
 

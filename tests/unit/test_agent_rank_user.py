@@ -202,6 +202,7 @@ def test_the_command_switches_then_execs_as_the_user() -> None:
         "--reuid=65534",
         "--regid=65534",
         "--init-groups",
+        "--no-new-privs",
         "--",
         rank_user.ENV,
         "--",
@@ -472,7 +473,12 @@ def test_a_range_uid_switches_without_a_passwd_entry_and_with_no_groups() -> Non
     except KeyError:
         pass
     user = rank_user.range_user(uid)
-    assert rank_user.switch_options(user) == [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    assert rank_user.switch_options(user) == [
+        f"--reuid={uid}",
+        f"--regid={uid}",
+        "--clear-groups",
+        "--no-new-privs",
+    ]
     argv = rank_user.command(
         [sys.executable, "-c", "import os; print(os.getuid(), os.getgid(), os.getgroups())"],
         setpriv=rank_user.SETPRIV,

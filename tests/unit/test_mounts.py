@@ -123,3 +123,40 @@ def test_agent_makes_mount_points_and_names_a_missing_host_path(tmp_path: Path) 
     clash = bootstrap.plan_mounts([(str(source_file), "in/dir", False)], "/w", work)
     problem = bootstrap.prepare_mounts(clash)
     assert problem is not None and "is a file but /w/in/dir is a directory" in problem
+
+
+@pytest.mark.parametrize(
+    ("container_path", "says"),
+    [
+        ("//run/determined", "/run/determined"),  # the kernel collapses what normpath keeps
+        ("///run/determined/x", "/run/determined"),
+        ("/var/run/determined", "/run/determined"),  # /var/run is a link to /run
+        ("//tmp", "the trial's own"),
+        ("//dev/shm", "the trial's own"),
+        ("//proc", "the trial's own"),
+        ("./", "the working directory itself"),
+        ("x/..", "the working directory itself"),
+        ("/etc/sudoers", "the host's /etc"),
+        ("//etc/ld.so.preload", "the host's /etc"),
+        ("/root/.ssh", "the host's /root"),
+        ("/var/run/other", "the host's /run"),
+        ("/lib64", "the host's /lib64"),
+    ],
+)
+def test_spellings_of_refused_targets_are_refused_too(container_path: str, says: str) -> None:
+    """Found in review: these reached /run/determined, the trial's own paths, the whole
+    working directory or the host's system configuration past the checks."""
+    problems = _problems(container_path)
+    assert list(problems) == ["bind_mounts.0.container_path"], (container_path, problems)
+    assert says in problems["bind_mounts.0.container_path"]
+
+
+def test_data_mounts_outside_system_directories_stay_allowed() -> None:
+    assert _problems("/data", "/mnt/datasets", "/usr/local/share/x", "/var/lib/data", "cache") == {}
+
+
+def test_a_size_past_int64_is_refused() -> None:
+    assert mounts.parse_memory_size(2**63 - 1) == 2**63 - 1
+    for value in (2**63, 2**70, "8192p", "9e"):
+        with pytest.raises(ValueError):
+            mounts.parse_memory_size(value)
