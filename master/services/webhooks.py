@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import bindparam, delete, func, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -686,14 +686,14 @@ class WebhookShipper(Loop):
             wait = core.retry_delay(attempts, cfg.retry_initial_s, cfg.retry_max_s)
             retries.append(
                 {
-                    "id": event.id,
+                    "row_id": event.id,
                     "attempts": attempts,
                     "next_attempt_at": now + timedelta(seconds=wait),
                     "last_error": detail,
                 }
             )
         if retries:
-            first = next(d for d in due if d.id == retries[0]["id"])
+            first = next(d for d in due if d.id == retries[0]["row_id"])
             log.info(
                 "%d webhook deliveries failed and will be retried (e.g. %s: %s)",
                 len(retries),
@@ -725,8 +725,14 @@ class WebhookShipper(Loop):
                     )
                 )
             if retries:
-                # Bulk UPDATE by primary key: one statement for the batch.
-                await session.execute(update(WebhookEventModel), retries)
+                # One executemany through Core, not the ORM's bulk update by primary key:
+                # that raises StaleDataError (rolling the whole batch back, so delivered
+                # events would be sent again) when a webhook deleted mid-delivery took its
+                # events with it; here a vanished row updates nothing.
+                table = WebhookEventModel.__table__
+                await session.execute(
+                    update(table).where(table.c.id == bindparam("row_id")), retries
+                )
             if finished:
                 await session.execute(
                     delete(WebhookEventModel).where(WebhookEventModel.id.in_(finished))

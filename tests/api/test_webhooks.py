@@ -501,3 +501,30 @@ async def test_deleting_a_webhook_drops_its_queued_deliveries(
     assert reply.status_code == 200, reply.text
     assert await queued(app) == 0
     await shipper.stop()
+
+
+async def test_a_webhook_deleted_mid_delivery_makes_nobody_else_hear_twice(
+    app: FastAPI, admin: httpx.AsyncClient, api: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    """A webhook deleted while its event is on the wire takes its queued rows with it; the
+    retry its failed send then records updates nothing, and the delivered events of the
+    same batch are still settled, not sent again on the next pass."""
+    other = Receiver()
+    try:
+        gone = await create(admin, hook(receiver.url, on_state("PAUSED"), name="gone"))
+        await create(admin, hook(other.url, on_state("PAUSED"), name="kept"))
+        await pause(api, await new_experiment(api))
+        shipper = shipper_for(app, timeout_s=10.0, retry_initial_s=60)
+        receiver.status, receiver.hang_s = 500, 1.0
+        sending = asyncio.create_task(shipper.run_once())
+        await until("the doomed send on the wire", lambda: _true(receiver.failures >= 1))
+        reply = await admin.delete(f"/api/v1/webhooks/{gone['id']}")
+        assert reply.status_code == 200, reply.text
+        await sending  # raised StaleDataError here, rolling the delivered event back
+        assert len(other.received()) == 1
+        assert await queued(app) == 0
+        await shipper.run_once()
+        assert len(other.received()) == 1
+        await shipper.stop()
+    finally:
+        other.close()
