@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
+
+from master.core.text import any_unstorable, unstorable
 
 DEFAULT = "DEFAULT"
 SLACK = "SLACK"
@@ -80,6 +81,8 @@ def _printable(value: str, field: str) -> str:
     # NUL and other control characters cannot be stored (Postgres refuses NUL in text).
     if any(ord(c) < 32 and c not in "\t" for c in value):
         raise WebhookInputError(f"{field}: must not contain control characters")
+    if unstorable(value):
+        raise WebhookInputError(f"{field}: holds a lone surrogate")
     return value
 
 
@@ -153,8 +156,10 @@ def _checked_condition(
         regex = condition["regex"]
         if not isinstance(regex, str) or not regex:
             raise WebhookInputError(f"{where}.condition.regex: must be a non-empty string")
-        if "\x00" in regex:
-            raise WebhookInputError(f"{where}.condition.regex: must not contain NUL")
+        if unstorable(regex):
+            raise WebhookInputError(
+                f"{where}.condition.regex: holds a NUL character or a lone surrogate"
+            )
         if len(regex) > _MAX_REGEX:
             raise WebhookInputError(f"{where}.condition.regex: longer than {_MAX_REGEX} characters")
         try:
@@ -164,8 +169,8 @@ def _checked_condition(
                 f"{where}.condition.regex: {regex!r} does not compile: {exc}"
             ) from None
         return {"regex": regex}
-    if "\\u0000" in json.dumps(condition, default=str):
-        raise WebhookInputError(f"{where}.condition: must not contain NUL characters")
+    if any_unstorable(dict(condition)):
+        raise WebhookInputError(f"{where}.condition: holds a NUL character or a lone surrogate")
     if kind == CUSTOM and mode != SPECIFIC:
         # Determined's rule: custom events name their webhooks in the experiment's config.
         raise WebhookInputError(

@@ -14,6 +14,7 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.core.durations import parse_duration
+from master.core.text import unstorable
 from master.db.models import ClusterMessageModel, utcnow
 from master.errors import InvalidArgument
 from master.services.access import Actor, require_admin
@@ -82,6 +83,8 @@ async def set_message(
     require_admin(actor, "setting the cluster message")
     if not message.strip():
         raise InvalidArgument("message: must not be empty")
+    if unstorable(message):
+        raise InvalidArgument("message: holds a NUL character or a lone surrogate")
     if len(message) > MAX_LENGTH:
         raise InvalidArgument(
             f"message: at most {MAX_LENGTH} characters; this one has {len(message)}"

@@ -27,6 +27,7 @@ from master.core.expconf import (
 from master.core.merge import merge_template
 from master.core.searcher import TrialPlan, count_trials, plan_trials
 from master.core.seeds import MAX_EXPERIMENT_SEED
+from master.core.text import unstorable
 from master.db.models import (
     MAX_INT,
     AllocationModel,
@@ -849,7 +850,7 @@ def _checked_text(value: str, where: str, limit: int, *, blank_ok: bool) -> str:
         raise InvalidArgument(f"{where}: must not be empty")
     if len(value) > limit:
         raise InvalidArgument(f"{where}: is {len(value)} characters long; at most {limit}")
-    if "\x00" in value or any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+    if unstorable(value):
         raise InvalidArgument(f"{where}: holds a NUL character or a lone surrogate")
     return value
 

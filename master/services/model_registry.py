@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from master.core.text import any_unstorable, unstorable
 from master.db.models import (
     MAX_INT,
     CheckpointModel,
@@ -93,7 +94,7 @@ class ModelFilter:
 def check_model_name(value: Any, field: str = "name") -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidArgument(f"{field}: a model needs a name that is not blank")
-    if _unstorable(value):
+    if unstorable(value):
         raise InvalidArgument(f"{field}: holds a NUL character or a lone surrogate")
     if value != value.strip():
         raise InvalidArgument(f"{field}: {value!r} starts or ends with spaces")
@@ -107,17 +108,12 @@ def check_model_name(value: Any, field: str = "name") -> str:
     return value
 
 
-def _unstorable(text: str) -> bool:
-    # Postgres stores neither NUL nor lone surrogates, in text or in JSONB.
-    return "\x00" in text or any(0xD800 <= ord(c) <= 0xDFFF for c in text)
-
-
 def _text(value: Any, field: str, default: str = "") -> str:
     if value is None:
         return default
     if not isinstance(value, str):
         raise InvalidArgument(f"{field}: must be a string, not {type(value).__name__}")
-    if _unstorable(value):
+    if unstorable(value):
         raise InvalidArgument(f"{field}: holds a NUL character or a lone surrogate")
     if len(value) > MAX_TEXT:
         raise InvalidArgument(f"{field}: at most {MAX_TEXT} characters, not {len(value)}")
@@ -137,7 +133,7 @@ def check_labels(value: Any, field: str = "labels") -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise InvalidArgument(f"{field}: must be a list of strings")
     labels = list(dict.fromkeys(v.strip() for v in value))
-    if any(_unstorable(v) for v in labels):
+    if any(unstorable(v) for v in labels):
         raise InvalidArgument(f"{field}: a label holds a NUL character or a lone surrogate")
     if "" in labels:
         raise InvalidArgument(f"{field}: a label cannot be blank")
@@ -162,20 +158,9 @@ def check_metadata(value: Any, field: str = "metadata") -> dict[str, Any]:
         ) from None
     if len(encoded) > MAX_METADATA_BYTES:
         raise InvalidArgument(f"{field}: at most {MAX_METADATA_BYTES} bytes of JSON")
-    if _any_unstorable(value):
+    if any_unstorable(value):
         raise InvalidArgument(f"{field}: holds a NUL character or a lone surrogate")
     return value
-
-
-def _any_unstorable(value: Any) -> bool:
-    """In any key or string of a JSON document (already known to be finite in depth)."""
-    if isinstance(value, str):
-        return _unstorable(value)
-    if isinstance(value, dict):
-        return any(_unstorable(k) or _any_unstorable(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_any_unstorable(v) for v in value)
-    return False
 
 
 # --- reading --------------------------------------------------------------------------------
@@ -183,7 +168,7 @@ def _any_unstorable(value: Any) -> bool:
 
 async def find_model(session: AsyncSession, identifier: str) -> ModelModel:
     """By name, else by numeric id; NotFound names what was asked for."""
-    if _unstorable(identifier):  # no model has such a name; Postgres would refuse to look
+    if unstorable(identifier):  # no model has such a name; Postgres would refuse to look
         raise NotFound(f"modelName: no model named {identifier!r}")
     row = await session.scalar(select(ModelModel).where(ModelModel.name == identifier))
     if row is None and _DIGITS.match(identifier) and int(identifier) <= MAX_INT:
@@ -253,7 +238,7 @@ async def list_models(
         raise InvalidArgument(f"sortBy: {sort_by!r} is not one of {', '.join(MODEL_SORTS)}")
     descending = _order(order_by)
     for field, text in (("name", filters.name), ("description", filters.description)):
-        if text and _unstorable(text):
+        if text and unstorable(text):
             raise InvalidArgument(f"{field}: holds a NUL character or a lone surrogate")
     query = select(ModelModel)
     if filters.archived is not None:
@@ -406,7 +391,7 @@ async def _workspace(
     session: AsyncSession, workspace_id: int | None, workspace_name: str | None
 ) -> WorkspaceModel:
     if workspace_name:
-        if _unstorable(workspace_name):
+        if unstorable(workspace_name):
             raise NotFound(f"workspaceName: no workspace named {workspace_name!r}")
         ws = await session.scalar(
             select(WorkspaceModel).where(WorkspaceModel.name == workspace_name)

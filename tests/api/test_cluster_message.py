@@ -4,6 +4,7 @@ routes, on both databases: admins set and clear it, everyone sees it in GET /api
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -133,6 +134,22 @@ async def test_bad_input_is_refused_naming_the_field_and_changes_nothing(
     reply = await admin.put(PATH, json=body)
     assert reply.status_code in (400, 422), reply.text
     assert problem in reply.text
+    message = await shown(api)
+    assert message is not None and message["message"] == "before"
+
+
+async def test_a_lone_surrogate_is_refused_and_changes_nothing(
+    api: httpx.AsyncClient, admin: httpx.AsyncClient
+) -> None:
+    await ok(admin.put(PATH, json={"message": "before"}))
+    reply = await admin.put(
+        PATH,
+        content=json.dumps({"message": "down at \udc00 noon"}),
+        headers={"Content-Type": "application/json"},
+    )
+    assert reply.status_code == 400, reply.text
+    # Refused as the body is read (pydantic names the field), before the service's own check.
+    assert reply.json()["message"].startswith("body message:"), reply.text
     message = await shown(api)
     assert message is not None and message["message"] == "before"
 

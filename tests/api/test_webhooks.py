@@ -5,6 +5,7 @@ logs, a trial's custom alert, and a receiver that errs, hangs or is down for a w
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -223,6 +224,37 @@ async def test_bad_input_is_refused_naming_the_field_and_changes_nothing(
     reply = await admin.post("/api/v1/webhooks", json=body)
     assert reply.status_code in (400, 404), reply.text
     assert reply.json()["message"].startswith(f"{field}:"), reply.text
+    assert await listed(admin) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"name": "team \ud800"}, "name"),
+        ({"url": "https://hooks.example/\udfff"}, "url"),
+        (
+            {
+                "triggers": [
+                    {"triggerType": "TRIGGER_TYPE_TASK_LOG", "condition": {"regex": "\ud83d"}}
+                ]
+            },
+            "triggers[0].condition.regex",
+        ),
+    ],
+)
+async def test_a_lone_surrogate_is_refused_naming_the_field_and_changes_nothing(
+    admin: httpx.AsyncClient, change: dict[str, Any], field: str
+) -> None:
+    """JSON may spell half a surrogate pair ("\\ud800"); no database stores it as text."""
+    body = {**hook("http://127.0.0.1:9/hook", on_state("COMPLETED")), **change}
+    reply = await admin.post(
+        "/api/v1/webhooks",
+        content=json.dumps(body),  # ensure_ascii: the surrogate travels as an escape
+        headers={"Content-Type": "application/json"},
+    )
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["message"].startswith(f"{field}:"), reply.text
+    assert "surrogate" in reply.json()["message"]
     assert await listed(admin) == []
 
 
