@@ -16,7 +16,6 @@ import asyncio
 import dataclasses
 import json
 import logging
-import re
 import secrets
 import time
 import uuid
@@ -27,6 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
+import re2
 from sqlalchemy import bindparam, delete, func, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -266,7 +266,7 @@ def record_custom(
 
 @dataclass
 class _LogTriggers:
-    patterns: list[tuple[int, re.Pattern[str]]]
+    patterns: list[tuple[int, core.LogPattern]]
     loaded_at: float
 
 
@@ -280,7 +280,7 @@ def forget_log_triggers(session: AsyncSession) -> None:
     _LOG_TRIGGERS.pop(session.get_bind().engine, None)
 
 
-async def _log_triggers(session: AsyncSession) -> list[tuple[int, re.Pattern[str]]]:
+async def _log_triggers(session: AsyncSession) -> list[tuple[int, core.LogPattern]]:
     engine = session.get_bind().engine
     cached = _LOG_TRIGGERS.get(engine)
     if cached is not None and time.monotonic() - cached.loaded_at < _LOG_TRIGGERS_TTL_S:
@@ -295,8 +295,8 @@ async def _log_triggers(session: AsyncSession) -> list[tuple[int, re.Pattern[str
     patterns = []
     for trigger_id, condition in rows:
         try:
-            patterns.append((trigger_id, re.compile(str((condition or {}).get("regex", "")))))
-        except re.error:  # checked at creation; a row edited by hand is skipped
+            patterns.append((trigger_id, core.log_pattern(str((condition or {}).get("regex", "")))))
+        except re2.error:  # checked at creation; a row edited by hand is skipped
             log.warning("webhook trigger %d: its regex does not compile; skipped", trigger_id)
     _LOG_TRIGGERS[engine] = _LogTriggers(patterns, time.monotonic())
     return patterns
@@ -310,7 +310,8 @@ async def record_log_matches(session: AsyncSession, rows: Sequence[dict[str, Any
         return
     seen: set[tuple[str, int]] = set()
     for row in rows:
-        message = str(row["message"])
+        # Matched without its line ending: RE2's `$` is the end of the text, as in Go.
+        message = str(row["message"]).rstrip("\r\n")
         for trigger_id, pattern in patterns:
             key = (row["task_id"], trigger_id)
             if key in seen or not pattern.search(message):
@@ -323,7 +324,7 @@ async def record_log_matches(session: AsyncSession, rows: Sequence[dict[str, Any
                     trial_id=row.get("trial_id"),
                     data={
                         "trigger_id": trigger_id,
-                        "line": message.rstrip("\n"),
+                        "line": message,
                         "node": row.get("agent_id") or "",
                     },
                 )

@@ -382,6 +382,37 @@ async def test_a_log_line_matching_the_regex_fires_once_per_task(
     assert len(receiver.received()) == 2
 
 
+async def test_a_regex_that_would_backtrack_forever_costs_a_log_batch_nothing(
+    app: FastAPI, admin: httpx.AsyncClient, api: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    """`(a+)+$` takes Python's re about 2^n steps on n a's and a b; the master matches
+    TASK_LOG regexes with RE2 (Determined's Go regexp syntax), linear in the line, so a
+    workspace owner's regex cannot stall the event loop that stores every log batch."""
+    await create(
+        admin,
+        hook(
+            receiver.url, {"triggerType": "TRIGGER_TYPE_TASK_LOG", "condition": {"regex": "(a+)+$"}}
+        ),
+    )
+    (first, *_) = await start_experiment(api)
+    started = time.monotonic()
+    # 28 a's: about a minute of backtracking per line in Python's re on this machine.
+    await append(app, "agent-a", [line(first, "a" * 28 + "b\n"), line(first, "aaaa\n", second=1)])
+    assert time.monotonic() - started < 5.0
+    (delivery,) = await ship_until(shipper_for(app), receiver, 1)
+    assert delivery.json["condition"]["regex"] == "(a+)+$"
+
+
+async def test_a_regex_re2_cannot_take_is_refused_saying_why(admin: httpx.AsyncClient) -> None:
+    trigger = {"triggerType": "TRIGGER_TYPE_TASK_LOG", "condition": {"regex": r"(err)\1"}}
+    reply = await admin.post("/api/v1/webhooks", json=hook("http://127.0.0.1:9/hook", trigger))
+    assert reply.status_code == 400, reply.text
+    message = reply.json()["message"]
+    assert message.startswith("triggers[0].condition.regex: '(err)\\\\1' is not an RE2 expression")
+    assert "back-references" in message and "invalid escape sequence" in message
+    assert await listed(admin) == []
+
+
 async def test_a_trials_alert_reaches_the_specific_webhooks_its_config_names(
     app: FastAPI, admin: httpx.AsyncClient, api: httpx.AsyncClient, receiver: Receiver
 ) -> None:
