@@ -21,6 +21,7 @@ from master.db.models import Base
 from master.db.session import session_scope
 from master.services import allocations as allocation_service
 from master.services import auth as auth_service
+from master.services import webhooks as webhook_service
 from master.services import workspaces as workspace_service
 from master.services.preemption import PreemptionSignals
 from master.settings import DatabaseSettings, MasterSettings
@@ -216,6 +217,9 @@ async def reset_database(application: FastAPI) -> None:
     application.state.preemption = application.state.agent_hub.preemption = signals
     # Failed logins of an earlier test must not slow this one's down.
     application.state.login_limiter = auth_service.LoginLimiter()
+    # The webhook triggers known for this database went with its rows.
+    async with session_scope(application.state.session_factory) as session:
+        webhook_service.forget_triggers(session)
 
 
 @pytest_asyncio.fixture

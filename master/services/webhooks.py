@@ -139,7 +139,7 @@ async def create_webhook(
     ]
     session.add_all(trigger_rows)
     await session.flush()
-    forget_log_triggers(session)
+    forget_triggers(session)
     log.info("webhook %d %r created by %s: %s", row.id, row.name, actor.username, row.url)
     return WebhookView(row, trigger_rows)
 
@@ -190,7 +190,7 @@ async def delete_webhook(session: AsyncSession, actor: Actor, webhook_id: int) -
         delete(WebhookTriggerModel).where(WebhookTriggerModel.webhook_id == row.id)
     )
     await session.delete(row)
-    forget_log_triggers(session)
+    forget_triggers(session)
     log.info("webhook %d %r deleted by %s", row.id, row.name, actor.username)
 
 
@@ -241,6 +241,11 @@ async def send_test(settings: MasterSettings, url: str, body: bytes) -> None:
 
 
 def record_state_change(session: AsyncSession, experiment_id: int, state: str) -> None:
+    known = _known_triggers(session)
+    if known is not None and state not in known.states:
+        # Nobody listens for this state: no outbox row and no shipper pass on the path
+        # every experiment takes (submit, finish, kill).
+        return
     session.add(WebhookOutboxModel(kind=STATE, experiment_id=experiment_id, data={"state": state}))
     session.info[WAKE_SHIPPER] = True
 
@@ -265,47 +270,63 @@ def record_custom(
 
 
 @dataclass
-class _LogTriggers:
-    patterns: list[tuple[int, core.LogPattern]]
+class _Triggers:
+    patterns: list[tuple[int, core.LogPattern]]  # the TASK_LOG triggers' regexes
+    states: frozenset[str]  # the experiment states some STATE_CHANGE trigger names
     loaded_at: float
 
 
-# Per database: the TASK_LOG triggers, reloaded every few seconds so a trigger made through
-# another master (or this one) is heard of without a query per log batch.
-_LOG_TRIGGERS: weakref.WeakKeyDictionary[Engine, _LogTriggers] = weakref.WeakKeyDictionary()
-_LOG_TRIGGERS_TTL_S = 2.0
+# Per database: the triggers, reloaded every few seconds (by the leader's shipper on each
+# look, and by log batches), so that neither a log batch nor a state change queries them.
+# Creating or deleting a webhook here forgets them; not knowing them means "write the event".
+_TRIGGERS: weakref.WeakKeyDictionary[Engine, _Triggers] = weakref.WeakKeyDictionary()
+_TRIGGERS_TTL_S = 2.0
 
 
-def forget_log_triggers(session: AsyncSession) -> None:
-    _LOG_TRIGGERS.pop(session.get_bind().engine, None)
+def forget_triggers(session: AsyncSession) -> None:
+    _TRIGGERS.pop(session.get_bind().engine, None)
 
 
-async def _log_triggers(session: AsyncSession) -> list[tuple[int, core.LogPattern]]:
-    engine = session.get_bind().engine
-    cached = _LOG_TRIGGERS.get(engine)
-    if cached is not None and time.monotonic() - cached.loaded_at < _LOG_TRIGGERS_TTL_S:
-        return cached.patterns
+def _known_triggers(session: AsyncSession) -> _Triggers | None:
+    cached = _TRIGGERS.get(session.get_bind().engine)
+    if cached is None or time.monotonic() - cached.loaded_at >= _TRIGGERS_TTL_S:
+        return None
+    return cached
+
+
+async def _triggers(session: AsyncSession) -> _Triggers:
+    cached = _known_triggers(session)
+    if cached is not None:
+        return cached
     rows = (
         await session.execute(
-            select(WebhookTriggerModel.id, WebhookTriggerModel.condition).where(
-                WebhookTriggerModel.trigger_type == core.TASK_LOG
-            )
+            select(
+                WebhookTriggerModel.id,
+                WebhookTriggerModel.trigger_type,
+                WebhookTriggerModel.condition,
+            ).where(WebhookTriggerModel.trigger_type.in_((core.TASK_LOG, core.STATE_CHANGE)))
         )
     ).all()
     patterns = []
-    for trigger_id, condition in rows:
+    states = set()
+    for trigger_id, trigger_type, condition in rows:
+        condition = condition or {}
+        if trigger_type == core.STATE_CHANGE:
+            states.add(str(condition.get("state", "")))
+            continue
         try:
-            patterns.append((trigger_id, core.log_pattern(str((condition or {}).get("regex", "")))))
+            patterns.append((trigger_id, core.log_pattern(str(condition.get("regex", "")))))
         except re2.error:  # checked at creation; a row edited by hand is skipped
             log.warning("webhook trigger %d: its regex does not compile; skipped", trigger_id)
-    _LOG_TRIGGERS[engine] = _LogTriggers(patterns, time.monotonic())
-    return patterns
+    loaded = _Triggers(patterns, frozenset(states), time.monotonic())
+    _TRIGGERS[session.get_bind().engine] = loaded
+    return loaded
 
 
 async def record_log_matches(session: AsyncSession, rows: Sequence[dict[str, Any]]) -> None:
     """Lines of a batch being stored that match a TASK_LOG trigger: the first per task and
     trigger goes to the outbox (a trigger fires once per task, as Determined's does)."""
-    patterns = await _log_triggers(session)
+    patterns = (await _triggers(session)).patterns
     if not patterns:
         return
     seen: set[tuple[str, int]] = set()
@@ -595,6 +616,7 @@ class WebhookShipper(Loop):
 
     async def run_once(self) -> None:
         async with session_scope(self.factory) as session:
+            await _triggers(session)  # kept known, so state changes nobody hears skip the outbox
             taken = await expand_outbox(session, self.settings.webhooks.base_url)
         sent = await self.deliver_due()
         if taken or sent >= self.batch:

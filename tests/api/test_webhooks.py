@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from sqlalchemy import func, select
 
 from harness.webhook_receiver import Delivery, Receiver
-from master.db.models import WebhookEventModel
+from master.db.models import WebhookEventModel, WebhookOutboxModel
 from master.db.session import session_scope
 from master.services import webhooks
 from master.settings import MasterSettings
@@ -591,3 +591,36 @@ async def test_a_webhook_deleted_mid_delivery_makes_nobody_else_hear_twice(
         await shipper.stop()
     finally:
         other.close()
+
+
+async def outbox(app: FastAPI) -> int:
+    async with session_scope(app.state.session_factory) as session:
+        return int(await session.scalar(select(func.count()).select_from(WebhookOutboxModel)) or 0)
+
+
+async def test_state_changes_nobody_listens_for_write_no_outbox_rows(
+    app: FastAPI,
+    admin: httpx.AsyncClient,
+    api: httpx.AsyncClient,
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every experiment's submit, pause and end are state changes: with no webhook for a
+    state, none of them costs an outbox row or a shipper pass (issue 27's hot path); a
+    webhook made a moment ago hears the very next change it names."""
+    # Known triggers are trusted for 2 s; a loaded machine must not turn that into a flake.
+    monkeypatch.setattr(webhooks, "_TRIGGERS_TTL_S", 600.0)
+    shipper = shipper_for(app)
+    await shipper.run_once()  # the leader's shipper keeps the triggers known
+    before = await outbox(app)
+    experiment_id = await new_experiment(api)
+    await pause(api, experiment_id)
+    await activate(api, experiment_id)
+    assert await outbox(app) == before
+    await create(admin, hook(receiver.url, on_state("PAUSED")))
+    await pause(api, experiment_id)
+    (delivery,) = await ship_until(shipper, receiver, 1)
+    assert delivery.json["condition"]["state"] == "PAUSED"
+    # The shipper's pass knew the triggers again: ACTIVE, which no webhook names, is skipped.
+    await activate(api, experiment_id)
+    assert await outbox(app) == before
