@@ -2,81 +2,150 @@
 
 from __future__ import annotations
 
+import functools
+import importlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import typer
 
-from cli import (
-    checkpoints,
-    cluster,
-    experiments,
-    logs,
-    master,
-    models,
-    tasks,
-    templates,
-    tokens,
-    trials,
-    users,
-    webhooks,
-    workspaces,
-)
 from cli.state import Globals
 from master.version import DETERMINED_COMPAT_VERSION, __version__
 
-app = typer.Typer(
-    name="det",
-    help="Command-line client for the resolute master.",
-    no_args_is_help=True,
-    context_settings={"help_option_names": ["-h", "--help"]},
-    add_completion=False,
+
+# The sub-command groups, in the order help lists them, and how to build each. A group's
+# module is imported, and its commands turned into click's, only when the command line
+# names it: importing and building all 240 commands cost every `det` call more CPU than
+# the call itself.
+def _templates() -> typer.Typer:
+    from cli import templates
+
+    return templates.app
+
+
+@functools.cache
+def _experiments() -> typer.Typer:
+    from cli import checkpoints, experiments, logs
+
+    experiments.app.command("logs")(logs.experiment_logs)
+    # Determined 0.38's own spelling of `det checkpoint list`.
+    experiments.app.command("list-checkpoints")(checkpoints.list_checkpoints)
+    experiments.app.command("lc", hidden=True)(checkpoints.list_checkpoints)
+    return experiments.app
+
+
+@functools.cache
+def _trials() -> typer.Typer:
+    from cli import logs, trials
+
+    logs.trial_app.command("describe")(trials.describe)
+    logs.trial_app.command("kill")(trials.kill)
+    return logs.trial_app
+
+
+def _checkpoints() -> typer.Typer:
+    from cli import checkpoints
+
+    return checkpoints.app
+
+
+def _models() -> typer.Typer:
+    from cli import models
+
+    return models.app
+
+
+@functools.cache
+def _tasks() -> typer.Typer:
+    from cli import cluster, logs
+
+    cluster.task_app.command("logs")(logs.task_logs)
+    return cluster.task_app
+
+
+def _cluster(name: str) -> Callable[[], typer.Typer]:
+    def build() -> typer.Typer:
+        from cli import cluster
+
+        app: typer.Typer = getattr(cluster, name)
+        return app
+
+    return build
+
+
+def _module(module: str, name: str) -> Callable[[], typer.Typer]:
+    def build() -> typer.Typer:
+        app: typer.Typer = getattr(importlib.import_module(f"cli.{module}"), name)
+        return app
+
+    return build
+
+
+class _Group(NamedTuple):
+    names: tuple[str, ...]  # the first is listed in help, the others are hidden aliases
+    build: Callable[[], typer.Typer]
+    hidden: bool = False
+
+
+_GROUPS = (
+    _Group(("template", "tpl"), _templates),
+    _Group(("experiment", "e"), _experiments),
+    _Group(("trial", "t"), _trials),
+    _Group(("checkpoint", "c"), _checkpoints),
+    _Group(("model", "m"), _models),
+    _Group(("task",), _tasks),
+    _Group(("agent", "a"), _cluster("agent_app")),
+    _Group(("slot", "s"), _cluster("slot_app")),
+    _Group(("job", "j"), _cluster("job_app")),
+    _Group(("resource-pool", "rp"), _cluster("pool_app")),
+    _Group(("user", "u"), _module("users", "user_app")),
+    _Group(("dev",), _module("users", "dev_app"), hidden=True),
+    _Group(("command", "cmd"), _module("tasks", "command_app")),
+    _Group(("notebook",), _module("tasks", "notebook_app")),
+    _Group(("shell",), _module("tasks", "shell_app")),
+    _Group(("tensorboard",), _module("tasks", "tensorboard_app")),
+    _Group(("token", "tkn"), _module("tokens", "token_app")),
+    _Group(("workspace", "w"), _module("workspaces", "workspace_app")),
+    _Group(("webhook",), _module("webhooks", "app")),
+    _Group(("project", "p"), _module("workspaces", "project_app")),
+    _Group(("master",), _module("master", "master_app")),
 )
-app.add_typer(templates.app, name="template")
-app.add_typer(templates.app, name="tpl", hidden=True)
-app.add_typer(experiments.app, name="experiment")
-app.add_typer(experiments.app, name="e", hidden=True)
-logs.trial_app.command("describe")(trials.describe)
-logs.trial_app.command("kill")(trials.kill)
-experiments.app.command("logs")(logs.experiment_logs)
-app.add_typer(logs.trial_app, name="trial")
-app.add_typer(logs.trial_app, name="t", hidden=True)
-# Determined 0.38's own spelling of `det checkpoint list`.
-experiments.app.command("list-checkpoints")(checkpoints.list_checkpoints)
-experiments.app.command("lc", hidden=True)(checkpoints.list_checkpoints)
-app.add_typer(checkpoints.app, name="checkpoint")
-app.add_typer(checkpoints.app, name="c", hidden=True)
-app.add_typer(models.app, name="model")
-app.add_typer(models.app, name="m", hidden=True)
-cluster.task_app.command("logs")(logs.task_logs)
-app.add_typer(cluster.task_app, name="task")
-app.add_typer(cluster.agent_app, name="agent")
-app.add_typer(cluster.agent_app, name="a", hidden=True)
-app.add_typer(cluster.slot_app, name="slot")
-app.add_typer(cluster.slot_app, name="s", hidden=True)
-app.add_typer(cluster.job_app, name="job")
-app.add_typer(cluster.job_app, name="j", hidden=True)
-app.add_typer(cluster.pool_app, name="resource-pool")
-app.add_typer(cluster.pool_app, name="rp", hidden=True)
-app.add_typer(users.user_app, name="user")
-app.add_typer(users.user_app, name="u", hidden=True)
-app.add_typer(users.dev_app, name="dev", hidden=True)
-app.add_typer(tasks.command_app, name="command")
-app.add_typer(tasks.command_app, name="cmd", hidden=True)
-app.add_typer(tasks.notebook_app, name="notebook")
-app.add_typer(tasks.shell_app, name="shell")
-app.add_typer(tasks.tensorboard_app, name="tensorboard")
-app.add_typer(tokens.token_app, name="token")
-app.add_typer(tokens.token_app, name="tkn", hidden=True)
-app.add_typer(workspaces.workspace_app, name="workspace")
-app.add_typer(workspaces.workspace_app, name="w", hidden=True)
-app.add_typer(webhooks.app, name="webhook")
-app.add_typer(workspaces.project_app, name="project")
-app.add_typer(workspaces.project_app, name="p", hidden=True)
-app.add_typer(master.master_app, name="master")
+# Options of `det` itself that take a value: the group named is the first word after them.
+_VALUE_OPTIONS = ("-m", "--master", "-u", "--user")
 
 
-@app.callback()
+def _named_group(argv: list[str]) -> str | None:
+    words = iter(argv)
+    for word in words:
+        if word in _VALUE_OPTIONS:
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def build_app(only: str | None = None) -> typer.Typer:
+    """`det` with every group, or with only the group `only` names when there is one."""
+    app = typer.Typer(
+        name="det",
+        help="Command-line client for the resolute master.",
+        no_args_is_help=True,
+        context_settings={"help_option_names": ["-h", "--help"]},
+        add_completion=False,
+    )
+    app.callback()(root)
+    app.command("preview-search")(preview_search)
+    app.command("version")(version)
+    named = [g for g in _GROUPS if only in g.names]
+    for group in named or _GROUPS:  # a word that names no group: all, for click's error
+        commands = group.build()
+        for index, name in enumerate(group.names):
+            app.add_typer(commands, name=name, hidden=group.hidden or index > 0)
+    return app
+
+
 def root(
     ctx: typer.Context,
     master: str | None = typer.Option(
@@ -89,21 +158,21 @@ def root(
     ctx.obj = Globals(master=master, user=user)
 
 
-@app.command("preview-search")
 def preview_search(
     ctx: typer.Context,
     config_file: Path = typer.Argument(..., help="Experiment config (YAML)."),
 ) -> None:
     """Show the trials a searcher would run and how far each trains (Determined's
     preview-search)."""
+    from cli import experiments
+
     experiments.preview_search(ctx, config_file)
 
 
-@app.command("version")
 def version() -> None:
     """Print the client version."""
     typer.echo(f"resolute {__version__} (Determined API {DETERMINED_COMPAT_VERSION})")
 
 
 def main() -> None:
-    sys.exit(app())
+    sys.exit(build_app(_named_group(sys.argv[1:]))())
