@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from master.db.migrate import alembic_config, run_alembic
+from master.db.migrate import alembic_config, head_revision, run_alembic, upgrade_to_head
 from master.db.session import create_engine
 from master.settings import async_database_url
 
@@ -17,6 +18,8 @@ from master.settings import async_database_url
 def test_exactly_one_head() -> None:
     heads = ScriptDirectory.from_config(alembic_config()).get_heads()
     assert len(heads) == 1, f"migration history has several heads: {heads}"
+    # A master's start compares the database with this reading of the files, not Alembic's.
+    assert head_revision() == heads[0]
 
 
 async def _tables(url: str) -> set[str]:
@@ -26,6 +29,11 @@ async def _tables(url: str) -> set[str]:
             return set(await conn.run_sync(lambda c: inspect(c).get_table_names()))
     finally:
         await engine.dispose()
+
+
+async def _version(engine: AsyncEngine) -> str:
+    async with engine.connect() as conn:
+        return str(await conn.scalar(text("SELECT version_num FROM alembic_version")))
 
 
 async def test_upgrade_check_downgrade(
@@ -41,6 +49,11 @@ async def test_upgrade_check_downgrade(
         await run_alembic(engine, "downgrade", "base")
         assert await _tables(url) <= {"alembic_version"}
         await run_alembic(engine, "upgrade", "head")
+        # A master's start: a database a revision behind is upgraded, not taken as at head.
+        await run_alembic(engine, "downgrade", "-1")
+        assert await _version(engine) != head_revision()
+        await upgrade_to_head(engine)
+        assert await _version(engine) == head_revision()
     finally:
         await engine.dispose()
 

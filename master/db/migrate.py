@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +32,8 @@ def migrations_dir() -> Path:
 
 
 def alembic_config(connection: object | None = None) -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(migrations_dir()))
     # Version files named YYYY_MM_DD_HHMM_<rev>_<slug>.py.
@@ -61,8 +68,45 @@ async def _migration_connection(engine: AsyncEngine) -> AsyncIterator[AsyncConne
                 await conn.commit()
 
 
+_REVISION = re.compile(r"^revision(?:: [^=]+)? = [\"']([^\"']+)[\"']", re.M)
+_DOWN_REVISION = re.compile(r"^down_revision(?:: [^=]+)? = [\"']([^\"']+)[\"']", re.M)
+
+
+def head_revision() -> str | None:
+    """The newest revision, read from the version files' text: the one no other file names
+    as its down_revision (tests/test_migrations.py checks it against Alembic's own head).
+    None when the files do not say it plainly."""
+    revisions, parents = set(), set()
+    for path in (migrations_dir() / "versions").glob("*.py"):
+        source = path.read_text()
+        revision = _REVISION.search(source)
+        if revision is None:
+            return None
+        revisions.add(revision.group(1))
+        parents.update(_DOWN_REVISION.findall(source))
+    heads = revisions - parents
+    return heads.pop() if len(heads) == 1 else None
+
+
+async def _at_head(engine: AsyncEngine) -> bool:
+    head = head_revision()
+    if head is None:
+        return False
+    try:
+        async with engine.connect() as conn:
+            versions = (await conn.execute(text("SELECT version_num FROM alembic_version"))).all()
+    except DBAPIError:  # no such table yet: a new database
+        return False
+    return [tuple(v) for v in versions] == [(head,)]
+
+
 async def upgrade_to_head(engine: AsyncEngine) -> None:
-    """Upgrade under an advisory lock on Postgres, so concurrent masters migrate once."""
+    """Upgrade under an advisory lock on Postgres, so concurrent masters migrate once. A
+    database already at head costs one query: Alembic and the 20-odd migration modules it
+    would load cost each master start about 0.2 s of CPU, and tests start hundreds."""
+    if await _at_head(engine):
+        log.info("database schema is at head")
+        return
     async with _migration_connection(engine) as conn:
         postgres = conn.dialect.name == "postgresql"
         if postgres:
@@ -79,6 +123,8 @@ async def upgrade_to_head(engine: AsyncEngine) -> None:
 
 
 def _upgrade(sync_conn: object) -> None:
+    from alembic import command
+
     command.upgrade(alembic_config(sync_conn), "head")
 
 
@@ -90,6 +136,8 @@ async def run_alembic(engine: AsyncEngine, fn: str, *args: str) -> None:
 
 
 def _run_command(sync_conn: object, fn: str, args: tuple[str, ...]) -> None:
+    from alembic import command
+
     getattr(command, fn)(alembic_config(sync_conn), *args)
 
 
