@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -322,7 +323,9 @@ class LogRetentionSettings(BaseModel):
     @field_validator("schedule")
     @classmethod
     def _a_duration(cls, value: str) -> str:
-        parse_duration(value, "retention_policy.schedule")
+        # Each look is a pass over the logs table: one a minute is already often.
+        if parse_duration(value, "retention_policy.schedule") < timedelta(minutes=1):
+            raise ValueError(f"retention_policy.schedule: {value!r} is shorter than 1m")
         return value
 
     def interval_s(self) -> float:
@@ -363,6 +366,7 @@ class WebhookSettings(BaseModel):
     max_age_s: float = Field(
         default=86400.0,
         gt=0,
+        le=30 * 86400,  # a queue kept longer is a backlog nobody will want delivered
         description=(
             "A delivery still failing this long after its event is dropped, with a warning. "
             "A 4xx answer drops it at once: the receiver refused it."

@@ -732,12 +732,22 @@ class WebhookShipper(Loop):
                 same_endpoint = (WebhookEventModel.url == probe.url) & (
                     WebhookEventModel.id != probe.id
                 )
-                await session.execute(
+                expired = await session.execute(
                     delete(WebhookEventModel).where(
                         same_endpoint,
                         WebhookEventModel.created_at < now - timedelta(seconds=cfg.max_age_s),
                     )
                 )
+                dropped = int(getattr(expired, "rowcount", 0) or 0)
+                if dropped:
+                    log.warning(
+                        "%d webhook events to %s dropped: still undelivered after "
+                        "webhooks.max_age_s (%.0f s); the endpoint fails with: %s",
+                        dropped,
+                        probe.url,
+                        cfg.max_age_s,
+                        detail,
+                    )
                 await session.execute(
                     update(WebhookEventModel)
                     .where(same_endpoint, WebhookEventModel.next_attempt_at <= picked_at)

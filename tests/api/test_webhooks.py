@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -624,3 +625,33 @@ async def test_state_changes_nobody_listens_for_write_no_outbox_rows(
     # The shipper's pass knew the triggers again: ACTIVE, which no webhook names, is skipped.
     await activate(api, experiment_id)
     assert await outbox(app) == before
+
+
+async def test_events_aged_out_behind_a_failing_endpoint_are_dropped_with_a_warning(
+    app: FastAPI,
+    admin: httpx.AsyncClient,
+    api: httpx.AsyncClient,
+    receiver: Receiver,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    await create(admin, hook(receiver.url, on_state("PAUSED"), on_state("ACTIVE")))
+    experiment_id = await new_experiment(api)
+    receiver.status = 500
+    for _ in range(2):
+        await pause(api, experiment_id)
+        await activate(api, experiment_id)
+    shipper = shipper_for(app, max_age_s=0.5)
+    async with session_scope(app.state.session_factory) as session:
+        await webhooks.expand_outbox(session, "")
+    assert await queued(app) == 4
+    await asyncio.sleep(0.6)  # the events' age passes max_age_s: the span is the point
+    with caplog.at_level(logging.WARNING, logger="master.services.webhooks"):
+        await shipper.deliver_due()
+    await shipper.stop()
+    assert await queued(app) == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("dropped after 1 attempts: HTTP 500" in w for w in warnings), warnings
+    assert any(
+        w.startswith(f"3 webhook events to {receiver.url} dropped: still undelivered after")
+        for w in warnings
+    ), warnings

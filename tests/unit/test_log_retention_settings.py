@@ -49,3 +49,6 @@ def test_retention_settings_are_checked(monkeypatch: pytest.MonkeyPatch) -> None
         MasterSettings(retention_policy={"schedule": "0 0 * * *"})
     with pytest.raises(ValidationError, match="log_retention_days"):
         MasterSettings(retention_policy={"log_retention_days": -2})
+    with pytest.raises(ValidationError, match=re.escape("schedule: '1ms' is shorter than 1m")):
+        MasterSettings(retention_policy={"schedule": "1ms"})
+    assert MasterSettings(retention_policy={"schedule": "1m"}).retention_policy.interval_s() == 60
