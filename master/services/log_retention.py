@@ -53,11 +53,10 @@ async def set_experiment_retention(
     log.info("experiment %d: log_retention_days=%d set by %s", experiment_id, days, actor)
 
 
-async def delete_expired_logs(
+async def expired_trials(
     session: AsyncSession, default_days: int | None, now: datetime | None = None
-) -> int:
-    """Delete the logs of every ended trial whose retention is over; returns how many
-    trials lost their logs."""
+) -> list[int]:
+    """The ended trials that still have logs and whose retention is over."""
     now = now or utcnow()
     days_column = ExperimentModel.config["retention_policy"]["log_retention_days"].as_integer()
     # Only trials that still have logs: those already cleared cost nothing on later passes.
@@ -78,8 +77,25 @@ async def delete_expired_logs(
             continue
         if end_time + timedelta(days=days) <= now:
             expired.append(trial_id)
-    for trial_id in expired:
-        await session.execute(delete(TaskLogModel).where(TaskLogModel.trial_id == trial_id))
+    return expired
+
+
+async def delete_expired_logs(
+    factory: async_sessionmaker[AsyncSession],
+    default_days: int | None,
+    now: datetime | None = None,
+    trials_per_transaction: int = 20,
+) -> int:
+    """Delete the logs of every ended trial whose retention is over, a few trials per
+    transaction: the first pass after retention is turned on may delete millions of lines,
+    and one transaction would hold SQLite's single writer (and every request that writes)
+    for all of it. Returns how many trials lost their logs."""
+    async with session_scope(factory) as session:
+        expired = await expired_trials(session, default_days, now)
+    for start in range(0, len(expired), trials_per_transaction):
+        chunk = expired[start : start + trials_per_transaction]
+        async with session_scope(factory) as session:
+            await session.execute(delete(TaskLogModel).where(TaskLogModel.trial_id.in_(chunk)))
     if expired:
         log.info("log retention: deleted the task logs of %d trials", len(expired))
     return len(expired)
@@ -99,5 +115,4 @@ class LogRetentionLoop(Loop):
         self.wake()  # a first pass soon after taking the lead, not a whole interval later
 
     async def run_once(self) -> None:
-        async with session_scope(self.factory) as session:
-            await delete_expired_logs(session, self.default_days)
+        await delete_expired_logs(self.factory, self.default_days)
