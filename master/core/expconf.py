@@ -241,6 +241,23 @@ class Device(_Strict):
     mode: str = "mrw"
 
 
+# resources.shm_size: bytes, or a size such as "4G"; an experiment's and a task's alike.
+ShmSize = (
+    Annotated[
+        (
+            Annotated[int, Field(ge=0, le=2**63 - 1), Tag("int")]
+            | Annotated[str, AfterValidator(_memory_size), Tag("str")]
+        ),
+        Discriminator(
+            _kind,
+            custom_error_type="shm_size_type",
+            custom_error_message='must be a number of bytes or a size such as "4G"',
+        ),
+    ]
+    | None
+)
+
+
 class Resources(_Strict):
     """What each trial asks the scheduler for."""
 
@@ -252,20 +269,7 @@ class Resources(_Strict):
     weight: float = Field(default=1.0, gt=0)
     resource_pool: str = ""
     is_single_node: bool = False
-    shm_size: (
-        Annotated[
-            (
-                Annotated[int, Field(ge=0, le=2**63 - 1), Tag("int")]
-                | Annotated[str, AfterValidator(_memory_size), Tag("str")]
-            ),
-            Discriminator(
-                _kind,
-                custom_error_type="shm_size_type",
-                custom_error_message='must be a number of bytes or a size such as "4G"',
-            ),
-        ]
-        | None
-    ) = None
+    shm_size: ShmSize = None
     devices: list[Device] = Field(default_factory=list)
     agent_label: str = ""
     """Determined's older way to pick agents, accepted so that configs written for it still

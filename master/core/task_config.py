@@ -35,7 +35,7 @@ class TaskResources(expconf._Strict):
     resource_pool: str = ""
     priority: int | None = Field(default=None, ge=1, le=99)
     weight: float = Field(default=1.0, gt=0)
-    shm_size: int | str | None = None
+    shm_size: expconf.ShmSize = None
     devices: list[expconf.Device] = Field(default_factory=list)
     max_slots: int | None = None
     is_single_node: bool | None = None

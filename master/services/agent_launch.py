@@ -6,7 +6,7 @@ rows and the launch core (master.core.launch). The hub decides when; this decide
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
 from sqlalchemy import select
@@ -168,12 +168,7 @@ class LaunchAssembler:
             default_variables=self.default_variables(allocation.resource_pool, device_type),
         )
         archive = model_definition.archive if model_definition else b""
-        bind_mounts = [
-            pb.BindMount(
-                host_path=m.host_path, container_path=m.container_path, read_only=m.read_only
-            )
-            for m in mounts.requested_mounts(experiment.config)
-        ]
+        bind_mounts = _bind_mounts(experiment.config)
         shm_size_bytes = mounts.shm_bytes(
             (experiment.config.get("resources") or {}).get("shm_size")
         )
@@ -285,9 +280,20 @@ class LaunchAssembler:
                 model_definition=context.archive if context is not None else b"",
                 stop_grace_s=self.settings.agent_link.stop_grace_s,
                 layout=pb.LAUNCH_LAYOUT_PER_SLOT,
+                bind_mounts=_bind_mounts(task.config),
+                shm_size_bytes=mounts.shm_bytes(
+                    (task.config.get("resources") or {}).get("shm_size")
+                ),
             )
         )
         return agent_launch.agent_id, message
+
+
+def _bind_mounts(config: Mapping[str, object]) -> list[pb.BindMount]:
+    return [
+        pb.BindMount(host_path=m.host_path, container_path=m.container_path, read_only=m.read_only)
+        for m in mounts.requested_mounts(config)
+    ]
 
 
 async def gang_device_type(session: AsyncSession, members: list[launch.GangMember]) -> str:

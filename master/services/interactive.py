@@ -40,7 +40,7 @@ from master.db.models import (
 )
 from master.db.session import session_scope
 from master.errors import Conflict, InvalidArgument, NotFound, PermissionDenied, Unauthenticated
-from master.services import allocations, workspaces
+from master.services import allocations, bind_mounts, workspaces
 from master.services.access import Actor
 from master.services.configs import config_errors_as_invalid_argument
 from master.services.loops import Loop
@@ -136,6 +136,9 @@ async def create_task(
     priority = config.resources.priority or pool.scheduler.default_priority
     stored = config.model_dump(mode="json", exclude_none=True)
     stored["resources"].update(resource_pool=pool.pool_name, priority=priority)
+    # A task's mounts and /dev/shm are a trial's, checked the same way before it queues.
+    with config_errors_as_invalid_argument("config"):
+        await bind_mounts.check_bind_mounts(session, pool.pool_name, stored, context.archive)
     workspace = await workspaces.resolve_workspace(session, request.workspace_id)
     now = utcnow()
     task = TaskModel(

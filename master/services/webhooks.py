@@ -23,11 +23,11 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import re2
-from sqlalchemy import bindparam, delete, func, select, update
+from sqlalchemy import Table, bindparam, delete, func, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -762,7 +762,7 @@ class WebhookShipper(Loop):
                 # that raises StaleDataError (rolling the whole batch back, so delivered
                 # events would be sent again) when a webhook deleted mid-delivery took its
                 # events with it; here a vanished row updates nothing.
-                table = WebhookEventModel.__table__
+                table = cast(Table, WebhookEventModel.__table__)
                 await session.execute(
                     update(table).where(table.c.id == bindparam("row_id")), retries
                 )

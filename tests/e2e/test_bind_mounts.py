@@ -148,3 +148,44 @@ def test_a_host_path_gone_before_the_start_fails_the_trial_naming_it(
     assert refused.returncode != 0, describe_run(refused)
     assert "bind_mounts.0.host_path" in refused.stderr + refused.stdout, describe_run(refused)
     assert str(vanishing) in refused.stderr + refused.stdout, describe_run(refused)
+
+
+def test_a_command_gets_the_mounts_and_dev_shm_of_its_config(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Commands, notebooks, shells and TensorBoards take bind_mounts and shm_size as trials
+    do (they were accepted and silently ignored): `det cmd run --config-file`."""
+    dataset = tmp_path / "dataset"
+    dataset.mkdir()
+    (dataset / "hello.txt").write_text("from the host")
+    config = tmp_path / "task.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "bind_mounts": [
+                    {"host_path": str(dataset), "container_path": "/srv/data", "read_only": True}
+                ],
+                "resources": {"shm_size": f"{SHM_BYTES // 1024**2}M"},
+            }
+        )
+    )
+    probe = (
+        "import os; s = os.statvfs('/dev/shm'); "
+        "print('READ', open('/srv/data/hello.txt').read(), 'SHM', s.f_blocks * s.f_frsize)"
+    )
+    result = cluster.master.det(
+        "cmd", "run", "--config-file", str(config), "python3", "-c", probe, timeout=120
+    )
+    assert result.returncode == 0, f"{describe_run(result)}\n{cluster.agent.output()[-3000:]}"
+    assert f"READ from the host SHM {SHM_BYTES}" in result.stdout, describe_run(result)
+    assert not Path("/srv/data/hello.txt").exists()  # the mount was the command's alone
+
+    # A mount the master can see is missing is refused before anything queues, naming it.
+    config.write_text(
+        json.dumps(
+            {"bind_mounts": [{"host_path": str(tmp_path / "nowhere"), "container_path": "/x"}]}
+        )
+    )
+    refused = cluster.master.det("cmd", "run", "--config-file", str(config), "true", timeout=120)
+    assert refused.returncode != 0, describe_run(refused)
+    assert "bind_mounts.0.host_path" in refused.stderr and "does not exist" in refused.stderr
