@@ -10,6 +10,7 @@ from urllib.parse import quote
 import typer
 
 from cli.client import MasterClient
+from cli.errors import CliError
 from cli.output import CsvOpt, JsonOpt, cli_errors, one_format, print_json, print_table, stdout
 from cli.state import client
 
@@ -480,16 +481,34 @@ job_app.command("ls", hidden=True)(list_jobs)
 def update_job(
     ctx: typer.Context,
     job_id: str = typer.Argument(..., help="Job ID (see `det job list`)."),
-    priority: int = typer.Option(
-        ..., "-p", "--priority", help="New priority, 1-99; lower is scheduled first."
+    priority: int | None = typer.Option(
+        None, "-p", "--priority", help="New priority, 1-99; lower is scheduled first."
+    ),
+    weight: float | None = typer.Option(None, "-w", "--weight", help="New weight, above 0."),
+    resource_pool: str | None = typer.Option(
+        None,
+        "--resource-pool",
+        help="Move the job to this pool: its queued trials wait there, its running ones "
+        "checkpoint, stop and queue there.",
     ),
 ) -> None:
-    """Change a job's priority; its queued trials move at the next scheduling pass."""
+    """Change a job's priority, weight or resource pool (Determined's `det job update`)."""
+    change: dict[str, Any] = {"jobId": job_id}
+    said = []
+    if priority is not None:
+        change["priority"] = priority
+        said.append(f"priority {priority}")
+    if weight is not None:
+        change["weight"] = weight
+        said.append(f"weight {weight:g}")
+    if resource_pool is not None:
+        change["resourcePool"] = resource_pool
+        said.append(f"resource pool {resource_pool}")
     with cli_errors():
-        client(ctx).post(
-            "/api/v1/job-queues", json={"updates": [{"jobId": job_id, "priority": priority}]}
-        )
-        stdout.print(f"Updated job {job_id}: priority {priority}", markup=False)
+        if not said:
+            raise CliError("give --priority, --weight or --resource-pool")
+        client(ctx).post("/api/v1/job-queues", json={"updates": [change]})
+        stdout.print(f"Updated job {job_id}: {', '.join(said)}", markup=False)
 
 
 # -- det resource-pool -----------------------------------------------------------------------

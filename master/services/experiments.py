@@ -805,6 +805,69 @@ async def set_job_priority(
     return experiment
 
 
+async def set_job_weight(session: AsyncSession, job_id: str, weight: float, actor: str) -> None:
+    """Determined's `det job update --weight`: the experiment's resources.weight, as `det e
+    set weight` sets it (stored; there is no fair share between jobs yet, which the
+    submit's warning says)."""
+    experiment = await get_experiment_by_job(session, job_id)
+    await patch_experiment(
+        session, experiment.id, ExperimentPatch(resources={"weight": weight}), actor
+    )
+
+
+async def set_job_resource_pool(
+    session: AsyncSession,
+    job_id: str,
+    pool_name: str,
+    settings: MasterSettings,
+    actor: str,
+    field: str = "resourcePool",
+) -> ExperimentModel:
+    """Determined's `det job update --resource-pool`: the job's queued trials wait in the new
+    pool from the next pass, and its running ones are asked to stop (checkpoint and exit,
+    as a preemption, so no restart is counted) and queue there, as Determined terminates
+    them. Trials that start later (activated, continued, restarted) start there too."""
+    pool = settings.pool(pool_name)
+    if pool is None:
+        names = ", ".join(p.pool_name for p in settings.resource_pools)
+        raise InvalidArgument(f"{field}: pool {pool_name!r} does not exist; pools: {names}")
+    await allocations.hold_scheduler(session)
+    experiment = await get_experiment_by_job(session, job_id)
+    if ExperimentState(experiment.state).is_terminal:
+        raise Conflict(f"job {job_id} has ended ({experiment.state}); its resource pool is final")
+    if experiment.resource_pool == pool.pool_name:
+        return experiment
+    before = experiment.resource_pool
+    experiment.resource_pool = pool.pool_name
+    _set_config_keys(experiment, "resources", {"resource_pool": pool.pool_name})
+    trial_ids = list(
+        await session.scalars(
+            select(TrialModel.id).where(TrialModel.experiment_id == experiment.id)
+        )
+    )
+    await session.execute(
+        update(AllocationModel)
+        .where(
+            AllocationModel.trial_id.in_(trial_ids),
+            AllocationModel.state == AllocationState.PENDING,
+        )
+        .values(resource_pool=pool.pool_name)
+        .execution_options(synchronize_session=False)
+    )
+    asked = await allocations.ask_to_stop(session, trial_ids, terminate=False)
+    await session.flush()
+    log.info(
+        "job %s (experiment %s) moved from pool %s to %s by %s; %d running trials asked to stop",
+        job_id,
+        experiment.id,
+        before,
+        pool.pool_name,
+        actor,
+        len(asked),
+    )
+    return experiment
+
+
 def _refuse_final_priority(experiment: ExperimentModel, what: str) -> None:
     if ExperimentState(experiment.state).is_terminal:
         raise Conflict(f"{what} has ended ({experiment.state}); its priority is final")

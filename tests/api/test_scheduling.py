@@ -751,3 +751,66 @@ async def test_a_config_with_max_slots_below_a_trials_slots_is_refused(
     )
     listed = (await api.get("/api/v1/experiments", params={"name": "gang"})).json()
     assert listed["experiments"] == []
+
+
+async def test_a_job_moved_to_another_pool_waits_and_runs_there(
+    api: httpx.AsyncClient, app: FastAPI
+) -> None:
+    """`det job update --resource-pool` (Determined's UpdateJobQueue): queued trials wait in
+    the new pool at once; a running one is asked to checkpoint and stop, as a preemption,
+    and queues in the new pool; its weight changes in the same request."""
+    pools = [ResourcePoolSettings(pool_name="default"), ResourcePoolSettings(pool_name="gpu")]
+    settings = app.state.settings
+    app.state.settings = settings.model_copy(update={"resource_pools": pools})
+    try:
+        await register(app, "cpu-1", 2)
+        await register(app, "gpu-1", 2, pool="gpu")
+        experiment = (await submit(api, config(2, trials=2)))["experiment"]
+        await schedule(app)
+        running, queued = await tasks_of(api, experiment["id"])
+        assert placed_on(running) == {"cpu-1": [0, 1]} and queued["resources"] is None
+
+        move = {"jobId": experiment["jobId"], "resourcePool": "gpu", "weight": 2.5}
+        assert (await api.post("/api/v1/job-queues", json={"updates": [move]})).status_code == 200
+        stored = (await api.get(f"/api/v1/experiments/{experiment['id']}")).json()["experiment"]
+        assert stored["resourcePool"] == "gpu"
+        resources = stored["config"]["resources"]
+        assert (resources["resource_pool"], resources["weight"]) == ("gpu", 2.5)
+        running, queued = await tasks_of(api, experiment["id"])
+        assert running["preemptRequested"] is True and placed_on(running) == {"cpu-1": [0, 1]}
+        await schedule(app)
+        running, queued = await tasks_of(api, experiment["id"])
+        assert placed_on(queued) == {"gpu-1": [0, 1]}, queued
+        # The running trial stops as asked and queues in the new pool, no restart counted.
+        await release(app, running["allocationId"], ReleaseOutcome.PREEMPTED)
+        await schedule(app)
+        requeued = [t for t in await tasks_of(api, experiment["id"]) if t["resources"] is None]
+        assert [t["resourcePool"] for t in requeued] == ["gpu"], requeued
+        trials = (await api.get(f"/api/v1/experiments/{experiment['id']}/trials")).json()["trials"]
+        assert [t["restarts"] for t in trials] == [0, 0]
+    finally:
+        app.state.settings = settings
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"resourcePool": "nowhere"}, "updates[0].resourcePool: pool 'nowhere' does not exist"),
+        ({"weight": 0}, "updates[0].weight: 0.0 must be greater than 0"),
+        ({"aheadOf": "x"}, "updates[0]: aheadOf and behindOf are not supported"),
+        ({}, "nothing to change"),
+        ({"priority": 5, "resourcePool": "nowhere"}, "pool 'nowhere' does not exist"),
+    ],
+)
+async def test_a_refused_job_update_changes_nothing(
+    api: httpx.AsyncClient, app: FastAPI, change: dict[str, Any], problem: str
+) -> None:
+    experiment = (await submit(api, config(1)))["experiment"]
+    update = {"updates": [{"jobId": experiment["jobId"], **change}]}
+    reply = await api.post("/api/v1/job-queues", json=update)
+    assert reply.status_code == 400, reply.text
+    assert problem in reply.json()["message"], reply.text
+    stored = (await api.get(f"/api/v1/experiments/{experiment['id']}")).json()["experiment"]
+    assert stored["resourcePool"] == "default"
+    assert stored["config"]["resources"]["priority"] == 42
+    assert stored["config"]["resources"].get("weight", 1) == 1

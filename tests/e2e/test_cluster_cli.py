@@ -314,6 +314,17 @@ def test_placement_reasons_drain_priority_and_release(cluster: Cluster) -> None:
     refused = master.det("job", "update", job["jobId"], "--priority", "100")
     assert refused.returncode == 1 and refused.stdout == "", describe_run(refused)
     assert lines(refused.stderr) == ["Error: priority: 100 is not between 1 and 99"]
+    # Its weight, and a pool that does not exist (nothing changes).
+    updated = ok(master.det("job", "update", job["jobId"], "--weight", "2"))
+    assert lines(updated.stdout) == [f"Updated job {job['jobId']}: weight 2"]
+    refused = master.det("job", "update", job["jobId"], "--resource-pool", "nowhere")
+    assert refused.returncode == 1, describe_run(refused)
+    assert lines(refused.stderr)[0].startswith(
+        "Error: updates[0].resourcePool: pool 'nowhere' does not exist; pools: default"
+    ), describe_run(refused)
+    assert (cluster.must(8)["priority"], cluster.must(8)["resourcePool"]) == (10, "default")
+    stored = master.api("GET", f"/api/v1/experiments/{cluster.experiments[8]}")["experiment"]
+    assert stored["config"]["resources"]["weight"] == 2, stored["config"]["resources"]
 
     # 5. The 2-slot trial exits: both agents are idle and the gang takes them whole.
     cluster.release(two["allocationId"])

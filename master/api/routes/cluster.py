@@ -205,17 +205,37 @@ async def list_jobs_v2(
 
 @router.post("/job-queues")
 async def update_job_queue(
-    body: cluster.UpdateJobQueueRequest, session: SessionDep, user: CurrentUser
+    request: Request, body: cluster.UpdateJobQueueRequest, session: SessionDep, user: CurrentUser
 ) -> dict[str, Any]:
-    for update in body.updates:
-        if update.ahead_of or update.behind_of or update.resource_pool or update.weight:
+    """Determined's UpdateJobQueue: each update sets a job's priority, weight or resource
+    pool (any of them); a refused one changes nothing, since the request is one transaction."""
+    settings = request.app.state.settings
+    for index, update in enumerate(body.updates):
+        where = f"updates[{index}]"
+        if update.ahead_of or update.behind_of:
             raise InvalidArgument(
-                "updates: only priority can be changed (queue position, weight and pool cannot)"
+                f"{where}: aheadOf and behindOf are not supported; order jobs by priority"
             )
-        if update.priority is None:
-            raise InvalidArgument(f"updates: job {update.job_id}: priority is required")
+        if update.priority is None and update.weight is None and update.resource_pool is None:
+            raise InvalidArgument(f"{where}: job {update.job_id}: nothing to change")
+        if update.weight is not None and not update.weight > 0:
+            raise InvalidArgument(f"{where}.weight: {update.weight} must be greater than 0")
         await access.require_job_owner(
-            session, Actor.of(user), update.job_id, "change its priority"
+            session, Actor.of(user), update.job_id, "change its place in the queue"
         )
-        await experiments.set_job_priority(session, update.job_id, update.priority, user.username)
+        if update.priority is not None:
+            await experiments.set_job_priority(
+                session, update.job_id, update.priority, user.username
+            )
+        if update.weight is not None:
+            await experiments.set_job_weight(session, update.job_id, update.weight, user.username)
+        if update.resource_pool is not None:
+            await experiments.set_job_resource_pool(
+                session,
+                update.job_id,
+                update.resource_pool,
+                settings,
+                user.username,
+                f"{where}.resourcePool",
+            )
     return {}
