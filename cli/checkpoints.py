@@ -12,6 +12,7 @@ from urllib.parse import quote
 
 import typer
 
+from cli.client import MasterClient
 from cli.errors import CliError
 from cli.output import (
     CsvOpt,
@@ -236,38 +237,101 @@ def download(
 ) -> None:
     """Download a checkpoint's files through the master, from whatever storage holds them
     (no credentials needed here), with a progress bar."""
+    with cli_errors():
+        _download(client(ctx), uuid, output_dir, quiet)
+
+
+# Checkpoints whose files can still be downloaded (Determined's rule for `det trial download`).
+_DOWNLOADABLE = ("STATE_COMPLETED", "STATE_PARTIALLY_DELETED", "COMPLETED", "PARTIALLY_DELETED")
+
+
+def download_from_trial(
+    ctx: typer.Context,
+    trial_id: int = typer.Argument(..., help="Trial ID."),
+    best: bool = typer.Option(False, "--best", help="The checkpoint with the best metric."),
+    latest: bool = typer.Option(False, "--latest", help="The most recent checkpoint."),
+    uuid: str | None = typer.Option(None, "--uuid", help="A checkpoint of the trial by UUID."),
+    output_dir: Path | None = typer.Option(
+        None, "--output-dir", "-o", help="Where to put its files (default checkpoints/UUID)."
+    ),
+    sort_by: str | None = typer.Option(
+        None, "--sort-by", help="With --best: the validation metric to rank by."
+    ),
+    smaller_is_better: str | None = typer.Option(
+        None, "--smaller-is-better", help="With --sort-by: true or false."
+    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the directory."),
+) -> None:
+    """Download one of a trial's checkpoints: its best (by the searcher's metric, or
+    --sort-by), its latest, or one by --uuid (Determined's `det trial download`)."""
+    with cli_errors():
+        if [best, latest, uuid is not None].count(True) != 1:
+            raise CliError("give exactly one of --best, --latest or --uuid")
+        if sort_by is not None and not best:
+            raise CliError("--sort-by and --smaller-is-better go with --best")
+        if (sort_by is None) != (smaller_is_better is None):
+            raise CliError("--sort-by and --smaller-is-better go together")
+        api = client(ctx)
+        if uuid is not None:
+            _download(api, uuid, output_dir, quiet)
+            return
+        params: dict[str, str] = {}
+        if latest:
+            params = {"sortByAttr": "SORT_BY_BATCH_NUMBER", "orderBy": "ORDER_BY_DESC"}
+        elif sort_by is not None:
+            smaller = _bool(str(smaller_is_better), "--smaller-is-better")
+            params = {
+                "sortByMetric": sort_by,
+                "orderBy": "ORDER_BY_ASC" if smaller else "ORDER_BY_DESC",
+            }
+        else:  # best first by the experiment's searcher metric
+            params = {"sortByAttr": "SORT_BY_SEARCHER_METRIC"}
+        listed = api.get(f"/api/v1/trials/{trial_id}/checkpoints", params=params)
+        found = [c for c in listed.get("checkpoints") or [] if c.get("state") in _DOWNLOADABLE]
+        if not found:
+            raise CliError(f"trial {trial_id} has no checkpoint that can be downloaded")
+        _download(api, found[0]["uuid"], output_dir, quiet)
+
+
+def _bool(text: str, option: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise CliError(f"{option}: {text!r} is neither true nor false")
+
+
+def _download(api: MasterClient, uuid: str, output_dir: Path | None, quiet: bool) -> None:
     # Here, not at the top: rich.progress cost every command's start 0.05-0.1 s.
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-    with cli_errors():
-        api = client(ctx)
-        path = f"/api/v1/checkpoints/{quote(uuid, safe='')}"
-        checkpoint = api.get(path)["checkpoint"]
-        total = sum(
-            int(v) for k, v in (checkpoint.get("resources") or {}).items() if not k.endswith("/")
-        )
-        target = output_dir or Path("checkpoints") / checkpoint["uuid"]
-        target.mkdir(parents=True, exist_ok=True)
-        columns = [
-            TextColumn("{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-        ]
-        with (
-            api.stream_body(path, accept="application/gzip") as reply,
-            Progress(*columns, disable=quiet, transient=False) as progress,
-        ):
-            task = progress.add_task(checkpoint["uuid"][:8], total=total)
-            reader = io.BufferedReader(_ChunkReader(reply.iter_bytes()))
-            try:
-                with tarfile.open(fileobj=reader, mode="r|gz") as tar:
-                    for member in tar:
-                        tar.extract(member, target, filter="data")
-                        progress.advance(task, member.size)
-            except (tarfile.TarError, OSError, EOFError) as exc:
-                raise CliError(f"checkpoint {uuid}: the download broke off: {exc}") from None
-        if quiet:
-            print(target)
-        else:
-            print(f"Local checkpoint path: {target}")
+    path = f"/api/v1/checkpoints/{quote(uuid, safe='')}"
+    checkpoint = api.get(path)["checkpoint"]
+    total = sum(
+        int(v) for k, v in (checkpoint.get("resources") or {}).items() if not k.endswith("/")
+    )
+    target = output_dir or Path("checkpoints") / checkpoint["uuid"]
+    target.mkdir(parents=True, exist_ok=True)
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+    ]
+    with (
+        api.stream_body(path, accept="application/gzip") as reply,
+        Progress(*columns, disable=quiet, transient=False) as progress,
+    ):
+        task = progress.add_task(checkpoint["uuid"][:8], total=total)
+        reader = io.BufferedReader(_ChunkReader(reply.iter_bytes()))
+        try:
+            with tarfile.open(fileobj=reader, mode="r|gz") as tar:
+                for member in tar:
+                    tar.extract(member, target, filter="data")
+                    progress.advance(task, member.size)
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            raise CliError(f"checkpoint {uuid}: the download broke off: {exc}") from None
+    if quiet:
+        print(target)
+    else:
+        print(f"Local checkpoint path: {target}")

@@ -38,10 +38,11 @@ def _experiments() -> typer.Typer:
 
 @functools.cache
 def _trials() -> typer.Typer:
-    from cli import logs, trials
+    from cli import checkpoints, logs, trials
 
     logs.trial_app.command("describe")(trials.describe)
     logs.trial_app.command("kill")(trials.kill)
+    logs.trial_app.command("download")(checkpoints.download_from_trial)
     return logs.trial_app
 
 

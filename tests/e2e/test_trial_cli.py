@@ -445,6 +445,31 @@ def test_checkpoint_list_shows_steps_uuid_metric_and_files(reported: Reported) -
     assert json.loads(same.stdout) == listed
 
 
+def test_trial_download_takes_its_best_its_latest_or_one_by_uuid(
+    reported: Reported, tmp_path: Path
+) -> None:
+    """Determined's `det trial download`: validation loss is the searcher's metric (smaller
+    is better), so the best is the latest here; ranking by loss the other way picks the
+    first checkpoint."""
+    master, trial = reported.master, str(reported.trial["id"])
+
+    def weights(*args: str) -> str:
+        target = tmp_path / "-".join(a.strip("-") for a in args)
+        result = ok(master.det("trial", "download", trial, *args, "-o", str(target), "-q"))
+        assert lines(result.stdout) == [str(target)], describe_run(result)
+        return (target / "model.bin").read_text()
+
+    assert weights("--latest") == "weights at 20\n"
+    assert weights("--best") == "weights at 20\n"
+    assert weights("--best", "--sort-by", "loss", "--smaller-is-better", "false") == (
+        "weights at 10\n"
+    )
+    assert weights("--uuid", reported.checkpoints[10]) == "weights at 10\n"
+    refused = master.det("trial", "download", trial, "--best", "--latest")
+    assert refused.returncode == 1, describe_run(refused)
+    assert lines(refused.stderr) == ["Error: give exactly one of --best, --latest or --uuid"]
+
+
 @pytest.mark.parametrize("columns", [80, 150])
 def test_checkpoint_list_on_a_narrow_terminal_keeps_uuids_and_states_whole(
     reported: Reported, columns: int
