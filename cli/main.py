@@ -120,6 +120,8 @@ _VALUE_OPTIONS = ("-m", "--master", "-u", "--user")
 def _named_group(argv: list[str]) -> str | None:
     words = iter(argv)
     for word in words:
+        if word in ("-h", "--help"):
+            return None  # `det -h e`: the help of `det` itself, which lists every group
         if word in _VALUE_OPTIONS:
             next(words, None)
         elif not word.startswith("-"):

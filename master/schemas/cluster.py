@@ -6,6 +6,8 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from pydantic import Field
+
 from master.db.models import AgentMetricModel, AllocationState, SlotModel
 from master.schemas.common import Pagination, WireInput
 from master.services.agents import AgentView
@@ -308,7 +310,7 @@ class DisableAgentRequest(WireInput):
 class QueueControl(WireInput):
     job_id: str
     priority: int | None = None
-    weight: float | None = None
+    weight: float | None = Field(default=None, allow_inf_nan=False)
     resource_pool: str | None = None
     ahead_of: str | None = None
     behind_of: str | None = None

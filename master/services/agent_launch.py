@@ -13,6 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.core import launch, mounts, task_config
+from master.core.errors import ConfigError
 from master.core.interfaces import InterfaceChoice, choose_interface
 from master.db.models import (
     AgentModel,
@@ -231,7 +232,13 @@ class LaunchAssembler:
         token, allocation.task_session_id = await auth_service.issue_interactive_token(
             session, owner.id, TASK_TOKEN_TTL, f"{task.type.lower()} {task.uuid}"
         )
-        config = task_config.validate_task_config(task.config, task.type)
+        try:
+            config = task_config.validate_task_config(task.config, task.type)
+            shm_size_bytes = mounts.shm_bytes(config.resources.shm_size)
+        except (ConfigError, ValueError) as exc:
+            # A task queued before this master checked what it now applies (its mounts
+            # and /dev/shm): it ends, saying why, rather than failing the hub's tick.
+            raise launch.LaunchError(f"config: {exc}") from None
         device_type = await gang_device_type(session, members)
         info = launch.TaskInfo(
             task_id=task.uuid,
@@ -281,9 +288,7 @@ class LaunchAssembler:
                 stop_grace_s=self.settings.agent_link.stop_grace_s,
                 layout=pb.LAUNCH_LAYOUT_PER_SLOT,
                 bind_mounts=_bind_mounts(task.config),
-                shm_size_bytes=mounts.shm_bytes(
-                    (task.config.get("resources") or {}).get("shm_size")
-                ),
+                shm_size_bytes=shm_size_bytes,
             )
         )
         return agent_launch.agent_id, message

@@ -918,9 +918,13 @@ class AgentHub:
         if allocation is None:
             return  # stopped meanwhile: the next tick releases it
         if allocation.task_id is not None:
-            agent_id, message = await self.launches.task_start(
-                session, allocation, gang.members, master_port
-            )
+            try:
+                agent_id, message = await self.launches.task_start(
+                    session, allocation, gang.members, master_port
+                )
+            except launch.LaunchError as exc:
+                await self._fail_gang(session, gang.allocation_id, ReleaseOutcome.FAILED, str(exc))
+                return
             messages = [(agent_id, message)]
         else:
             try:

@@ -45,6 +45,7 @@ from master.db.models import (
 )
 from master.errors import Conflict, InvalidArgument, NotFound
 from master.services import (
+    access,
     allocations,
     bind_mounts,
     checkpoint_gc,
@@ -803,6 +804,56 @@ async def set_job_priority(
     _set_priority(experiment, priority)
     log.info("job %s (experiment %s) priority -> %s by %s", job_id, experiment.id, priority, actor)
     return experiment
+
+
+@dataclass(frozen=True)
+class JobUpdate:
+    """One of Determined's QueueControl entries, as the wire gave it."""
+
+    job_id: str
+    priority: int | None = None
+    weight: float | None = None
+    resource_pool: str | None = None
+    reorders: bool = False  # aheadOf or behindOf
+
+
+async def update_jobs(
+    session: AsyncSession,
+    actor: access.Actor,
+    updates: Sequence[JobUpdate],
+    settings: MasterSettings,
+) -> None:
+    """`det job update`: each update's priority, weight and pool, checked before it is
+    applied; the caller's transaction makes a refused request change nothing."""
+    for index, change in enumerate(updates):
+        where = f"updates[{index}]"
+        if change.reorders:
+            raise InvalidArgument(
+                f"{where}: aheadOf and behindOf are not supported; order jobs by priority"
+            )
+        if change.priority is None and change.weight is None and change.resource_pool is None:
+            raise InvalidArgument(f"{where}: job {change.job_id}: nothing to change")
+        if change.weight is not None and not change.weight > 0:
+            raise InvalidArgument(f"{where}.weight: {change.weight} must be greater than 0")
+        # Before any experiment's row, in the order kill and pause take them (the weight's
+        # change locks the row): else the two could deadlock on Postgres.
+        await allocations.hold_scheduler(session)
+        await access.require_job_owner(
+            session, actor, change.job_id, "change its place in the queue"
+        )
+        if change.priority is not None:
+            await set_job_priority(session, change.job_id, change.priority, actor.username)
+        if change.weight is not None:
+            await set_job_weight(session, change.job_id, change.weight, actor.username)
+        if change.resource_pool is not None:
+            await set_job_resource_pool(
+                session,
+                change.job_id,
+                change.resource_pool,
+                settings,
+                actor.username,
+                f"{where}.resourcePool",
+            )
 
 
 async def set_job_weight(session: AsyncSession, job_id: str, weight: float, actor: str) -> None:

@@ -10,9 +10,10 @@ Counted from the trial's end, so running trials keep all of theirs.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, exists, select
+from sqlalchemy import delete, exists, select, true
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from master.db.models import ExperimentModel, TaskLogModel, TrialModel, utcnow
@@ -54,9 +55,13 @@ async def set_experiment_retention(
 
 
 async def expired_trials(
-    session: AsyncSession, default_days: int | None, now: datetime | None = None
+    session: AsyncSession,
+    default_days: int | None,
+    now: datetime | None = None,
+    among: Sequence[int] | None = None,
 ) -> list[int]:
-    """The ended trials that still have logs and whose retention is over."""
+    """The ended trials that still have logs and whose retention is over (`among`: of
+    these trials only)."""
     now = now or utcnow()
     days_column = ExperimentModel.config["retention_policy"]["log_retention_days"].as_integer()
     # Only trials that still have logs: those already cleared cost nothing on later passes.
@@ -67,6 +72,7 @@ async def expired_trials(
             .where(
                 TrialModel.end_time.is_not(None),
                 exists().where(TaskLogModel.trial_id == TrialModel.id),
+                TrialModel.id.in_(among) if among is not None else true(),
             )
         )
     ).all()
@@ -92,13 +98,19 @@ async def delete_expired_logs(
     for all of it. Returns how many trials lost their logs."""
     async with session_scope(factory) as session:
         expired = await expired_trials(session, default_days, now)
+    deleted = 0
     for start in range(0, len(expired), trials_per_transaction):
-        chunk = expired[start : start + trials_per_transaction]
         async with session_scope(factory) as session:
+            # Asked again in the deleting transaction: a trial continued meanwhile (running
+            # again) or an experiment whose retention was lengthened keeps its logs.
+            chunk = await expired_trials(
+                session, default_days, now, expired[start : start + trials_per_transaction]
+            )
             await session.execute(delete(TaskLogModel).where(TaskLogModel.trial_id.in_(chunk)))
-    if expired:
-        log.info("log retention: deleted the task logs of %d trials", len(expired))
-    return len(expired)
+            deleted += len(chunk)
+    if deleted:
+        log.info("log retention: deleted the task logs of %d trials", deleted)
+    return deleted
 
 
 class LogRetentionLoop(Loop):

@@ -28,6 +28,7 @@ from typing import Any, cast
 import httpx
 import re2
 from sqlalchemy import Table, bindparam, delete, func, select, update
+from sqlalchemy import event as orm_events
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -278,13 +279,24 @@ class _Triggers:
 
 # Per database: the triggers, reloaded every few seconds (by the leader's shipper on each
 # look, and by log batches), so that neither a log batch nor a state change queries them.
-# Creating or deleting a webhook here forgets them; not knowing them means "write the event".
+# Creating or deleting a webhook forgets them, in its transaction and again once it has
+# committed; a load stores what it read only if nothing was forgotten meanwhile, so a load
+# that raced the commit cannot keep the old triggers. Not knowing them means "write".
 _TRIGGERS: weakref.WeakKeyDictionary[Engine, _Triggers] = weakref.WeakKeyDictionary()
+_FORGOTTEN: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
 _TRIGGERS_TTL_S = 2.0
+_WARNED_REGEXES: set[int] = set()
+
+
+def _forget(engine: Engine) -> None:
+    _TRIGGERS.pop(engine, None)
+    _FORGOTTEN[engine] = _FORGOTTEN.get(engine, 0) + 1
 
 
 def forget_triggers(session: AsyncSession) -> None:
-    _TRIGGERS.pop(session.get_bind().engine, None)
+    engine = session.get_bind().engine
+    _forget(engine)
+    orm_events.listen(session.sync_session, "after_commit", lambda _: _forget(engine), once=True)
 
 
 def _known_triggers(session: AsyncSession) -> _Triggers | None:
@@ -298,6 +310,8 @@ async def _triggers(session: AsyncSession) -> _Triggers:
     cached = _known_triggers(session)
     if cached is not None:
         return cached
+    engine = session.get_bind().engine
+    generation = _FORGOTTEN.get(engine, 0)
     rows = (
         await session.execute(
             select(
@@ -316,10 +330,19 @@ async def _triggers(session: AsyncSession) -> _Triggers:
             continue
         try:
             patterns.append((trigger_id, core.log_pattern(str(condition.get("regex", "")))))
-        except re2.error:  # checked at creation; a row edited by hand is skipped
-            log.warning("webhook trigger %d: its regex does not compile; skipped", trigger_id)
+        except re2.error:
+            # Checked at creation; one stored before the master matched with RE2 (a
+            # look-around, a back-reference) never fires: said once, not at every reload.
+            if trigger_id not in _WARNED_REGEXES:
+                _WARNED_REGEXES.add(trigger_id)
+                log.warning(
+                    "webhook trigger %d: its regex is not RE2 (Determined's syntax) and never "
+                    "fires; delete the webhook and make it again with an RE2 regex",
+                    trigger_id,
+                )
     loaded = _Triggers(patterns, frozenset(states), time.monotonic())
-    _TRIGGERS[session.get_bind().engine] = loaded
+    if _FORGOTTEN.get(engine, 0) == generation:
+        _TRIGGERS[engine] = loaded
     return loaded
 
 

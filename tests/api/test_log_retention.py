@@ -5,6 +5,7 @@ logs of trials whose retention is over (and only those), and bad input changes n
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import httpx
 import pytest
@@ -13,6 +14,7 @@ from sqlalchemy import update
 
 from master.db.models import TrialModel, utcnow
 from master.db.session import session_scope
+from master.services import log_retention
 from master.services.log_retention import LogRetentionLoop, delete_expired_logs
 from tests.api.test_access import alice, refusal  # noqa: F401 - alice is a fixture
 from tests.api.test_logs import Trial, append, line, messages, read, start_experiment
@@ -86,6 +88,30 @@ async def test_the_masters_default_applies_where_the_experiment_sets_none(
     assert all([await lines_of(api, t) for t in trials])
     await LogRetentionLoop(app.state.session_factory, 3, interval=3600).run_once()
     assert not any([await lines_of(api, t) for t in trials])
+
+
+async def test_a_trial_that_runs_again_during_the_pass_keeps_its_logs(
+    api: httpx.AsyncClient, app: FastAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pass deletes a few trials per transaction, asking again in each: a trial that
+    `det e continue` started again after the pass listed it keeps its (new) logs."""
+    trials = await logged_experiment(api, app)
+    await ended_days_ago(app, [t.id for t in trials], 10)
+    listing = log_retention.expired_trials
+
+    async def list_then_continue(*args: Any, **kwargs: Any) -> list[int]:
+        found = await listing(*args, **kwargs)
+        if kwargs.get("among", args[3] if len(args) > 3 else None) is None:
+            async with session_scope(app.state.session_factory) as session:
+                await session.execute(  # as continuation.py starts a trial again
+                    update(TrialModel).where(TrialModel.id == trials[0].id).values(end_time=None)
+                )
+        return found
+
+    monkeypatch.setattr(log_retention, "expired_trials", list_then_continue)
+    assert await retention_pass(app, default_days=1) == 2
+    assert len(await lines_of(api, trials[0])) == 2
+    assert await lines_of(api, trials[1]) == [] and await lines_of(api, trials[2]) == []
 
 
 async def test_a_running_trial_keeps_its_logs(api: httpx.AsyncClient, app: FastAPI) -> None:

@@ -7,6 +7,7 @@ protocol calls; passes run through master.services.scheduler.run_pass, what the 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import httpx
@@ -797,6 +798,7 @@ async def test_a_job_moved_to_another_pool_waits_and_runs_there(
     [
         ({"resourcePool": "nowhere"}, "updates[0].resourcePool: pool 'nowhere' does not exist"),
         ({"weight": 0}, "updates[0].weight: 0.0 must be greater than 0"),
+        ({"weight": float("inf")}, "updates.0.weight: Input should be a finite number"),
         ({"aheadOf": "x"}, "updates[0]: aheadOf and behindOf are not supported"),
         ({}, "nothing to change"),
         ({"priority": 5, "resourcePool": "nowhere"}, "pool 'nowhere' does not exist"),
@@ -807,7 +809,12 @@ async def test_a_refused_job_update_changes_nothing(
 ) -> None:
     experiment = (await submit(api, config(1)))["experiment"]
     update = {"updates": [{"jobId": experiment["jobId"], **change}]}
-    reply = await api.post("/api/v1/job-queues", json=update)
+    # json.dumps, not httpx's json=: a client may send Infinity, which httpx refuses to.
+    reply = await api.post(
+        "/api/v1/job-queues",
+        content=json.dumps(update),
+        headers={"Content-Type": "application/json"},
+    )
     assert reply.status_code == 400, reply.text
     assert problem in reply.json()["message"], reply.text
     stored = (await api.get(f"/api/v1/experiments/{experiment['id']}")).json()["experiment"]

@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 from harness.webhook_receiver import Delivery, Receiver
 from master.db.models import WebhookEventModel, WebhookOutboxModel
 from master.db.session import session_scope
-from master.services import webhooks
+from master.services import access, webhooks
 from master.settings import MasterSettings
 from tests.api.test_access import alice, refusal  # noqa: F401 - alice is a fixture
 from tests.api.test_logs import append, line, start_experiment
@@ -655,3 +655,33 @@ async def test_events_aged_out_behind_a_failing_endpoint_are_dropped_with_a_warn
         w.startswith(f"3 webhook events to {receiver.url} dropped: still undelivered after")
         for w in warnings
     ), warnings
+
+
+async def test_a_trigger_load_racing_a_webhooks_creation_does_not_hide_it(
+    app: FastAPI, admin: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load of the triggers (the shipper's, a log batch's) that reads while a new
+    webhook's transaction is still open must not be kept once it commits: else, for the
+    cache's lifetime, the state it names would be skipped as if nobody listened."""
+    monkeypatch.setattr(webhooks, "_TRIGGERS_TTL_S", 600.0)
+    factory = app.state.session_factory
+    async with session_scope(factory) as creating:
+        await webhooks.create_webhook(
+            creating,
+            access.Actor(user_id=1, username="admin", admin=True),
+            name="late",
+            url="http://127.0.0.1:9/hook",
+            webhook_type="WEBHOOK_TYPE_DEFAULT",
+            mode="WEBHOOK_MODE_WORKSPACE",
+            workspace_id=0,
+            triggers=[on_state("COMPLETED")],
+        )
+        if app.state.settings.db.url.startswith("sqlite"):
+            stale = None  # SQLite's one writer: the other session would wait for this one
+        else:
+            async with session_scope(factory) as racing:
+                stale = await webhooks._triggers(racing)
+            assert "COMPLETED" not in stale.states  # it read before the commit
+    async with session_scope(factory) as after:
+        assert webhooks._known_triggers(after) is None  # forgotten once it committed
+        assert "COMPLETED" in (await webhooks._triggers(after)).states

@@ -4,8 +4,10 @@ no master package dependencies, and `det` needs only the master's pure modules."
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -65,3 +67,19 @@ def test_det_imports_only_the_group_its_command_line_names() -> None:
     loaded = set(result.stdout.split())
     assert "cli.experiments" in loaded
     assert not loaded & {"cli.models", "cli.users", "cli.webhooks", "cli.tasks", "cli.tokens"}
+
+
+def test_det_help_before_a_group_is_the_help_of_det_itself() -> None:
+    """`det -h e` prints det's own help, which lists every group, not only `experiment`."""
+    det = Path(sys.executable).parent / "det"
+    result = subprocess.run(
+        [str(det), "-h", "e"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "COLUMNS": "120", "NO_COLOR": "1"},
+    )
+    assert result.returncode == 0, result.stderr
+    for group in ("experiment", "workspace", "model", "webhook", "token"):
+        assert f" {group} " in result.stdout, result.stdout

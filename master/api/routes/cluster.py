@@ -209,33 +209,11 @@ async def update_job_queue(
 ) -> dict[str, Any]:
     """Determined's UpdateJobQueue: each update sets a job's priority, weight or resource
     pool (any of them); a refused one changes nothing, since the request is one transaction."""
-    settings = request.app.state.settings
-    for index, update in enumerate(body.updates):
-        where = f"updates[{index}]"
-        if update.ahead_of or update.behind_of:
-            raise InvalidArgument(
-                f"{where}: aheadOf and behindOf are not supported; order jobs by priority"
-            )
-        if update.priority is None and update.weight is None and update.resource_pool is None:
-            raise InvalidArgument(f"{where}: job {update.job_id}: nothing to change")
-        if update.weight is not None and not update.weight > 0:
-            raise InvalidArgument(f"{where}.weight: {update.weight} must be greater than 0")
-        await access.require_job_owner(
-            session, Actor.of(user), update.job_id, "change its place in the queue"
+    updates = [
+        experiments.JobUpdate(
+            u.job_id, u.priority, u.weight, u.resource_pool, bool(u.ahead_of or u.behind_of)
         )
-        if update.priority is not None:
-            await experiments.set_job_priority(
-                session, update.job_id, update.priority, user.username
-            )
-        if update.weight is not None:
-            await experiments.set_job_weight(session, update.job_id, update.weight, user.username)
-        if update.resource_pool is not None:
-            await experiments.set_job_resource_pool(
-                session,
-                update.job_id,
-                update.resource_pool,
-                settings,
-                user.username,
-                f"{where}.resourcePool",
-            )
+        for u in body.updates
+    ]
+    await experiments.update_jobs(session, Actor.of(user), updates, request.app.state.settings)
     return {}
