@@ -445,3 +445,14 @@ def test_official_client_lists_tasks_agents_and_slots(cluster: Cluster) -> None:
         assert slot["allocation_id"] == expected, slot
         if expected != "FREE":
             assert slot["task_name"] == tasks[expected]["name"], slot
+
+    # Determined's `det job update` sends UpdateJobQueue; a pool that does not exist is
+    # refused with the reason, and the weight is the experiment's resources.weight.
+    path = f"/api/v1/experiments/{cluster.experiments[8]}"
+    job_id = master.api("GET", path)["experiment"]["jobId"]
+    run("job", "update", job_id, "--weight", "3")
+    resources = master.api("GET", path)["experiment"]["config"]["resources"]
+    assert resources["weight"] == 3, resources
+    refused = master.official("job", "update", job_id, "--resource-pool", "nowhere")
+    assert refused.returncode != 0, describe_run(refused)
+    assert "pool 'nowhere' does not exist" in refused.stderr, describe_run(refused)
