@@ -9,15 +9,16 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from harness.webhook_receiver import Delivery, Receiver
-from master.db.models import WebhookEventModel, WebhookOutboxModel
+from master.db.models import WebhookEventModel, WebhookOutboxModel, utcnow
 from master.db.session import session_scope
 from master.services import access, webhooks
 from master.settings import MasterSettings
@@ -641,11 +642,15 @@ async def test_events_aged_out_behind_a_failing_endpoint_are_dropped_with_a_warn
     for _ in range(2):
         await pause(api, experiment_id)
         await activate(api, experiment_id)
-    shipper = shipper_for(app, max_age_s=0.5)
+    shipper = shipper_for(app, max_age_s=60)
     async with session_scope(app.state.session_factory) as session:
         await webhooks.expand_outbox(session, "")
     assert await queued(app) == 4
-    await asyncio.sleep(0.6)  # the events' age passes max_age_s: the span is the point
+    async with session_scope(app.state.session_factory) as session:
+        # Made two minutes ago: older than max_age_s, without waiting for it to pass.
+        await session.execute(
+            update(WebhookEventModel).values(created_at=utcnow() - timedelta(minutes=2))
+        )
     with caplog.at_level(logging.WARNING, logger="master.services.webhooks"):
         await shipper.deliver_due()
     await shipper.stop()
