@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from agent import credential
+from agent import credential, ports
 from agent.fence import FenceProcess
 from agent.runner import Runner
 from agent.sampler import SystemSampler
@@ -61,6 +61,9 @@ class Agent:
         self.fence = FenceProcess()
         self.runner = Runner(
             settings.id, settings.work_dir, devices, self._emit, self._log, self.fence
+        )
+        self.runner.port_pool = ports.candidates(
+            ports.parse_port_range(settings.port_range), ports.ephemeral_range()
         )
         self._outbox: asyncio.Queue[pb.AgentMessage | None] | None = None
         self._logs: deque[pb.LogEntry] = deque(maxlen=MAX_QUEUED_LOG_LINES)

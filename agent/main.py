@@ -16,7 +16,7 @@ from typing import Any
 import typer
 from pydantic import ValidationError
 
-from agent import bootstrap
+from agent import bootstrap, ports
 from agent.devices import detect_devices
 from agent.gpu import open_nvml
 from agent.link import Agent, Refused
@@ -104,6 +104,12 @@ def run(
         help="START-END: run each allocation's ranks as a uid of their own from this range "
         "(DET_AGENT_RANK_UID_RANGE).",
     ),
+    port_range: str | None = typer.Option(
+        None,
+        "--port-range",
+        help="START-END: ports for a trial's rendezvous, outside the kernel's ephemeral "
+        "range (DET_AGENT_PORT_RANGE).",
+    ),
     master_cert_file: Path | None = typer.Option(
         None,
         "--master-cert",
@@ -129,6 +135,7 @@ def run(
         "rank_user": rank_user,
         "rank_group": rank_group,
         "rank_uid_range": rank_uid_range,
+        "port_range": port_range,
         "master_cert_file": master_cert_file,
         "master_cert_name": master_cert_name,
     }
@@ -232,6 +239,11 @@ async def _serve(
     agent.runner.rank_user = rank
     agent.runner.rank_uids = uids
     agent.runner.withheld = (settings.join_token,)
+    warning = ports.overlap_warning(
+        ports.parse_port_range(settings.port_range), ports.ephemeral_range()
+    )
+    if warning:
+        log.warning("%s", warning)
     agent.runner.namespace_problem = await asyncio.to_thread(
         bootstrap.probe_namespaces, settings.work_dir
     )

@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import sys
 import tarfile
 import time
@@ -27,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import bootstrap, rank_user, storage_secrets
+from agent import bootstrap, ports, rank_user, storage_secrets
 from agent.fence import FenceProcess
 from agent.rank_user import RankUser, UidPool
 from resolute.storage import CLOUD_TYPES as CLOUD_STORAGE
@@ -113,6 +112,10 @@ class Runner:
         self.runs: dict[str, AllocationRun] = {}
         self.unacked: dict[str, pb.AllocationExited] = {}
         self.ports: dict[str, list[int]] = {}
+        # The ports prepare() picks from (agent/ports.py: port_range outside the ephemeral range).
+        self.port_pool: list[int] = ports.candidates(
+            ports.parse_port_range(ports.DEFAULT_PORT_RANGE), ports.ephemeral_range()
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self.all_acked = asyncio.Event()
         self.all_acked.set()
@@ -142,7 +145,8 @@ class Runner:
         same ones if asked twice)."""
         if len(self.ports.get(allocation_id, ())) < 1 + extra_ports:
             try:
-                self.ports[allocation_id] = _free_ports(1 + extra_ports)
+                taken = {port for held in self.ports.values() for port in held}
+                self.ports[allocation_id] = ports.pick_ports(1 + extra_ports, self.port_pool, taken)
             except OSError as exc:
                 return pb.AllocationPrepared(
                     allocation_id=allocation_id, error=f"no free port for the rendezvous: {exc}"
@@ -633,18 +637,6 @@ def _lay_out_determined(
         run_dir, dict(start.info_files), gpu_uuids, master_cert_file, master_cert_name
     )
     return None
-
-
-def _free_ports(count: int) -> list[int]:
-    """Distinct ports free now (all held open together, so none is handed out twice)."""
-    with contextlib.ExitStack() as stack:
-        sockets = [
-            stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            for _ in range(count)
-        ]
-        for sock in sockets:
-            sock.bind(("", 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
 
 
 def _unpack(archive: bytes, target: Path) -> None:

@@ -12,7 +12,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from agent import rank_user
+from agent import ports, rank_user
 from resolute._yaml_settings import YamlFileSource, absolute_path
 
 CONFIG_FILE_ENV = "DET_AGENT_CONFIG_FILE"
@@ -78,6 +78,15 @@ class AgentSettings(BaseSettings):
             "START-END (e.g. 61000-61999): instead of rank_user, run each allocation's ranks "
             "as a uid of their own from this range (its own group, no passwd entry needed), "
             "so trials cannot read each other's files, S3 keys or /proc; needs root."
+        ),
+    )
+    port_range: str = Field(
+        default=ports.DEFAULT_PORT_RANGE,
+        description=(
+            "START-END: the ports handed to a trial's chief (the rendezvous, Determined's "
+            "broadcast sockets). Ports of the kernel's ephemeral range "
+            "(net.ipv4.ip_local_port_range) are left out: an outgoing connection could take "
+            "one before the trial binds it."
         ),
     )
     credential_file: Path | None = Field(
@@ -168,6 +177,15 @@ class AgentSettings(BaseSettings):
             rank_user.parse_uid_range(value)
         except ValueError as exc:
             raise PydanticCustomError("uid_range", "{problem}", {"problem": str(exc)}) from None
+        return value.strip()
+
+    @field_validator("port_range")
+    @classmethod
+    def _port_range(cls, value: str) -> str:
+        try:
+            ports.parse_port_range(value)
+        except ValueError as exc:
+            raise PydanticCustomError("port_range", "{problem}", {"problem": str(exc)}) from None
         return value.strip()
 
     @model_validator(mode="after")

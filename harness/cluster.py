@@ -8,11 +8,11 @@ under a deadline sized for a loaded machine at half speed, never a fixed sleep.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import httpx
+
+from agent import ports
 
 BIN = Path(sys.executable).parent
 DET_MASTER_BIN = BIN / "det-master"
@@ -33,12 +35,24 @@ START_TIMEOUT_S = 60.0
 T = TypeVar("T")
 
 
+# Ports for test servers: below the kernel's ephemeral range (32768-60999 by default), so an
+# outgoing connection cannot take one between free_port() and the server's bind; each
+# xdist worker has its own slice, and a worker never hands out a port twice in a row.
+# Agents hand trials ports from 20000-32767 (agent/ports.py), so this stays below that.
+_TEST_PORTS = (10000, 19999)
+_SLICE = 2000
+_handed: collections.deque[int] = collections.deque(maxlen=_SLICE // 2)
+
+
 def free_port() -> int:
-    """A TCP port nothing listens on now (the kernel's choice on loopback)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port nothing holds now, from this test worker's slice of 10000-19999."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    count = (_TEST_PORTS[1] - _TEST_PORTS[0] + 1) // _SLICE
+    first = _TEST_PORTS[0] + (int(worker) % count if worker.isdigit() else 0) * _SLICE
+    pool = list(range(first, first + _SLICE))
+    [port] = ports.pick_ports(1, pool, taken=set(_handed))
+    _handed.append(port)
+    return port
 
 
 def wait_until(
