@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from harness.cluster import free_port
+
 
 @dataclass
 class Delivery:
@@ -53,7 +55,9 @@ class Receiver:
         self._lock = threading.Lock()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
-        self.port = 0
+        # Outside the ephemeral range (harness.cluster.free_port): while the receiver is
+        # down, an outgoing connection could otherwise take its port and up() would fail.
+        self.port = free_port()
         self.up()
 
     @property

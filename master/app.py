@@ -295,6 +295,12 @@ def create_app(settings: MasterSettings) -> FastAPI:
                 await lead()
             else:
                 campaign = asyncio.create_task(leadership.campaign(lead), name="campaign")
+        if settings.ha.enabled and not settings.webhooks.signing_key:
+            log.warning(
+                "ha.enabled without webhooks.signing_key: this master signs webhook "
+                "deliveries with the key in its own data dir, so after a takeover receivers "
+                "see another key; give every master the same webhooks.signing_key"
+            )
         if settings.host in ("0.0.0.0", "::") and not settings.external_url:
             log.warning(
                 "listening on all addresses but external_url is unset: ranks are told the "

@@ -9,6 +9,7 @@ Through both the rank runs on: one pid, no pause of a second.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -17,10 +18,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
 
-from harness.cluster import AgentProcess
+from harness.cluster import AgentProcess, wait_until
+from harness.webhook_receiver import Receiver
 from tests.conftest import PostgresServer
 from tests.e2e.agents import (
     TICK_SCRIPT,
@@ -32,6 +35,7 @@ from tests.e2e.agents import (
     write_experiment,
 )
 from tests.e2e.conftest import MasterProcess, run_our_det
+from tests.factories import EXPERIMENT_YAML, v1_file
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -42,6 +46,7 @@ LEASE_S = 2.0
 # one on anything slower (the lost-agent window is 10 s).
 TAKEOVER_S = LEASE_S + 3
 JOIN_TOKEN = "standby-test-token"
+SIGNING_KEY = "standby-webhook-key"
 
 
 def leading(master: MasterProcess) -> bool:
@@ -69,6 +74,10 @@ def masters(postgres: PostgresServer, tmp_path: Path) -> Iterator[list[MasterPro
         "DET_MASTER_HA__ENABLED": "true",
         "DET_MASTER_HA__LEASE_S": str(LEASE_S),
         "DET_MASTER_AGENT_LINK__JOIN_TOKEN": JOIN_TOKEN,
+        # Masters sharing a database sign deliveries with one key (else each its own).
+        "DET_MASTER_WEBHOOKS__SIGNING_KEY": SIGNING_KEY,
+        "DET_MASTER_WEBHOOKS__RETRY_INITIAL_S": "0.2",
+        "DET_MASTER_WEBHOOKS__RETRY_MAX_S": "0.5",
     }
     pair = [
         MasterProcess(tmp_path / f"data-{name}", db_url=url, label=name, env=env)
@@ -186,3 +195,79 @@ def _fail_over_twice(
     assert takeover_after_freeze_s < TAKEOVER_S, figures
     assert figures["rank_processes"] == 1, figures
     assert figures["longest_gap_in_rank_output_s"] < 1.0, figures
+
+
+def _queued_deliveries(db_url: str) -> int:
+    """Deliveries waiting in the cluster's database (looked at behind the masters' backs)."""
+
+    async def count() -> int:
+        conn = await asyncpg.connect(db_url, timeout=10)
+        try:
+            return int(await conn.fetchval("SELECT count(*) FROM webhook_events"))
+        finally:
+            await conn.close()
+
+    return asyncio.run(count())
+
+
+def test_a_standby_delivers_what_the_killed_leader_had_queued(
+    masters: list[MasterProcess],
+) -> None:
+    """Webhook deliveries are queued in the database: the leader dies with six undelivered
+    (its receiver was down), and the standby that takes over delivers each once, signed."""
+    one, two = masters
+    one.start()
+    one.wait_for("the first master to lead", lambda: leading(one), 60)
+    two.start()
+    receiver = Receiver()
+    try:
+        receiver.down()
+        with one.client(one.login("admin")) as admin:
+            made = admin.post(
+                "/api/v1/webhooks",
+                json={
+                    "name": "ops",
+                    "url": receiver.url,
+                    "webhookType": "WEBHOOK_TYPE_DEFAULT",
+                    "mode": "WEBHOOK_MODE_WORKSPACE",
+                    "triggers": [
+                        {
+                            "triggerType": "TRIGGER_TYPE_EXPERIMENT_STATE_CHANGE",
+                            "condition": {"state": state},
+                        }
+                        for state in ("PAUSED", "ACTIVE")
+                    ],
+                },
+            )
+            assert made.status_code == 200, made.text
+        experiment = one.api(
+            "POST",
+            "/api/v1/experiments",
+            json={
+                "activate": True,
+                "config": EXPERIMENT_YAML,
+                "modelDefinition": [v1_file("train.py")],
+            },
+        )["experiment"]
+        for _ in range(3):
+            one.api("POST", f"/api/v1/experiments/{experiment['id']}/pause")
+            one.api("POST", f"/api/v1/experiments/{experiment['id']}/activate")
+        wait_until("6 queued deliveries", lambda: _queued_deliveries(one.db_url) >= 6, 30)
+        one.kill()
+
+        receiver.up()
+        two.wait_for("the standby to lead", lambda: leading(two), TAKEOVER_S + 30, 0.05)
+        wait_until(
+            "6 deliveries from the new leader",
+            lambda: len(receiver.received()) >= 6,
+            30,
+            diagnostics=two.output,
+        )
+        wait_until("an empty queue", lambda: _queued_deliveries(two.db_url) == 0, 20)
+        deliveries = receiver.received()
+        assert len({d.event_id for d in deliveries}) == len(deliveries) == 6
+        assert all(d.signed_with(SIGNING_KEY.encode()) for d in deliveries)
+        states = sorted(d.json["condition"]["state"] for d in deliveries)
+        assert states == ["ACTIVE"] * 3 + ["PAUSED"] * 3
+    finally:
+        receiver.close()

@@ -470,6 +470,27 @@ def test_trial_download_takes_its_best_its_latest_or_one_by_uuid(
     assert lines(refused.stderr) == ["Error: give exactly one of --best, --latest or --uuid"]
 
 
+def test_the_official_clients_trial_download(reported: Reported, tmp_path: Path) -> None:
+    """Determined 0.38.1's `det trial download` against us. It asks for the trial's
+    checkpoints in the order its flags name (`--latest`: sortByAttr=BATCH_NUMBER,
+    orderBy=DESC; `--best --sort-by M`: sortByMetric=M, ASC when smaller is better) and then
+    takes the list's last element, so it downloads the oldest, or the worst. We serve the
+    order it asks for, so it gets what Determined's master would give it; ours (above) gives
+    the newest and the best. (Its `--uuid` is refused by the client itself: it counts the
+    flags that are `True`, and a UUID is a string.)"""
+    master, trial = reported.master, str(reported.trial["id"])
+
+    def weights(*args: str) -> str:
+        target = tmp_path / "official" / "-".join(a.strip("-") for a in args)
+        ok(master.official("trial", "download", trial, *args, "-o", str(target)))
+        return (target / "model.bin").read_text()
+
+    assert weights("--latest") == "weights at 10\n"
+    best = ("--best", "--sort-by", "loss", "--smaller-is-better")
+    assert weights(*best, "true") == "weights at 10\n"
+    assert weights(*best, "false") == "weights at 20\n"
+
+
 @pytest.mark.parametrize("columns", [80, 150])
 def test_checkpoint_list_on_a_narrow_terminal_keeps_uuids_and_states_whole(
     reported: Reported, columns: int
