@@ -1,14 +1,19 @@
 """Webhook deliveries (issue 32): how fast the master delivers events to a local receiver,
 and whether the scheduling passes notice.
 
-    .venv/bin/python -m benchmarks.bench_webhooks [--quick | --smoke] [--clients N] [--out PATH]
+    .venv/bin/python -m benchmarks.bench_webhooks [--quick | --smoke] [--clients N]
+        [--postgres DSN] [--out PATH]
 
 Prints one JSON document on stdout (progress on stderr). A `det-master` on SQLite in a
 temporary directory, no agents, one experiment (its trials stay queued, so the scheduler
 has passes to run) whose config names a CUSTOM webhook, and a receiver on 127.0.0.1 (a
 threaded http.server in this process). Events are a trial's alerts
 (POST /api/v1/webhooks/custom; each is committed to the master's queue when its request
-returns). Two phases of N events each:
+returns). With --postgres the master uses a fresh database on that server (dropped at the
+end) instead of SQLite. Three phases of N events each:
+
+- control: N clients post alerts of an experiment that names no webhook (logged, nothing
+  to deliver): the scheduling passes under the posts alone, the baseline for live.
 
 - live: N clients post while the receiver is up. Events per second from the first post
   to the last delivery; each event's delivery latency (its post's reply to its arrival)
@@ -40,6 +45,7 @@ from typing import Any
 import httpx
 
 from benchmarks import common
+from benchmarks.bench_gangs import fresh_database
 from harness.cluster import MasterProcess, wait_until
 from harness.figures import ms_summary
 from harness.webhook_receiver import Receiver
@@ -77,6 +83,11 @@ def pass_totals(client: httpx.Client) -> tuple[float, int]:
     text = client.get("/metrics").text
     found = {k: float(v) for k, v in _PASS.findall(text)}
     return found.get("sum", 0.0), int(found.get("count", 0))
+
+
+def first_trial(master: MasterProcess, experiment_id: int) -> int:
+    trials = master.api("GET", f"/api/v1/experiments/{experiment_id}/trials")["trials"]
+    return int(trials[0]["id"])
 
 
 def mean_pass_ms(before: tuple[float, int], after: tuple[float, int]) -> dict[str, Any]:
@@ -120,7 +131,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="resolute-hooks-")))
         receiver = Receiver()
         stack.callback(receiver.close)
-        master = MasterProcess(tmp / "master", env={"DET_MASTER_WEBHOOKS__RETRY_MAX_S": "1"})
+        db_url = stack.enter_context(fresh_database(args.postgres)) if args.postgres else ""
+        master = MasterProcess(
+            tmp / "master", db_url=db_url, env={"DET_MASTER_WEBHOOKS__RETRY_MAX_S": "1"}
+        )
         stack.callback(master.stop)
         master.start()
         admin = stack.enter_context(master.client(master.login("admin")))
@@ -140,8 +154,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "/api/v1/experiments",
             json={"activate": True, "config": CONFIG, "modelDefinition": [TRAIN_PY]},
         )["experiment"]
-        trials = master.api("GET", f"/api/v1/experiments/{experiment['id']}/trials")["trials"]
-        trial_id = trials[0]["id"]
+        trial_id = first_trial(master, experiment["id"])
+        silent = master.api(
+            "POST",
+            "/api/v1/experiments",
+            json={
+                "activate": True,
+                "config": CONFIG.replace("integrations: {webhooks: {webhook_name: [bench]}}", ""),
+                "modelDefinition": [TRAIN_PY],
+            },
+        )["experiment"]
+        silent_trial_id = first_trial(master, silent["id"])
         clients = [stack.enter_context(master.client()) for _ in range(args.clients)]
 
         common.progress(f"quiet window of {QUIET_WINDOW_S[mode]} s")
@@ -156,12 +179,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         refused_503 = [0]
         lock = threading.Lock()
 
-        def post(client: httpx.Client, indexes: range) -> None:
+        def post(client: httpx.Client, indexes: range, to: tuple[int, int]) -> None:
             for i in indexes:
                 body = {
                     "data": {"title": f"e{i}", "description": "", "level": "LOG_LEVEL_INFO"},
-                    "experimentId": experiment["id"],
-                    "trialId": trial_id,
+                    "experimentId": to[0],
+                    "trialId": to[1],
                 }
                 while True:
                     reply = client.post("/api/v1/webhooks/custom", json=body)
@@ -175,10 +198,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 with lock:
                     committed[f"e{i}"] = time.monotonic()
 
-        def post_all(offset: int) -> float:
+        def post_all(offset: int, to: tuple[int, int] = (experiment["id"], trial_id)) -> float:
             threads = [
                 threading.Thread(
-                    target=post, args=(c, range(offset + n, offset + events, len(clients)))
+                    target=post, args=(c, range(offset + n, offset + events, len(clients)), to)
                 )
                 for n, c in enumerate(clients)
             ]
@@ -195,6 +218,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 300,
                 interval=0.05,
             )
+
+        common.progress(f"control: {events} events to no webhook from {args.clients} clients")
+        with Submitter(submitter):
+            control_before = pass_totals(admin)
+            control_started = time.monotonic()
+            post_all(-events, (silent["id"], silent_trial_id))
+            control_s = time.monotonic() - control_started
+            control_passes = mean_pass_ms(control_before, pass_totals(admin))
 
         common.progress(f"live: {events} events from {args.clients} clients")
         with Submitter(submitter):
@@ -224,8 +255,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "webhooks",
         "mode": mode,
         "machine": facts,
-        "parameters": {"events": events, "clients": args.clients, "database": "sqlite"},
+        "parameters": {
+            "events": events,
+            "clients": args.clients,
+            "database": "postgres" if args.postgres else "sqlite",
+        },
         "scheduling_pass_quiet": quiet,
+        "control_no_webhook": {
+            "posts_per_s": round(events / control_s, 1),
+            "scheduling_pass": control_passes,
+        },
         "live": {
             "events_per_s": round(events / (live_end - started), 1),
             "delivery_latency": ms_summary(latencies),
@@ -249,6 +288,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     common.add_shape_flags(parser, quick="300 events", smoke="20 events")
     parser.add_argument("--clients", type=int, default=4, help="concurrent posters (default 4)")
+    parser.add_argument(
+        "--postgres", metavar="DSN", help="admin DSN of a PostgreSQL server (default: SQLite)"
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON document here")
     args = parser.parse_args(argv)
     common.emit_report(run(args), args.out)

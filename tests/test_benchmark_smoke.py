@@ -368,3 +368,4 @@ def test_smoke_webhooks_benchmark_delivers_every_event_once() -> None:
     assert report["duplicates_by_event_id"] == 0
     assert live["events_per_s"] > 0 and backlog["drain_events_per_s"] > 0
     assert live["delivery_latency"]["p50_ms"] <= live["delivery_latency"]["p99_ms"]
+    assert report["control_no_webhook"]["posts_per_s"] > 0
