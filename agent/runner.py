@@ -116,6 +116,7 @@ class Runner:
         self.port_pool: list[int] = ports.candidates(
             ports.parse_port_range(ports.DEFAULT_PORT_RANGE), ports.ephemeral_range()
         )
+        self.port_is_free: Callable[[int], bool] = ports.bindable
         self._tasks: set[asyncio.Task[None]] = set()
         self.all_acked = asyncio.Event()
         self.all_acked.set()
@@ -146,7 +147,9 @@ class Runner:
         if len(self.ports.get(allocation_id, ())) < 1 + extra_ports:
             try:
                 taken = {port for held in self.ports.values() for port in held}
-                self.ports[allocation_id] = ports.pick_ports(1 + extra_ports, self.port_pool, taken)
+                self.ports[allocation_id] = ports.pick_ports(
+                    1 + extra_ports, self.port_pool, taken, self.port_is_free
+                )
             except OSError as exc:
                 return pb.AllocationPrepared(
                     allocation_id=allocation_id, error=f"no free port for the rendezvous: {exc}"

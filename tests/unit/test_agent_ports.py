@@ -89,14 +89,23 @@ def test_a_port_something_listens_on_is_not_bindable() -> None:
 def test_a_runner_hands_each_live_allocation_its_own_ports_from_its_range(tmp_path: Path) -> None:
     runner = Runner("agent-a", tmp_path, [], lambda m: None, lambda e: None)
     runner.port_pool = ports.candidates((21000, 21015), ports.ephemeral_range())
+    # Every port free as far as the kernel knows (whatever else runs on this machine now):
+    # what keeps the runner's choices apart is its memory of what it handed out.
+    asked: list[int] = []
+
+    def free(port: int) -> bool:
+        asked.append(port)
+        return True
+
+    runner.port_is_free = free
     handed: list[int] = []
     for n in range(5):
         prepared = runner.prepare(f"{n}.1", extra_ports=2)
         assert not prepared.error
         handed += [prepared.master_port, *prepared.extra_ports]
-    # Nothing bound them (the trials have not started): only the runner's memory keeps
-    # them apart, and every one comes from the range.
-    assert len(set(handed)) == 15 and set(handed) <= set(range(21000, 21016))
+    # Nothing bound them (the trials have not started): every one is from the range, and
+    # none twice.
+    assert asked and len(set(handed)) == 15 and set(handed) <= set(range(21000, 21016))
     # Asked again (a repeat after a reconnect): the same ports.
     again = runner.prepare("0.1", extra_ports=2)
     assert [again.master_port, *again.extra_ports] == handed[:3]
