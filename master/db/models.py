@@ -504,6 +504,26 @@ class ModelVersionModel(Base):
     last_updated_time: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
+class TrialSourceModel(Base):
+    """A trial that used a checkpoint, or a model version's checkpoint (Determined's
+    trial_source_infos, reported by `core_context.experimental.report_task_using_...`): the
+    metrics that trial reports are the checkpoint's and the version's inference metrics."""
+
+    __tablename__ = "trial_source_infos"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
+    checkpoint_uuid: Mapped[str] = mapped_column(
+        ForeignKey("checkpoints.uuid", ondelete="CASCADE"), index=True
+    )
+    # SET NULL: a deleted version leaves the link to its checkpoint.
+    model_version_id: Mapped[int | None] = mapped_column(
+        ForeignKey("model_versions.id", ondelete="SET NULL"), nullable=True, index=True
+    )
+    kind: Mapped[str] = mapped_column(String(32))  # INFERENCE or FINE_TUNING
+    created_time: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
 class StateChangeModel(Base):
     """Audit trail of every experiment and trial state change."""
 

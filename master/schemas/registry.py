@@ -119,3 +119,41 @@ class ModelVersionList(WireModel):
 
 class ModelLabels(WireModel):
     labels: list[str]
+
+
+class TrialSourceInfo(WireInput):
+    """Determined's v1TrialSourceInfo: a trial that used a checkpoint (and the model
+    version holding it, if it names one)."""
+
+    trial_id: DbInt
+    checkpoint_uuid: str
+    trial_source_info_type: str
+    model_id: DbInt | None = None
+    model_version: DbInt | None = None
+
+
+class TrialSourceInfoReport(WireInput):
+    trial_source_info: TrialSourceInfo
+
+
+class TrialSourceInfoReply(WireModel):
+    trial_id: int
+    checkpoint_uuid: str
+
+
+class MetricsReport(WireModel):
+    """Determined's v1MetricsReport: one report of a trial, `metrics` keyed as its SDK
+    reads them ("validation_metrics" for the validation group, else "avg_metrics")."""
+
+    id: int
+    trial_id: int
+    trial_run_id: int
+    total_batches: int
+    end_time: datetime
+    group: str
+    archived: bool
+    metrics: dict[str, Any]
+
+
+class SourceMetrics(WireModel):
+    metrics: list[MetricsReport]

@@ -253,6 +253,70 @@ def test_official_sdk_model_registry(master: MasterProcess, tmp_path: Path) -> N
     assert found["after_delete"] == [1]
 
 
+# Runs in the official client's venv: what a batch-inference trial's Core API calls
+# (core_context.experimental.report_task_using_model_version, given the trial's session),
+# then the SDK reading the version's and the checkpoint's metrics back.
+INFERENCE_SCRIPT = """
+import json, sys
+
+from determined.common.api import bindings
+from determined.core._experimental import ExperimentalCoreContext
+from determined.experimental import client
+
+master, name, inference_trial, run_id = sys.argv[1:]
+client.login(master=master, user="determined", password="")
+session = client._determined._session
+version = client.get_model(name).get_version(1)
+ExperimentalCoreContext(session, int(inference_trial)).report_task_using_model_version(version)
+bindings.post_ReportTrialMetrics(session, metrics_trialId=int(inference_trial), body=(
+    bindings.v1ReportTrialMetricsRequest(group="inference", metrics=bindings.v1TrialMetrics(
+        trialId=int(inference_trial), trialRunId=int(run_id), stepsCompleted=8,
+        metrics=bindings.v1Metrics(avgMetrics={"accuracy": 0.9})))))
+by_version = [(m.trial_id, m.steps_completed, m.metrics) for m in version.iter_metrics("inference")]
+by_checkpoint = [(m.trial_id, m.group) for m in version.checkpoint.get_metrics()]
+print("RESULT " + json.dumps({"by_version": by_version, "by_checkpoint": by_checkpoint}))
+"""
+
+
+def test_an_inference_trials_metrics_through_the_sdk(master: MasterProcess, tmp_path: Path) -> None:
+    _, (trained,) = checkpoints(master, tmp_path / "store", [0.5])
+    name = unique("served")
+    master.api("POST", "/api/v1/models", json={"name": name})
+    master.api(
+        "POST",
+        f"/api/v1/models/{name}/versions",
+        json={"checkpointUuid": trained, "modelName": name},
+    )
+    inference = master.api(
+        "POST",
+        "/api/v1/experiments",
+        json={"config": CONFIG.format(storage=tmp_path / "other"), "activate": True},
+    )["experiment"]["id"]
+    tasks = master.api("GET", "/api/v1/tasks")["allocationIdToSummary"].values()
+    (task,) = [t for t in tasks if t["experimentId"] == inference]
+    path = official_client_path()
+    assert path is not None
+    args = [name, str(task["trialId"]), task["allocationId"].split(".")[1]]
+    result = subprocess.run(
+        [str(path.parent / "python"), "-c", INFERENCE_SCRIPT, master.url, *args],
+        capture_output=True,
+        text=True,
+        cwd=master.scratch,
+        timeout=120,
+        env={
+            "HOME": str(tmp_path),
+            "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
+            "PATH": "/usr/bin:/bin",
+        },
+        check=False,
+    )
+    assert result.returncode == 0, describe_run(result)
+    (line,) = [x for x in lines(result.stdout) if x.startswith("RESULT ")]
+    found = json.loads(line.removeprefix("RESULT "))
+    assert found["by_version"] == [[task["trialId"], 8, {"accuracy": 0.9}]]
+    assert found["by_checkpoint"] == [[task["trialId"], "inference"]]
+
+
 def test_a_registered_checkpoint_outlives_retention_and_deletes(
     master: MasterProcess, tmp_path: Path
 ) -> None:
