@@ -16,6 +16,7 @@ from master.web import (
     search_views,
     tasks,
     trials,
+    workspaces,
 )
 from master.web.common import (
     STATIC_DIR,
@@ -36,6 +37,7 @@ for _module in (
     tasks,
     config_templates,
     registry,
+    workspaces,
 ):
     router.include_router(_module.router)
 

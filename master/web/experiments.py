@@ -28,6 +28,7 @@ from master.services import (
     search,
     trial_compare,
     trial_reports,
+    workspaces,
 )
 from master.services.experiments import MAX_TEXT_FILTER, ExperimentView
 from master.services.logs import LogFilter
@@ -86,9 +87,11 @@ class ListParams:
     text: str
     label: str
     archived: bool  # archived ones listed too (hidden by default, as Determined's list)
+    project: int = 0  # only this project's (0: every project's)
 
     def query(self) -> dict[str, str]:
         return {
+            "project": str(self.project) if self.project else "",
             "sort": self.sort,
             "order": self.order,
             "state": self.state.value if self.state else "",
@@ -102,7 +105,13 @@ class ListParams:
     @property
     def filtered(self) -> bool:
         return bool(
-            self.state or self.searcher or self.user or self.text or self.label or self.archived
+            self.state
+            or self.searcher
+            or self.user
+            or self.text
+            or self.label
+            or self.archived
+            or self.project
         )
 
 
@@ -120,6 +129,7 @@ def list_params(
     text: FilterText = "",
     label: FilterText = "",
     archived: Literal["", "show"] = "",
+    project: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
 ) -> ListParams:
     default: Order = "desc" if sort in DESCENDING_FIRST else "asc"
     states = [s.value for s in ExperimentState]
@@ -141,6 +151,7 @@ def list_params(
         text.strip(),
         label,
         archived == "show",
+        project,
     )
 
 
@@ -155,6 +166,7 @@ async def experiments_page(
     usernames = await auth.list_usernames(session)
     if params.user and params.user not in usernames:
         raise InvalidArgument(f"user: there is no user named {params.user!r}")
+    project = await workspaces.describe_project(session, params.project) if params.project else None
     views, total = await experiments.list_experiments(
         session,
         offset=paged.offset,
@@ -167,11 +179,13 @@ async def experiments_page(
         archived=None if params.archived else False,
         sort_by=SORTS[params.sort],
         descending=params.order == "desc",
+        project_id=params.project or None,
     )
     context = {
         "nav": "experiments",
         "rows": views,
         "params": params,
+        "project": project,
         "states": list(ExperimentState),
         "searchers": SEARCHER_NAMES,
         "usernames": usernames,

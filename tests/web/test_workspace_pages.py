@@ -1,0 +1,92 @@
+"""The workspaces and projects pages, in process on both databases: the workspaces, a
+workspace's projects with their counts, a project's experiments (the experiments list
+filtered to it), and an experiment's page linking back to its project and workspace."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+
+from tests.api.test_trial_reports import ok
+from tests.factories import EXPERIMENT_YAML, v1_file
+from tests.web.test_pages import bearer
+
+
+async def experiment_in(web: httpx.AsyncClient, project_id: int, name: str) -> int:
+    config = EXPERIMENT_YAML.replace("name: mnist-random", f"name: {name}")
+    body = {"config": config, "modelDefinition": [v1_file("train.py")], "projectId": project_id}
+    reply: dict[str, Any] = await ok(web.post("/api/v1/experiments", json=body))
+    return int(reply["experiment"]["id"])
+
+
+def rows_of(html: str, attribute: str) -> list[str]:
+    return re.findall(rf'data-{attribute}="([^"]*)"', html)
+
+
+async def test_workspaces_their_projects_and_a_projects_experiments(
+    web: httpx.AsyncClient,
+) -> None:
+    await bearer(web)
+    vision = (await ok(web.post("/api/v1/workspaces", json={"name": "vision"})))["workspace"]
+    old = (await ok(web.post("/api/v1/workspaces", json={"name": "old-team"})))["workspace"]
+    await ok(web.post(f"/api/v1/workspaces/{old['id']}/archive"))
+    made = []
+    for name, description in (("detection", "boxes"), ("segmentation", "")):
+        body = {"name": name, "workspaceId": vision["id"], "description": description}
+        made.append(
+            (await ok(web.post(f"/api/v1/workspaces/{vision['id']}/projects", json=body)))[
+                "project"
+            ]
+        )
+    detection, segmentation = made
+    first = await experiment_in(web, detection["id"], "yolo-small")
+    second = await experiment_in(web, detection["id"], "yolo-large")
+    other = await experiment_in(web, segmentation["id"], "unet")
+
+    listed = await web.get("/ui/workspaces")
+    assert listed.status_code == 200, listed.text
+    assert "vision" in rows_of(listed.text, "workspace")
+    assert "Uncategorized" in rows_of(listed.text, "workspace")
+    assert "old-team" not in rows_of(listed.text, "workspace")  # archived: only when asked
+    assert "old-team" in rows_of((await web.get("/ui/workspaces?archived=true")).text, "workspace")
+    row = re.search(r'<tr data-workspace="vision">(.*?)</tr>', listed.text, re.S)
+    assert row is not None
+    assert [c.strip() for c in re.findall(r"<td>([^<]*)</td>", row.group(1))][:2] == ["2", "3"]
+
+    workspace = await web.get(f"/ui/workspaces/{vision['id']}")
+    assert workspace.status_code == 200, workspace.text
+    assert rows_of(workspace.text, "project") == ["detection", "segmentation"]
+    assert f'href="/ui/experiments?project={detection["id"]}"' in workspace.text
+    assert "boxes" in workspace.text
+
+    in_project = await web.get(f"/ui/experiments?project={detection['id']}")
+    assert in_project.status_code == 200, in_project.text
+    assert 'id="project-heading">Experiments in detection<' in in_project.text
+    shown = set(re.findall(r'href="/ui/experiments/(\d+)"', in_project.text))
+    assert {str(first), str(second)} <= shown and str(other) not in shown
+    # The filter form keeps the project, so filtering further stays inside it.
+    assert f'name="project" value="{detection["id"]}"' in in_project.text
+
+    page = await web.get(f"/ui/experiments/{other}")
+    assert page.status_code == 200, page.text
+    assert f'href="/ui/workspaces/{vision["id"]}" id="experiment-workspace">vision<' in page.text
+    assert (
+        f'href="/ui/experiments?project={segmentation["id"]}" id="experiment-project">'
+        "segmentation<" in page.text
+    )
+
+
+async def test_unknown_workspaces_and_projects_are_404_pages_and_bad_ids_400(
+    web: httpx.AsyncClient,
+) -> None:
+    await bearer(web)
+    missing = await web.get("/ui/workspaces/987654")
+    assert missing.status_code == 404 and "workspace 987654 not found" in missing.text
+    no_project = await web.get("/ui/experiments?project=987654")
+    assert no_project.status_code == 404 and "project 987654 not found" in no_project.text
+    for bad in ("/ui/experiments?project=-1", "/ui/experiments?project=x", "/ui/workspaces/x"):
+        reply = await web.get(bad)
+        assert reply.status_code == 400, reply.text
+        assert "<nav>" in reply.text  # the site's error page, with its navigation
