@@ -533,6 +533,8 @@ def test_agent_can_be_drained_and_enabled_from_the_cluster_page(
 
 SCREENSHOT_PAGES = [
     ("cluster", "/ui/cluster", ".chart[data-chart='agent-util']"),
+    ("workspaces", "/ui/workspaces", None),
+    ("workspace", "/ui/workspaces/1", None),  # Uncategorized, where these experiments are
     ("experiments", "/ui/experiments", None),
     ("experiment", "/ui/experiments/{shown}", "[data-group='training']"),
     ("experiment-queued", "/ui/experiments/{waiting}", None),
