@@ -61,7 +61,8 @@ async def master_info(request: Request, session: SessionDep, _user: CurrentUser)
         "clusterMessage": _message_wire(showing) if showing is not None else None,
         "hasCustomLogo": False,
         "strictJobQueueControl": False,
-        "rbacEnabled": False,
+        # Determined's client runs `det user-group` only where this is true.
+        "rbacEnabled": request.app.state.settings.security.authz.rbac_ui_enabled,
         "telemetryEnabled": False,
         "ssoProviders": [],
         "externalLoginUri": "",
