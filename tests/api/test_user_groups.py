@@ -234,6 +234,8 @@ async def test_clashes_and_unknown_members_are_refused_changing_nothing(
     assert found.status_code == 200 and found.json()["groups"] == [], found.text
     bad_page = await admin.post("/api/v1/groups/search", json={"limit": -1})
     assert refusal(bad_page, 400).startswith("body limit:")
+    too_many = await admin.post("/api/v1/groups/search", json={"limit": 10_001})
+    assert refusal(too_many, 400) == "limit: 10001 is more than 10000"
     assert await everything(api) == before
 
 
