@@ -110,6 +110,18 @@ def _no_password() -> str:
     raise ValueError("the key asks for a password")
 
 
+class AuthzSettings(BaseModel):
+    rbac_ui_enabled: bool = Field(
+        default=False,
+        description=(
+            "Tell Determined's official client that RBAC is on (`rbacEnabled` in "
+            "GET /api/v1/master), the switch its `det user-group` verbs need. Its cost: that "
+            "client's `det user list` then leaves out the Admin column. Access rules do not "
+            "change; our own `det` serves user groups either way."
+        ),
+    )
+
+
 class SecuritySettings(BaseModel):
     initial_user_password: str = Field(
         default="",
@@ -142,6 +154,10 @@ class SecuritySettings(BaseModel):
             "Bearer token Prometheus sends to /metrics (checked without the database, so "
             "metrics are served during an outage). Empty: /metrics takes any user's token."
         ),
+    )
+    authz: AuthzSettings = Field(
+        default_factory=AuthzSettings,
+        description="Determined's `security.authz` section: only its RBAC switch.",
     )
     tls: TlsSettings = Field(
         default_factory=TlsSettings,

@@ -92,6 +92,20 @@ async def current_user(request: Request, session: SessionDep) -> UserModel:
 CurrentUser = Annotated[UserModel, Depends(current_user)]
 
 
+async def optional_user(request: Request, session: SessionDep) -> UserModel | None:
+    """The signed-in user, or None for a request that sends no token at all (a bad token
+    is still refused)."""
+    if not (
+        request.headers.get("authorization")
+        or request.headers.get("grpc-metadata-x-allocation-token")
+    ):
+        return None
+    return await current_user(request, session)
+
+
+OptionalUser = Annotated[UserModel | None, Depends(optional_user)]
+
+
 async def current_actor(user: CurrentUser) -> access.Actor:
     return access.Actor.of(user)
 

@@ -219,6 +219,30 @@ class WorkspacePinModel(Base):
     pinned_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
+class UserGroupModel(Base):
+    """A named set of users (`det user-group`); roles will be granted to groups later."""
+
+    __tablename__ = "user_groups"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class UserGroupMemberModel(Base):
+    """One user in one group; deleting either side deletes the row (foreign-key cascade)."""
+
+    __tablename__ = "user_group_members"
+
+    group_id: Mapped[int] = mapped_column(
+        ForeignKey("user_groups.id", ondelete="CASCADE"), primary_key=True
+    )
+    # Indexed for "the groups this user is in" (`det user-group list --groups-user-belongs-to`).
+    user_id: Mapped[int] = mapped_column(
+        ForeignKey("users.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
+
+
 class ProjectModel(Base):
     __tablename__ = "projects"
     # Project names are unique within their workspace, keys across the cluster.

@@ -66,6 +66,12 @@ def require_admin(actor: Actor, what: str) -> None:
         raise PermissionDenied(f"{what} is for admins; user {actor.username} is not one")
 
 
+def require_group_manager(actor: Actor, what: str) -> None:
+    """Creating, changing and deleting user groups: admins' alone until roles exist (the one
+    check to replace then)."""
+    require_admin(actor, what)
+
+
 async def _owner_name(session: AsyncSession, owner_id: int | None) -> str:
     if owner_id is None:
         return "nobody (created before owners were recorded)"

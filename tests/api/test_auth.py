@@ -6,6 +6,7 @@ import hashlib
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
 from master.core.credentials import CLIENT_SALT
 
@@ -70,7 +71,6 @@ async def test_unknown_user_gets_the_same_answer(anon: httpx.AsyncClient) -> Non
         ("GET", "/api/v1/experiments/1"),
         ("GET", "/api/v1/experiments/1/trials"),
         ("POST", "/api/v1/experiments/1/kill"),
-        ("GET", "/api/v1/master"),
     ],
 )
 async def test_every_api_route_needs_a_token(
@@ -81,6 +81,24 @@ async def test_every_api_route_needs_a_token(
     assert reply.json()["code"] == 16
     forged = await anon.request(method, path, headers={"Authorization": "Bearer forged"}, json={})
     assert forged.status_code == 401
+
+
+async def test_master_info_is_open_without_its_message(
+    app: FastAPI, admin: httpx.AsyncClient
+) -> None:
+    """Determined's client reads rbacEnabled without a token before `det user-group`; the
+    cluster message stays for signed-in users, and a bad token is still refused."""
+    set_message = await admin.put("/api/v1/master/cluster_message", json={"message": "hi"})
+    assert set_message.status_code == 200, set_message.text
+    assert (await admin.get("/api/v1/master")).json()["clusterMessage"]["message"] == "hi"
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://master") as nobody:
+        reply = await nobody.get("/api/v1/master")
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["clusterMessage"] is None
+        assert reply.json()["rbacEnabled"] is False  # security.authz.rbac_ui_enabled's default
+        forged = await nobody.get("/api/v1/master", headers={"Authorization": "Bearer forged"})
+        assert forged.status_code == 401
 
 
 async def test_logout_revokes_the_token(api: httpx.AsyncClient) -> None:

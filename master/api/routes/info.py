@@ -1,4 +1,5 @@
-"""Unauthenticated cluster identity (`/info`), `det master info`, and for admins `det master
+"""Unauthenticated cluster identity (`/info`), `det master info` (open too, less the
+cluster message), and for admins `det master
 config` (the settings, secrets hidden), `det master logs [-f] [--tail N]`, and the cluster
 message (`det master cluster-message set|get|clear`)."""
 
@@ -12,7 +13,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
-from master.api.deps import CurrentUser, SessionDep
+from master.api.deps import CurrentUser, OptionalUser, SessionDep
 from master.core.masking import masked
 from master.schemas.cluster import iso
 from master.schemas.common import WireInput
@@ -53,15 +54,20 @@ def _message_wire(message: cluster_message.ClusterMessage) -> dict[str, Any]:
 
 
 @router.get("/api/v1/master")
-async def master_info(request: Request, session: SessionDep, _user: CurrentUser) -> dict[str, Any]:
-    # The banner everyone sees: only a message that has started and not ended.
-    showing = await cluster_message.current(session, include_scheduled=False)
+async def master_info(request: Request, session: SessionDep, user: OptionalUser) -> dict[str, Any]:
+    # Open without a token, as Determined's: its client reads rbacEnabled here through a
+    # session that sends none before any `det user-group` verb. The cluster message
+    # (the banner every signed-in user sees: started, not ended) is for signed-in users.
+    showing = None
+    if user is not None:
+        showing = await cluster_message.current(session, include_scheduled=False)
     return {
         **_identity(request),
         "clusterMessage": _message_wire(showing) if showing is not None else None,
         "hasCustomLogo": False,
         "strictJobQueueControl": False,
-        "rbacEnabled": False,
+        # Determined's client runs `det user-group` only where this is true.
+        "rbacEnabled": request.app.state.settings.security.authz.rbac_ui_enabled,
         "telemetryEnabled": False,
         "ssoProviders": [],
         "externalLoginUri": "",
