@@ -591,11 +591,18 @@ async def list_experiments(
 
 
 async def move_experiment(session: AsyncSession, experiment_id: int, project_id: int) -> None:
-    """Moves the experiment, running or not, to another open project."""
+    """Moves the experiment, running or not, to another open project; one that has not
+    ended must be in a pool the destination's workspace may use, else a move would be a
+    way into a pool bound to other workspaces."""
     experiment = await session.get(ExperimentModel, experiment_id)
     if experiment is None:
         raise NotFound(f"experiment {experiment_id} not found")
-    await workspaces.move_experiment_project(session, experiment, project_id)
+    destination = await workspaces.move_experiment_project(session, experiment, project_id)
+    if not ExperimentState(experiment.state).is_terminal:
+        workspace = await workspaces.get_workspace(session, destination.workspace_id)
+        await pool_bindings.refuse_unusable(
+            session, experiment.resource_pool, workspace, "destinationProjectId"
+        )
 
 
 async def list_trials(

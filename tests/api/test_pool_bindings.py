@@ -202,6 +202,14 @@ def _post(pool: str, body: dict[str, Any]) -> tuple[str, str, str]:
             "pool 'nowhere' does not exist",
         ),
         ("GET", BINDINGS.format("nowhere"), "", 404, "pool 'nowhere' does not exist"),
+        ("GET", BINDINGS.format("%00"), "", 400, "resourcePoolName: the pool name holds a NUL"),
+        (
+            "DELETE",
+            BINDINGS.format("%00"),
+            json.dumps({"workspaceNames": ["team-a"]}),
+            400,
+            "the pool name holds a NUL",
+        ),
         ("GET", BINDINGS.format("%ED%A0%80"), "", 404, "does not exist"),
         ("GET", "/api/v1/workspaces/424242/available-resource-pools", "", 404, "424242"),
     ],
@@ -263,7 +271,16 @@ async def test_a_bound_pool_takes_work_only_from_its_workspaces(
 
     reply = await submit(api, in_a, "gpu")
     assert reply.status_code == 200, reply.text
-    assert reply.json()["experiment"]["resourcePool"] == "gpu"
+    from_a = reply.json()["experiment"]
+    assert from_a["resourcePool"] == "gpu"
+    # Nor may it move into a workspace that may not use its pool.
+    move_body = {"destinationProjectId": in_b, "experimentId": from_a["id"]}
+    problem = refusal(
+        await api.post(f"/api/v1/experiments/{from_a['id']}/move", json=move_body), 400
+    )
+    assert "destinationProjectId: pool 'gpu' is bound to other workspaces" in problem
+    stored = (await api.get(f"/api/v1/experiments/{from_a['id']}")).json()["experiment"]
+    assert stored["projectId"] == in_a
     # An unbound pool is shared by all.
     reply = await submit(api, in_b, "cpu")
     assert reply.status_code == 200, reply.text
