@@ -66,6 +66,14 @@ def _tasks() -> typer.Typer:
     return cluster.task_app
 
 
+@functools.cache
+def _pools() -> typer.Typer:
+    from cli import cluster, pool_bindings
+
+    cluster.pool_app.add_typer(pool_bindings.app, name="bindings")
+    return cluster.pool_app
+
+
 def _cluster(name: str) -> Callable[[], typer.Typer]:
     def build() -> typer.Typer:
         from cli import cluster
@@ -100,7 +108,7 @@ _GROUPS = (
     _Group(("agent", "a"), _cluster("agent_app")),
     _Group(("slot", "s"), _cluster("slot_app")),
     _Group(("job", "j"), _cluster("job_app")),
-    _Group(("resource-pool", "rp"), _cluster("pool_app")),
+    _Group(("resource-pool", "rp"), _pools),
     _Group(("user", "u"), _module("users", "user_app")),
     _Group(("user-group",), _module("user_groups", "group_app")),
     _Group(("dev",), _module("users", "dev_app"), hidden=True),

@@ -29,7 +29,17 @@ from cli.state import client
 workspace_app = typer.Typer(help="Manage workspaces.", no_args_is_help=True)
 project_app = typer.Typer(help="Manage projects in workspaces.", no_args_is_help=True)
 
-WORKSPACE_HEADERS = ["ID", "Name", "# Projects", "# Experiments", "Owner", "Archived", "Pinned"]
+WORKSPACE_HEADERS = [
+    "ID",
+    "Name",
+    "# Projects",
+    "# Experiments",
+    "Owner",
+    "Archived",
+    "Pinned",
+    "Default Compute Pool",
+    "Default Aux Pool",
+]
 PROJECT_HEADERS = ["ID", "Key", "Name", "Description", "# Experiments", "# Active Experiments"]
 
 
@@ -59,6 +69,8 @@ def _workspace_row(w: dict[str, Any]) -> list[Any]:
         w["username"],
         "yes" if w["archived"] else "",
         "yes" if w["pinned"] else "",
+        w.get("defaultComputePool") or "",
+        w.get("defaultAuxPool") or "",
     ]
 
 
@@ -116,16 +128,76 @@ def list_workspaces(
 workspace_app.command("ls", hidden=True)(list_workspaces)
 
 
+ComputePoolOpt = typer.Option(
+    None,
+    "--default-compute-pool",
+    help="Pool of its experiments and tasks that name none (a pool it may use).",
+)
+AuxPoolOpt = typer.Option(
+    None, "--default-aux-pool", help="Pool of its tasks that ask for no slots and name none."
+)
+
+
 @workspace_app.command("create")
 def create_workspace(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="A name no other workspace has."),
+    default_compute_pool: str | None = ComputePoolOpt,
+    default_aux_pool: str | None = AuxPoolOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Create a workspace (you own it)."""
     with cli_errors():
-        reply = client(ctx).post("/api/v1/workspaces", json={"name": name})
+        body = {
+            "name": name,
+            "defaultComputePool": default_compute_pool,
+            "defaultAuxPool": default_aux_pool,
+        }
+        reply = client(ctx).post("/api/v1/workspaces", json=body)
         _show_workspace(reply["workspace"], as_json)
+
+
+@workspace_app.command("edit")
+def edit_workspace(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Workspace name."),
+    new_name: str | None = typer.Option(None, "--name", help="Its new name."),
+    default_compute_pool: str | None = ComputePoolOpt,
+    default_aux_pool: str | None = AuxPoolOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Change a workspace's name or default pools (its owner or an admin; "" clears a
+    default)."""
+    with cli_errors():
+        api = client(ctx)
+        ws = workspace_by_name(api, name)
+        body = {
+            "name": new_name,
+            "defaultComputeResourcePool": default_compute_pool,
+            "defaultAuxResourcePool": default_aux_pool,
+        }
+        reply = api.request("PATCH", f"/api/v1/workspaces/{ws['id']}", json=body)
+        _show_workspace(reply["workspace"], as_json)
+
+
+@workspace_app.command("list-pools")
+def list_workspace_pools(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Workspace name."),
+    as_json: bool = JsonOpt,
+) -> None:
+    """List the resource pools a workspace may use: those bound to it and those bound to
+    none."""
+    with cli_errors():
+        api = client(ctx)
+        ws = workspace_by_name(api, name)
+        pools = api.get_all(
+            f"/api/v1/workspaces/{ws['id']}/available-resource-pools", "resourcePools"
+        )
+        if as_json:
+            print_json(pools)
+            return
+        print_table(["Workspace", "Available Resource Pools"], [[name, ", ".join(pools)]])
 
 
 @workspace_app.command("describe")

@@ -203,6 +203,26 @@ class WorkspaceModel(Base):
     # (master.services.workspaces.finish_deletions).
     deleting: Mapped[bool] = mapped_column(default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # Where its submits that name no pool go (NULL: the master's default). Checked against
+    # the pools it may use when set, and again at each submit, since bindings change.
+    default_compute_pool: Mapped[str | None] = mapped_column(String(256))
+    # The same for tasks that ask for no slots.
+    default_aux_pool: Mapped[str | None] = mapped_column(String(256))
+
+
+class PoolBindingModel(Base):
+    """A resource pool bound to a workspace: a pool with any binding takes work only from
+    the workspaces bound to it; a pool with none is shared by all. Pool names are the
+    master config's, not a table's, so a binding may outlive its pool's removal from the
+    config (it can still be unbound)."""
+
+    __tablename__ = "pool_bindings"
+
+    pool_name: Mapped[str] = mapped_column(String(256), primary_key=True)
+    workspace_id: Mapped[int] = mapped_column(
+        ForeignKey("workspaces.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class WorkspacePinModel(Base):

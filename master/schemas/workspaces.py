@@ -31,6 +31,9 @@ class Workspace(WireModel):
     username: str
     pinned_at: datetime | None = None
     checkpoint_storage_config: dict[str, Any] | None = None
+    # "" for none, as Determined sends its unset strings.
+    default_compute_pool: str = ""
+    default_aux_pool: str = ""
 
     @classmethod
     def of(cls, view: WorkspaceView) -> Workspace:
@@ -47,6 +50,8 @@ class Workspace(WireModel):
             user_id=ws.user_id or 0,
             username=view.username,
             pinned_at=view.pinned_at,
+            default_compute_pool=ws.default_compute_pool or "",
+            default_aux_pool=ws.default_aux_pool or "",
         )
 
 
@@ -129,8 +134,8 @@ class DeleteResponse(WireModel):
 
 
 class WorkspaceCreate(WireInput):
-    """v1PostWorkspaceRequest. The agent user, storage, pool and namespace keys are
-    Determined's; the route refuses them while resolute does not apply them."""
+    """v1PostWorkspaceRequest. The agent user, storage and namespace keys are Determined's;
+    the route refuses them while resolute does not apply them."""
 
     name: Any = None
     agent_user_group: Any = None
@@ -142,7 +147,8 @@ class WorkspaceCreate(WireInput):
 
 
 class WorkspacePatch(WireInput):
-    """v1PatchWorkspace."""
+    """v1PatchWorkspace. Determined's client sets the pools with the *ResourcePool keys;
+    the older two are taken when those are absent."""
 
     name: Any = None
     agent_user_group: Any = None
@@ -183,3 +189,26 @@ class ExperimentMove(WireInput):
 
     destination_project_id: DbInt | None = None
     experiment_id: DbInt | None = None
+
+
+class PoolBindings(WireInput):
+    """v1BindRPToWorkspaceRequest, v1UnbindRPFromWorkspaceRequest and
+    v1OverwriteRPWorkspaceBindingsRequest: the pool is the path's; the body may repeat it."""
+
+    resource_pool_name: Any = None
+    workspace_ids: list[DbInt] | None = None
+    workspace_names: list[Any] | None = None
+
+
+class WorkspacesBoundToPool(WireModel):
+    """v1ListWorkspacesBoundToRPResponse."""
+
+    workspace_ids: list[int]
+    pagination: Pagination
+
+
+class PoolsAvailableToWorkspace(WireModel):
+    """v1ListRPsBoundToWorkspaceResponse."""
+
+    resource_pools: list[str]
+    pagination: Pagination

@@ -50,6 +50,7 @@ from master.services import (
     bind_mounts,
     checkpoint_gc,
     labels,
+    pool_bindings,
     release,
     search,
     states,
@@ -98,6 +99,8 @@ class PreparedExperiment:
     resource_pool: str
     priority: int
     launch_reason: str
+    project: ProjectModel
+    workspace: WorkspaceModel
 
 
 @dataclass
@@ -171,14 +174,19 @@ async def prepare_experiment(
         trial_count = count_trials(effective["searcher"], effective.get("hyperparameters") or {})
     effective["labels"] = labels.checked_labels(effective.get("labels") or [], "labels")
     await trial_reports.check_source_checkpoint(session, effective["searcher"])
+    # Checked for a validate-only request too: an unknown project makes the config unusable.
+    project = await workspaces.project_for_experiment(
+        session, request.project_id, effective.get("workspace"), effective.get("project")
+    )
+    workspace = await workspaces.get_workspace(session, project.workspace_id)
     resources = effective.setdefault("resources", {})
-    pool = settings.pool(resources.get("resource_pool") or settings.default_compute_pool)
-    if pool is None:
-        names = ", ".join(p.pool_name for p in settings.resource_pools)
-        raise InvalidArgument(
-            f"resources.resource_pool: pool {resources.get('resource_pool')!r} does not exist; "
-            f"pools: {names}"
-        )
+    pool = await pool_bindings.choose_pool(
+        session,
+        settings,
+        workspace,
+        resources.get("resource_pool"),
+        int(resources.get("slots_per_trial", 1)),
+    )
     # Written into the stored config, as Determined does, so it says where the trials ran.
     resources["resource_pool"] = pool.pool_name
     if resources.get("priority") is None:
@@ -222,6 +230,8 @@ async def prepare_experiment(
         resource_pool=pool.pool_name,
         priority=int(resources["priority"]),
         launch_reason=layout.reason,
+        project=project,
+        workspace=workspace,
     )
 
 
@@ -319,19 +329,12 @@ async def create_experiment(
 ) -> tuple[ExperimentView | None, PreparedExperiment]:
     """Store the experiment and its planned trials; nothing is stored with validate_only."""
     prepared = await prepare_experiment(session, request, settings)
-    # Checked for a validate-only request too: an unknown project makes the config unusable.
-    project = await workspaces.project_for_experiment(
-        session,
-        request.project_id,
-        prepared.effective_config.get("workspace"),
-        prepared.effective_config.get("project"),
-    )
     if request.validate_only:
         return None, prepared
+    project, workspace = prepared.project, prepared.workspace
     [view] = await store_experiments(
         session, [new_experiment(request, prepared, owner, project.id)]
     )
-    workspace = await workspaces.get_workspace(session, project.workspace_id)
     view.project_name, view.project_owner_id = project.name, project.user_id
     view.workspace_id, view.workspace_name = workspace.id, workspace.name
     return view, prepared
@@ -588,11 +591,18 @@ async def list_experiments(
 
 
 async def move_experiment(session: AsyncSession, experiment_id: int, project_id: int) -> None:
-    """Moves the experiment, running or not, to another open project."""
+    """Moves the experiment, running or not, to another open project; one that has not
+    ended must be in a pool the destination's workspace may use, else a move would be a
+    way into a pool bound to other workspaces."""
     experiment = await session.get(ExperimentModel, experiment_id)
     if experiment is None:
         raise NotFound(f"experiment {experiment_id} not found")
-    await workspaces.move_experiment_project(session, experiment, project_id)
+    destination = await workspaces.move_experiment_project(session, experiment, project_id)
+    if not ExperimentState(experiment.state).is_terminal:
+        workspace = await workspaces.get_workspace(session, destination.workspace_id)
+        await pool_bindings.refuse_unusable(
+            session, experiment.resource_pool, workspace, "destinationProjectId"
+        )
 
 
 async def list_trials(
@@ -888,6 +898,9 @@ async def set_job_resource_pool(
         raise Conflict(f"job {job_id} has ended ({experiment.state}); its resource pool is final")
     if experiment.resource_pool == pool.pool_name:
         return experiment
+    project = await workspaces.get_project(session, experiment.project_id)
+    workspace = await workspaces.get_workspace(session, project.workspace_id)
+    await pool_bindings.refuse_unusable(session, pool.pool_name, workspace, field)
     before = experiment.resource_pool
     experiment.resource_pool = pool.pool_name
     _set_config_keys(experiment, "resources", {"resource_pool": pool.pool_name})

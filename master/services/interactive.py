@@ -40,7 +40,7 @@ from master.db.models import (
 )
 from master.db.session import session_scope
 from master.errors import Conflict, InvalidArgument, NotFound, PermissionDenied, Unauthenticated
-from master.services import allocations, bind_mounts, workspaces
+from master.services import allocations, bind_mounts, pool_bindings, workspaces
 from master.services.access import Actor
 from master.services.configs import config_errors_as_invalid_argument
 from master.services.loops import Loop
@@ -126,20 +126,16 @@ async def create_task(
     )
     # Checked and packed as an experiment's model definition, with the same limit.
     context = pack_model_definition(request.files, settings.max_model_definition_bytes, "files")
-    pool_name = config.resources.resource_pool or settings.default_compute_pool
-    pool = settings.pool(pool_name)
-    if pool is None:
-        names = ", ".join(p.pool_name for p in settings.resource_pools)
-        raise InvalidArgument(
-            f"resources.resource_pool: pool {pool_name!r} does not exist; pools: {names}"
-        )
+    workspace = await workspaces.resolve_workspace(session, request.workspace_id)
+    pool = await pool_bindings.choose_pool(
+        session, settings, workspace, config.resources.resource_pool, config.resources.slots
+    )
     priority = config.resources.priority or pool.scheduler.default_priority
     stored = config.model_dump(mode="json", exclude_none=True)
     stored["resources"].update(resource_pool=pool.pool_name, priority=priority)
     # A task's mounts and /dev/shm are a trial's, checked the same way before it queues.
     with config_errors_as_invalid_argument("config"):
         await bind_mounts.check_bind_mounts(session, pool.pool_name, stored, context.archive)
-    workspace = await workspaces.resolve_workspace(session, request.workspace_id)
     now = utcnow()
     task = TaskModel(
         uuid=str(uuid_module.uuid4()),

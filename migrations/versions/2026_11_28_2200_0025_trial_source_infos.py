@@ -1,7 +1,7 @@
 """trial source infos: which checkpoint or model version a trial used (inference metrics)
 
 Revision ID: 0025
-Revises: 0023
+Revises: 0024
 Create Date: 2026-11-28 22:00:00.000000
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0025"
-down_revision: str | None = "0023"
+down_revision: str | None = "0024"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

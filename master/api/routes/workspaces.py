@@ -7,12 +7,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from master.api.deps import MAX_INT, CurrentActor, CurrentUser, ObjectId, SessionDep
+from master.api.deps import MAX_INT, CurrentActor, CurrentUser, ObjectId, SessionDep, SettingsDep
 from master.errors import InvalidArgument
 from master.schemas.common import Pagination
 from master.schemas.workspaces import (
     DeleteResponse,
     ExperimentMove,
+    PoolBindings,
+    PoolsAvailableToWorkspace,
     Project,
     ProjectCreate,
     ProjectList,
@@ -25,8 +27,9 @@ from master.schemas.workspaces import (
     WorkspaceList,
     WorkspacePatch,
     WorkspaceResponse,
+    WorkspacesBoundToPool,
 )
-from master.services import access, experiments, workspaces
+from master.services import access, experiments, pool_bindings, workspaces
 
 router = APIRouter(prefix="/api/v1", tags=["Workspaces"])
 
@@ -36,10 +39,6 @@ ORDER_BY = ("ORDER_BY_UNSPECIFIED", "ORDER_BY_ASC", "ORDER_BY_DESC")
 _NOT_YET = {
     "agentUserGroup": "agent users per workspace",
     "checkpointStorageConfig": "workspace checkpoint storage",
-    "defaultComputePool": "workspace default pools",
-    "defaultComputeResourcePool": "workspace default pools",
-    "defaultAuxPool": "workspace default pools",
-    "defaultAuxResourcePool": "workspace default pools",
     "clusterNamespaceMeta": "Kubernetes namespaces",
     "clusterQuotaPairs": "Kubernetes resource quotas",
 }
@@ -106,22 +105,48 @@ async def get_workspace(
 
 @router.post("/workspaces")
 async def create_workspace(
-    body: WorkspaceCreate, session: SessionDep, user: CurrentUser
+    body: WorkspaceCreate, session: SessionDep, settings: SettingsDep, actor: CurrentActor
 ) -> WorkspaceCreated:
     _refuse_unsupported(body)
-    ws = await workspaces.create_workspace(session, body.name, user.id)
-    view = await workspaces.describe_workspace(session, ws.id, user.id)
+    ws = await workspaces.create_workspace(session, body.name, actor.user_id)
+    await pool_bindings.set_default_pools(
+        session,
+        settings,
+        actor,
+        ws.id,
+        pool_bindings.DefaultPools(body.default_compute_pool, body.default_aux_pool),
+    )
+    view = await workspaces.describe_workspace(session, ws.id, actor.user_id)
     return WorkspaceCreated(workspace=Workspace.of(view))
 
 
 @router.patch("/workspaces/{workspace_id}")
 async def patch_workspace(
-    workspace_id: ObjectId, body: WorkspacePatch, session: SessionDep, actor: CurrentActor
+    workspace_id: ObjectId,
+    body: WorkspacePatch,
+    session: SessionDep,
+    settings: SettingsDep,
+    actor: CurrentActor,
 ) -> WorkspaceResponse:
     _refuse_unsupported(body)
     await access.require_workspace_owner(session, actor, workspace_id, "edit it")
     if body.name is not None:
         await workspaces.rename_workspace(session, workspace_id, body.name)
+    # Determined's client sends the *ResourcePool keys; "" in the older ones means unset.
+    compute, compute_field = body.default_compute_resource_pool, "defaultComputeResourcePool"
+    if compute is None and body.default_compute_pool:
+        compute, compute_field = body.default_compute_pool, "defaultComputePool"
+    aux, aux_field = body.default_aux_resource_pool, "defaultAuxResourcePool"
+    if aux is None and body.default_aux_pool:
+        aux, aux_field = body.default_aux_pool, "defaultAuxPool"
+    await pool_bindings.set_default_pools(
+        session,
+        settings,
+        actor,
+        workspace_id,
+        pool_bindings.DefaultPools(compute, aux),
+        (compute_field, aux_field),
+    )
     view = await workspaces.describe_workspace(session, workspace_id, actor.user_id)
     return WorkspaceResponse(workspace=Workspace.of(view))
 
@@ -167,6 +192,95 @@ async def delete_workspace(
     await access.require_workspace_owner(session, actor, workspace_id, "delete it")
     completed = await workspaces.delete_workspace(session, workspace_id, actor.username)
     return DeleteResponse(completed=completed)
+
+
+# -- resource pool bindings -------------------------------------------------------------
+
+
+@router.post("/resource-pools/{pool_name}/workspace-bindings")
+async def bind_pool(
+    pool_name: str,
+    body: PoolBindings,
+    session: SessionDep,
+    settings: SettingsDep,
+    actor: CurrentActor,
+) -> dict[str, Any]:
+    _refuse_other_pool(pool_name, body)
+    await pool_bindings.bind_workspaces(
+        session, settings, actor, pool_name, body.workspace_ids, body.workspace_names
+    )
+    return {}
+
+
+@router.delete("/resource-pools/{pool_name}/workspace-bindings")
+async def unbind_pool(
+    pool_name: str,
+    body: PoolBindings,
+    session: SessionDep,
+    settings: SettingsDep,
+    actor: CurrentActor,
+) -> dict[str, Any]:
+    _refuse_other_pool(pool_name, body)
+    await pool_bindings.unbind_workspaces(
+        session, settings, actor, pool_name, body.workspace_ids, body.workspace_names
+    )
+    return {}
+
+
+@router.put("/resource-pools/{pool_name}/workspace-bindings")
+async def replace_pool_bindings(
+    pool_name: str,
+    body: PoolBindings,
+    session: SessionDep,
+    settings: SettingsDep,
+    actor: CurrentActor,
+) -> dict[str, Any]:
+    _refuse_other_pool(pool_name, body)
+    await pool_bindings.replace_bindings(
+        session, settings, actor, pool_name, body.workspace_ids, body.workspace_names
+    )
+    return {}
+
+
+@router.get("/resource-pools/{pool_name}/workspace-bindings")
+async def list_pool_bindings(
+    pool_name: str,
+    session: SessionDep,
+    settings: SettingsDep,
+    _user: CurrentUser,
+    offset: int = Query(0, ge=0, le=MAX_INT),
+    limit: int = Query(0, ge=0, le=MAX_INT, description="0 returns every binding"),
+) -> WorkspacesBoundToPool:
+    ids, total = await pool_bindings.workspaces_bound_to(
+        session, settings, pool_name, offset, limit
+    )
+    return WorkspacesBoundToPool(
+        workspace_ids=ids, pagination=Pagination.of(offset, limit, len(ids), total)
+    )
+
+
+@router.get("/workspaces/{workspace_id}/available-resource-pools")
+async def list_available_pools(
+    workspace_id: ObjectId,
+    session: SessionDep,
+    settings: SettingsDep,
+    _user: CurrentUser,
+    offset: int = Query(0, ge=0, le=MAX_INT),
+    limit: int = Query(0, ge=0, le=MAX_INT, description="0 returns every pool"),
+) -> PoolsAvailableToWorkspace:
+    names = await pool_bindings.pools_available_to(session, settings, workspace_id)
+    page = names[offset : offset + limit] if limit > 0 else names[offset:]
+    return PoolsAvailableToWorkspace(
+        resource_pools=page, pagination=Pagination.of(offset, limit, len(page), len(names))
+    )
+
+
+def _refuse_other_pool(pool_name: str, body: PoolBindings) -> None:
+    if body.resource_pool_name not in (None, "", pool_name):
+        raise InvalidArgument(
+            f"resourcePoolName: the body names pool {body.resource_pool_name!r}, the path "
+            f"pool {pool_name!r}"
+        )
 
 
 # -- projects ---------------------------------------------------------------------------
