@@ -27,7 +27,15 @@ from master.db.models import (
     TrialState,
 )
 from master.errors import Conflict, InvalidArgument, NotFound
-from master.services import allocations, bind_mounts, labels, states, trial_reports
+from master.services import (
+    allocations,
+    bind_mounts,
+    labels,
+    pool_bindings,
+    states,
+    trial_reports,
+    workspaces,
+)
 from master.services.configs import config_errors_as_invalid_argument
 from master.services.templates import refuse_hidden_secrets
 
@@ -83,6 +91,13 @@ async def continue_experiment(
             f"experiment {experiment_id} completed every trial; there is nothing to continue "
             "(fork it to train more)"
         )
+    # Its trials enter the pool again: a pool since bound to other workspaces refuses them,
+    # as it would refuse a new submit (work already queued keeps its place).
+    project = await workspaces.get_project(session, experiment.project_id)
+    workspace = await workspaces.get_workspace(session, project.workspace_id)
+    await pool_bindings.refuse_unusable(
+        session, experiment.resource_pool, workspace, "resources.resource_pool"
+    )
     if override:
         config = _merged_config(experiment.config, override)
         if "bind_mounts" in override:

@@ -306,6 +306,14 @@ async def test_a_bound_pool_takes_work_only_from_its_workspaces(
     stored = (await api.get(f"/api/v1/experiments/{from_b['id']}")).json()["experiment"]
     assert (stored["resourcePool"], stored["state"]) == ("cpu", "STATE_ACTIVE")
     assert "pool 'cpu' is bound" in refusal(await submit(api, in_b, "cpu"), 400)
+    # Continuing it, once ended, would enter the pool again: refused the same way.
+    await api.post(f"/api/v1/experiments/{from_b['id']}/kill")
+    problem = refusal(
+        await api.post("/api/v1/experiments/continue", json={"id": from_b["id"]}), 400
+    )
+    assert "resources.resource_pool: pool 'cpu' is bound to other workspaces" in problem
+    stored = (await api.get(f"/api/v1/experiments/{from_b['id']}")).json()["experiment"]
+    assert stored["state"] == "STATE_CANCELED"
 
 
 # -- default pools ----------------------------------------------------------------------
