@@ -43,6 +43,8 @@ _TASK_ROUTES_WITHOUT_SCOPE = {
     ("POST", "/api/v1/runs/start"),
     ("POST", "/api/v1/webhooks/custom"),
     ("POST", "/api/v1/auth/logout"),
+    # Batch inference: the trial says which checkpoint or model version it used.
+    ("POST", "/api/v1/trial-source-info"),
 }
 # Path parameters that name something a task token may reach when it is its own trial's.
 _SCOPED_PARAMETERS = ("trial_id", "run_id", "experiment_id", "allocation_id", "task_id")
@@ -227,6 +229,10 @@ async def check_task_scope(
     scoped = {k: v for k, v in path_params.items() if k in _SCOPED_PARAMETERS}
     if not scoped:
         if (method, route) in _TASK_ROUTES_WITHOUT_SCOPE:
+            return
+        if method == "GET" and (route == "/api/v1/models" or route.startswith("/api/v1/models/")):
+            # Batch inference reads the model version it serves (`client.get_model(...)`
+            # with the run's token); the registry is open to every signed-in user to read.
             return
         if method == "GET" and route in ("/api/v1/checkpoints/{uuid}", "/checkpoints/{uuid}"):
             # Restoring reads a checkpoint by uuid, maybe another experiment's: one of the

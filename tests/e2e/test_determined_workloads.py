@@ -248,6 +248,47 @@ def test_continue_trains_a_completed_trial_on_from_its_latest_checkpoint(
     assert experiment["config"]["entrypoint"] == "python3 checkpoints.py --steps 30"
 
 
+def test_batch_inference_serves_a_registered_version_and_its_metrics_are_found_from_it(
+    cluster: Cluster,
+) -> None:
+    """Determined's batch inference, unchanged: a trained checkpoint is registered as a
+    model version; an inference trial reads that version through the SDK with its own
+    token, says it uses it (core_context.experimental) and reports "inference" metrics,
+    which the version's metrics route then returns."""
+    trained = cluster.create(
+        "checkpoints", "--config", "entrypoint=python3 checkpoints.py --steps 10"
+    )
+    trial = cluster.wait(trained, {"COMPLETED"})
+    # Its one checkpoint, at step 10.
+    (latest,) = cluster.master.api("GET", f"/api/v1/trials/{trial['id']}/checkpoints")[
+        "checkpoints"
+    ]
+    model = unique("served")
+    cluster.master.api("POST", "/api/v1/models", json={"name": model})
+    cluster.master.api(
+        "POST",
+        f"/api/v1/models/{model}/versions",
+        json={"checkpointUuid": latest["uuid"], "modelName": model},
+    )
+    serving = cluster.create(
+        "batch_inference", "--config", f"entrypoint=python3 batch_inference.py --model {model}"
+    )
+    inference = cluster.wait(serving, {"COMPLETED"})
+    assert f"SERVED {model} version 1" in trial_logs(cluster.master, inference["id"])
+    reports = cluster.master.api(
+        "GET",
+        f"/api/v1/models/{model}/versions/1/metrics",
+        params={
+            "trialSourceInfoType": "TRIAL_SOURCE_INFO_TYPE_INFERENCE",
+            "metricGroup": "inference",
+        },
+    )["metrics"]
+    assert [(r["trialId"], r["totalBatches"], r["metrics"]) for r in reports] == [
+        (inference["id"], batch, {"avg_metrics": {"predictions": 64 * batch}})
+        for batch in (1, 2, 3)
+    ]
+
+
 @pytest.mark.parametrize("name", ["torch_distributed", "distributed_launcher"])
 def test_four_slots_across_two_agents(cluster: Cluster, name: str) -> None:
     experiment_id = cluster.create(name)

@@ -830,6 +830,7 @@ def test_not_found_pages_keep_the_navigation_and_say_what_is_missing(
         nav = page.locator("header.top nav")
         assert nav.get_by_role("link").all_inner_texts() == [
             "Cluster",
+            "Workspaces",
             "Experiments",
             "Tasks",
             "Templates",
@@ -1340,7 +1341,7 @@ def test_another_users_task_cannot_be_killed_and_unknown_tasks_are_not_found(
         assert reply.status == 404
         assert "task no-such-task not found" in page.locator("main").inner_text()
         nav = page.locator("header.top nav").get_by_role("link").all_inner_texts()
-        assert nav == ["Cluster", "Experiments", "Tasks", "Templates", "Models"]
+        assert nav == ["Cluster", "Workspaces", "Experiments", "Tasks", "Templates", "Models"]
     finally:
         context.close()
         cluster.master.http(

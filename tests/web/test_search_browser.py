@@ -234,7 +234,7 @@ def test_a_search_without_rungs_says_so_and_keeps_the_navigation(
     assert reply.status == 400
     assert "uses the single searcher" in page_.locator("main").inner_text()
     nav = page_.locator("header.top nav").get_by_role("link").all_inner_texts()
-    assert nav == ["Cluster", "Experiments", "Tasks", "Templates", "Models"]
+    assert nav == ["Cluster", "Workspaces", "Experiments", "Tasks", "Templates", "Models"]
     screenshot(page_, screenshot_dir, "rungs-refused")
     # No metric reported: the hyperparameter page says so instead of drawing empty plots.
     page_.goto(f"/ui/experiments/{experiment}/hyperparameters")
