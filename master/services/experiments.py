@@ -597,12 +597,35 @@ async def move_experiment(session: AsyncSession, experiment_id: int, project_id:
     experiment = await session.get(ExperimentModel, experiment_id)
     if experiment is None:
         raise NotFound(f"experiment {experiment_id} not found")
-    destination = await workspaces.move_experiment_project(session, experiment, project_id)
-    if not ExperimentState(experiment.state).is_terminal:
+    destination = await session.get(ProjectModel, project_id)
+    if destination is not None and not ExperimentState(experiment.state).is_terminal:
+        # Checked before the move, which logs it (an unknown project is its refusal).
         workspace = await workspaces.get_workspace(session, destination.workspace_id)
         await pool_bindings.refuse_unusable(
             session, experiment.resource_pool, workspace, "destinationProjectId"
         )
+    await workspaces.move_experiment_project(session, experiment, project_id)
+
+
+async def move_project(session: AsyncSession, project_id: int, destination_id: int) -> None:
+    """Moves the project to another workspace. Its experiments that have not ended keep
+    their pools, so each of those pools must be one the destination may use, as for
+    move_experiment: else moving a project would be a way into a pool bound to others."""
+    destination = await session.get(WorkspaceModel, destination_id)
+    if destination is not None:  # else move_project's refusal names it
+        pools = await session.scalars(
+            select(ExperimentModel.resource_pool)
+            .where(
+                ExperimentModel.project_id == project_id,
+                ExperimentModel.state.not_in([str(s) for s in ExperimentState if s.is_terminal]),
+            )
+            .distinct()
+        )
+        for pool in sorted(set(pools)):
+            await pool_bindings.refuse_unusable(
+                session, pool, destination, "destinationWorkspaceId"
+            )
+    await workspaces.move_project(session, project_id, destination_id)
 
 
 async def list_trials(

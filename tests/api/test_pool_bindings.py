@@ -281,6 +281,14 @@ async def test_a_bound_pool_takes_work_only_from_its_workspaces(
     assert "destinationProjectId: pool 'gpu' is bound to other workspaces" in problem
     stored = (await api.get(f"/api/v1/experiments/{from_a['id']}")).json()["experiment"]
     assert stored["projectId"] == in_a
+    # Nor may its whole project.
+    problem = refusal(
+        await api.post(f"/api/v1/projects/{in_a}/move", json={"destinationWorkspaceId": b["id"]}),
+        400,
+    )
+    assert "destinationWorkspaceId: pool 'gpu' is bound to other workspaces" in problem
+    project = (await api.get(f"/api/v1/projects/{in_a}")).json()["project"]
+    assert project["workspaceId"] == a["id"]
     # An unbound pool is shared by all.
     reply = await submit(api, in_b, "cpu")
     assert reply.status_code == 200, reply.text

@@ -385,7 +385,7 @@ async def move_project(
     if body.destination_workspace_id is None:
         raise InvalidArgument("destinationWorkspaceId: required")
     await access.require_project_owner(session, actor, project_id, "move it")
-    await workspaces.move_project(session, project_id, body.destination_workspace_id)
+    await experiments.move_project(session, project_id, body.destination_workspace_id)
     return {}
 
 
