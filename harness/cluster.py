@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import os
 import shutil
 import signal
@@ -36,23 +37,40 @@ T = TypeVar("T")
 
 
 # Ports for test servers: below the kernel's ephemeral range (32768-60999 by default), so an
-# outgoing connection cannot take one between free_port() and the server's bind; each
-# xdist worker has its own slice, and a worker never hands out a port twice in a row.
-# Agents hand trials ports from 20000-32767 (agent/ports.py), so this stays below that.
+# outgoing connection cannot take one between free_port() and the server's bind. Each
+# xdist worker has a slice of its own, and a worker never hands out a port twice in a row.
 _TEST_PORTS = (10000, 19999)
-_SLICE = 2000
-_handed: collections.deque[int] = collections.deque(maxlen=_SLICE // 2)
+# Agents hand trials ports from their --port-range (agent/ports.py): each agent the harness
+# starts gets a block of its own there, so agents sharing this host never pick one port.
+_AGENT_PORTS = (20000, 32767)
+_AGENT_BLOCK = 64
+_handed: collections.deque[int] = collections.deque(maxlen=500)
+_agent_blocks = itertools.count()
+
+
+def worker_slice(first: int, last: int) -> tuple[int, int]:
+    """This test worker's share of first..last (all of it outside xdist)."""
+    workers = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), 1)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    index = int(worker) % workers if worker.isdigit() else 0
+    size = (last - first + 1) // workers
+    return first + index * size, first + (index + 1) * size - 1
 
 
 def free_port() -> int:
     """A TCP port nothing holds now, from this test worker's slice of 10000-19999."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    count = (_TEST_PORTS[1] - _TEST_PORTS[0] + 1) // _SLICE
-    first = _TEST_PORTS[0] + (int(worker) % count if worker.isdigit() else 0) * _SLICE
-    pool = list(range(first, first + _SLICE))
-    [port] = ports.pick_ports(1, pool, taken=set(_handed))
+    first, last = worker_slice(*_TEST_PORTS)
+    [port] = ports.pick_ports(1, list(range(first, last + 1)), taken=set(_handed))
     _handed.append(port)
     return port
+
+
+def agent_port_range() -> str:
+    """A --port-range no other agent this worker started lately has (blocks of 64, in turn)."""
+    first, last = worker_slice(*_AGENT_PORTS)
+    blocks = (last - first + 1) // _AGENT_BLOCK
+    start = first + (next(_agent_blocks) % blocks) * _AGENT_BLOCK
+    return f"{start}-{start + _AGENT_BLOCK - 1}"
 
 
 def wait_until(
@@ -415,6 +433,8 @@ class AgentProcess(Process):
         elif join_token:
             command += ["--join-token", join_token]
         command += list(args)
+        if "--port-range" not in args:
+            command += ["--port-range", agent_port_range()]
         if netns is not None:
             # `ip netns exec` execs the agent: the pid we hold is the agent's own.
             command = ["ip", "netns", "exec", netns, *command]

@@ -556,7 +556,7 @@ class TrialSourceModel(Base):
     __tablename__ = "trial_source_infos"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), index=True)
     checkpoint_uuid: Mapped[str] = mapped_column(
         ForeignKey("checkpoints.uuid", ondelete="CASCADE"), index=True
     )

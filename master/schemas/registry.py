@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import Field
 
 from master.schemas.common import DbInt, Pagination, WireInput, WireModel
-from master.schemas.experiments import Checkpoint
+from master.schemas.experiments import Checkpoint, MetricsReportOut
 
 # Metadata and labels are checked by the service (master.services.model_registry), so a
 # value of the wrong type is refused with a message that names the field, not a 422.
@@ -141,19 +141,5 @@ class TrialSourceInfoReply(WireModel):
     checkpoint_uuid: str
 
 
-class MetricsReport(WireModel):
-    """Determined's v1MetricsReport: one report of a trial, `metrics` keyed as its SDK
-    reads them ("validation_metrics" for the validation group, else "avg_metrics")."""
-
-    id: int
-    trial_id: int
-    trial_run_id: int
-    total_batches: int
-    end_time: datetime
-    group: str
-    archived: bool
-    metrics: dict[str, Any]
-
-
 class SourceMetrics(WireModel):
-    metrics: list[MetricsReport]
+    metrics: list[MetricsReportOut]

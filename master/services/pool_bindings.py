@@ -38,6 +38,10 @@ from master.settings import MasterSettings, ResourcePoolSettings
 log = logging.getLogger(__name__)
 
 
+# Each workspace a request names is looked up on its own: a bound on the work one costs.
+MAX_WORKSPACES_PER_REQUEST = 1_000
+
+
 def _pool_names(settings: MasterSettings) -> str:
     return ", ".join(p.pool_name for p in settings.resource_pools)
 
@@ -76,6 +80,12 @@ async def _workspaces_named(
 ) -> list[WorkspaceModel]:
     """The workspaces a request names by id and by name, each once; an unknown one is a 400
     naming it. Determined's client sends names; its API takes either or both."""
+    given = len(ids or ()) + len(names or ())
+    if given > MAX_WORKSPACES_PER_REQUEST:
+        raise InvalidArgument(
+            f"workspaceIds, workspaceNames: {given} workspaces in one request; at most "
+            f"{MAX_WORKSPACES_PER_REQUEST}"
+        )
     found: dict[int, WorkspaceModel] = {}
     for workspace_id in ids or ():
         ws = await session.get(WorkspaceModel, workspace_id)

@@ -46,6 +46,11 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_trial_source_infos")),
     )
     op.create_index(
+        op.f("ix_trial_source_infos_trial_id"),
+        "trial_source_infos",
+        ["trial_id"],
+    )
+    op.create_index(
         op.f("ix_trial_source_infos_checkpoint_uuid"),
         "trial_source_infos",
         ["checkpoint_uuid"],
@@ -60,4 +65,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index(op.f("ix_trial_source_infos_model_version_id"), table_name="trial_source_infos")
     op.drop_index(op.f("ix_trial_source_infos_checkpoint_uuid"), table_name="trial_source_infos")
+    op.drop_index(op.f("ix_trial_source_infos_trial_id"), table_name="trial_source_infos")
     op.drop_table("trial_source_infos")

@@ -159,6 +159,11 @@ def _post(pool: str, body: dict[str, Any]) -> tuple[str, str, str]:
             "workspaceNames: workspace 'team-z' does not exist",
         ),
         (
+            *_post("gpu", {"workspaceIds": list(range(1, 1002))}),
+            400,
+            "workspaceIds, workspaceNames: 1001 workspaces in one request; at most 1000",
+        ),
+        (
             *_post("gpu", {"workspaceIds": [424242]}),
             400,
             "workspaceIds: workspace 424242 does not exist",

@@ -10,37 +10,19 @@ from fastapi import APIRouter, Query
 
 from master.api.deps import CurrentUser, ObjectId, SessionDep
 from master.db.models import TrialMetricModel
+from master.schemas.experiments import MetricsReportOut
 from master.schemas.registry import (
-    MetricsReport,
     SourceMetrics,
     TrialSourceInfoReply,
     TrialSourceInfoReport,
 )
-from master.services import trial_reports, trial_sources
+from master.services import trial_sources
 
 router = APIRouter(prefix="/api/v1", tags=["Models"])
 
 
 def _reports(rows: Sequence[TrialMetricModel]) -> SourceMetrics:
-    return SourceMetrics(
-        metrics=[
-            MetricsReport(
-                id=r.id,
-                trial_id=r.trial_id,
-                trial_run_id=r.trial_run_id,
-                total_batches=r.steps_completed,
-                end_time=r.report_time,
-                group=r.group_name,
-                archived=False,
-                metrics={
-                    "validation_metrics"
-                    if r.group_name == trial_reports.VALIDATION
-                    else "avg_metrics": r.metrics
-                },
-            )
-            for r in rows
-        ]
-    )
+    return SourceMetrics(metrics=[MetricsReportOut.of(r) for r in rows])
 
 
 @router.post("/trial-source-info")
