@@ -5,11 +5,14 @@ workspace's name and its own."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import typer
+import yaml
 
 from cli.client import MasterClient
 from cli.errors import CliError
@@ -88,8 +91,46 @@ def _project_row(p: dict[str, Any]) -> list[Any]:
 def _show_workspace(w: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print_json(w)
-    else:
-        print_table(WORKSPACE_HEADERS, [_workspace_row(w)])
+        return
+    print_table(WORKSPACE_HEADERS, [_workspace_row(w)])
+    storage = w.get("checkpointStorageConfig")
+    if storage:  # secrets come masked
+        print(f"Checkpoint storage: {json.dumps(storage, sort_keys=True)}")
+
+
+StorageOpt = typer.Option(
+    None,
+    "--checkpoint-storage-config",
+    help="Where its experiments that name no checkpoint_storage keep checkpoints: a JSON "
+    "mapping ('{}' clears it, back to the master's).",
+)
+StorageFileOpt = typer.Option(
+    None,
+    "--checkpoint-storage-config-file",
+    help="The same, from a YAML or JSON file.",
+)
+
+
+def _storage(text: str | None, path: Path | None) -> dict[str, Any] | None:
+    """The storage mapping the options give, or None when neither is given."""
+    if text is not None and path is not None:
+        raise CliError(
+            "give --checkpoint-storage-config or --checkpoint-storage-config-file, not both"
+        )
+    if path is not None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise CliError(f"--checkpoint-storage-config-file: {exc.strerror}: {path}") from None
+    if text is None:
+        return None
+    try:
+        storage = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CliError(f"--checkpoint-storage-config: not JSON or YAML: {exc}") from None
+    if not isinstance(storage, dict):
+        raise CliError("--checkpoint-storage-config: must be a mapping of storage keys")
+    return storage
 
 
 def _show_project(p: dict[str, Any], as_json: bool) -> None:
@@ -144,6 +185,8 @@ def create_workspace(
     name: str = typer.Argument(..., help="A name no other workspace has."),
     default_compute_pool: str | None = ComputePoolOpt,
     default_aux_pool: str | None = AuxPoolOpt,
+    storage_text: str | None = StorageOpt,
+    storage_file: Path | None = StorageFileOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Create a workspace (you own it)."""
@@ -152,6 +195,7 @@ def create_workspace(
             "name": name,
             "defaultComputePool": default_compute_pool,
             "defaultAuxPool": default_aux_pool,
+            "checkpointStorageConfig": _storage(storage_text, storage_file),
         }
         reply = client(ctx).post("/api/v1/workspaces", json=body)
         _show_workspace(reply["workspace"], as_json)
@@ -164,10 +208,12 @@ def edit_workspace(
     new_name: str | None = typer.Option(None, "--name", help="Its new name."),
     default_compute_pool: str | None = ComputePoolOpt,
     default_aux_pool: str | None = AuxPoolOpt,
+    storage_text: str | None = StorageOpt,
+    storage_file: Path | None = StorageFileOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Change a workspace's name or default pools (its owner or an admin; "" clears a
-    default)."""
+    """Change a workspace's name, default pools or checkpoint storage (its owner or an
+    admin; "" clears a default pool, '{}' the storage)."""
     with cli_errors():
         api = client(ctx)
         ws = workspace_by_name(api, name)
@@ -175,6 +221,7 @@ def edit_workspace(
             "name": new_name,
             "defaultComputeResourcePool": default_compute_pool,
             "defaultAuxResourcePool": default_aux_pool,
+            "checkpointStorageConfig": _storage(storage_text, storage_file),
         }
         reply = api.request("PATCH", f"/api/v1/workspaces/{ws['id']}", json=body)
         _show_workspace(reply["workspace"], as_json)

@@ -208,6 +208,9 @@ class WorkspaceModel(Base):
     default_compute_pool: Mapped[str | None] = mapped_column(String(256))
     # The same for tasks that ask for no slots.
     default_aux_pool: Mapped[str | None] = mapped_column(String(256))
+    # Where its experiments keep checkpoints when their config names no storage (NULL:
+    # the master's default); master.services.workspace_storage.
+    checkpoint_storage: Mapped[dict[str, Any] | None] = mapped_column(JsonType, nullable=True)
 
 
 class PoolBindingModel(Base):

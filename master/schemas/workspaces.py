@@ -9,6 +9,7 @@ from pydantic import Field
 
 from master.schemas.common import DbInt, Pagination, WireInput, WireModel
 from master.services.workspaces import ProjectView, WorkspaceView
+from resolute.storage import mask_secrets
 
 # Determined's v1WorkspaceState (its projects use it too).
 NOT_DELETING = "WORKSPACE_STATE_UNSPECIFIED"
@@ -50,6 +51,9 @@ class Workspace(WireModel):
             user_id=ws.user_id or 0,
             username=view.username,
             pinned_at=view.pinned_at,
+            checkpoint_storage_config=(
+                mask_secrets(ws.checkpoint_storage) if ws.checkpoint_storage else None
+            ),
             default_compute_pool=ws.default_compute_pool or "",
             default_aux_pool=ws.default_aux_pool or "",
         )

@@ -155,10 +155,20 @@ async def prepare_experiment(
         template_config = (await get_template(session, request.template)).config
         merged = merge_template(template_config, user_raw)
 
+    # Where it goes decides its default storage; the names were checked with the config.
+    project = await workspaces.project_for_experiment(
+        session,
+        request.project_id,
+        _text_or_none(merged, "workspace"),
+        _text_or_none(merged, "project"),
+    )
+    workspace = await workspaces.get_workspace(session, project.workspace_id)
     if merged.get("checkpoint_storage") is None:
-        # As Determined does, the master's storage goes into the stored config, so the
-        # experiment keeps saying where its checkpoints are if the master's default changes.
-        merged = {**merged, "checkpoint_storage": settings.default_checkpoint_storage()}
+        # As Determined does, the workspace's storage (else the master's) goes into the
+        # stored config, so the experiment keeps saying where its checkpoints are if the
+        # default changes.
+        storage = workspace.checkpoint_storage or settings.default_checkpoint_storage()
+        merged = {**merged, "checkpoint_storage": dict(storage)}
     with config_errors_as_invalid_argument(
         "experiment config" + (" after the template merge" if template_config is not None else "")
     ):
@@ -174,11 +184,6 @@ async def prepare_experiment(
         trial_count = count_trials(effective["searcher"], effective.get("hyperparameters") or {})
     effective["labels"] = labels.checked_labels(effective.get("labels") or [], "labels")
     await trial_reports.check_source_checkpoint(session, effective["searcher"])
-    # Checked for a validate-only request too: an unknown project makes the config unusable.
-    project = await workspaces.project_for_experiment(
-        session, request.project_id, effective.get("workspace"), effective.get("project")
-    )
-    workspace = await workspaces.get_workspace(session, project.workspace_id)
     resources = effective.setdefault("resources", {})
     pool = await pool_bindings.choose_pool(
         session,
@@ -233,6 +238,11 @@ async def prepare_experiment(
         project=project,
         workspace=workspace,
     )
+
+
+def _text_or_none(config: Any, key: str) -> str | None:
+    value = config.get(key) if isinstance(config, dict) else None
+    return value if isinstance(value, str) else None
 
 
 async def _parent_of(session: AsyncSession, parent_id: int | None) -> ExperimentModel | None:

@@ -180,10 +180,10 @@ async def test_clashing_workspace_names_and_unknown_ids(api: httpx.AsyncClient) 
 async def test_settings_resolute_does_not_apply_are_refused(api: httpx.AsyncClient) -> None:
     reply = await api.post(
         "/api/v1/workspaces",
-        json={"name": "s3", "checkpointStorageConfig": {"type": "shared_fs"}},
+        json={"name": "agents", "agentUserGroup": {"agentUid": 1000}},
     )
-    assert "checkpointStorageConfig: workspace checkpoint storage" in refusal(reply, 400)
-    assert await workspaces_of(api, name="s3") == []
+    assert "agentUserGroup: agent users per workspace" in refusal(reply, 400)
+    assert await workspaces_of(api, name="agents") == []
 
 
 async def test_the_built_in_workspace_and_project_cannot_change(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from harness.cluster import wait_until
 from tests.conftest import require
@@ -321,3 +322,48 @@ def test_project_verbs_and_experiments_in_projects(
         assert master.http("GET", f"/api/v1/experiments/{experiment_id}").status_code == 404
     deleted = ok(master.official("workspace", "delete", ws, "--yes"))
     assert lines(deleted.stdout) == [f"Successfully deleted workspace {ws}."]
+
+
+def test_a_workspaces_checkpoint_storage_with_both_clients(
+    master: MasterProcess, files: dict[str, Path], tmp_path: Path
+) -> None:
+    """Determined's `det workspace create --checkpoint-storage-config` gives a team its
+    bucket: shown with its secret masked, and the storage of the team's experiments that
+    name none; ours edits it from a file and clears it."""
+    ws = unique("bucketed")
+    storage = {
+        "type": "s3",
+        "bucket": "team-bucket",
+        "access_key": "AK",
+        "secret_key": "team-secret",
+    }
+    created = ok(
+        master.official(
+            "workspace", "create", ws, "--checkpoint-storage-config", json.dumps(storage), "--json"
+        )
+    )
+    shown = json.loads(created.stdout)["checkpointStorageConfig"]
+    assert (shown["bucket"], shown["secret_key"]) == ("team-bucket", "********")
+    assert "team-secret" not in created.stdout
+    described = ok(master.official("workspace", "describe", ws))
+    assert "team-bucket" in described.stdout and "team-secret" not in described.stdout
+
+    config = tmp_path / "config.yaml"
+    config.write_text(SINGLE.format(name="in-bucket") + f"workspace: {ws}\nproject: p\n")
+    ok(master.official("project", "create", ws, "p"))
+    submitted = ok(master.official("e", "create", str(config), str(files["model_dir"])))
+    [line] = [x for x in lines(submitted.stdout) if x.startswith("Created experiment ")]
+    experiment = master.api("GET", f"/api/v1/experiments/{line.split()[-1]}")["experiment"]
+    assert experiment["config"]["checkpoint_storage"]["bucket"] == "team-bucket"
+
+    # Ours: edited from a file, the masked secret sent back keeps the stored one; then cleared.
+    edited = tmp_path / "storage.yaml"
+    edited.write_text(yaml.safe_dump({**shown, "bucket": "team-bucket-2"}))
+    reply = ok(
+        master.det(
+            "workspace", "edit", ws, "--checkpoint-storage-config-file", str(edited), "--json"
+        )
+    )
+    assert json.loads(reply.stdout)["checkpointStorageConfig"]["bucket"] == "team-bucket-2"
+    cleared = ok(master.det("workspace", "edit", ws, "--checkpoint-storage-config", "{}", "--json"))
+    assert json.loads(cleared.stdout)["checkpointStorageConfig"] is None

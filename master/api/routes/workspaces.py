@@ -29,7 +29,13 @@ from master.schemas.workspaces import (
     WorkspaceResponse,
     WorkspacesBoundToPool,
 )
-from master.services import access, experiments, pool_bindings, workspaces
+from master.services import (
+    access,
+    experiments,
+    pool_bindings,
+    workspace_storage,
+    workspaces,
+)
 
 router = APIRouter(prefix="/api/v1", tags=["Workspaces"])
 
@@ -38,7 +44,6 @@ ORDER_BY = ("ORDER_BY_UNSPECIFIED", "ORDER_BY_ASC", "ORDER_BY_DESC")
 # rather than stored and silently ignored.
 _NOT_YET = {
     "agentUserGroup": "agent users per workspace",
-    "checkpointStorageConfig": "workspace checkpoint storage",
     "clusterNamespaceMeta": "Kubernetes namespaces",
     "clusterQuotaPairs": "Kubernetes resource quotas",
 }
@@ -109,6 +114,8 @@ async def create_workspace(
 ) -> WorkspaceCreated:
     _refuse_unsupported(body)
     ws = await workspaces.create_workspace(session, body.name, actor.user_id)
+    if body.checkpoint_storage_config is not None:
+        await workspace_storage.set_storage(session, ws.id, body.checkpoint_storage_config)
     await pool_bindings.set_default_pools(
         session,
         settings,
@@ -132,6 +139,8 @@ async def patch_workspace(
     await access.require_workspace_owner(session, actor, workspace_id, "edit it")
     if body.name is not None:
         await workspaces.rename_workspace(session, workspace_id, body.name)
+    if body.checkpoint_storage_config is not None:
+        await workspace_storage.set_storage(session, workspace_id, body.checkpoint_storage_config)
     # Determined's client sends the *ResourcePool keys; "" in the older ones means unset.
     compute, compute_field = body.default_compute_resource_pool, "defaultComputeResourcePool"
     if compute is None and body.default_compute_pool:
