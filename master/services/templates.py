@@ -65,6 +65,15 @@ async def template_workspace(session: AsyncSession, workspace_id: int | None) ->
     return ws
 
 
+async def workspace_names(session: AsyncSession) -> dict[int, str]:
+    """Every workspace's name by id, for showing where templates are, ordered by name.
+    Archived and deleting workspaces included: their templates still exist."""
+    found = await session.execute(
+        select(WorkspaceModel.id, WorkspaceModel.name).order_by(WorkspaceModel.name)
+    )
+    return {ws_id: name for ws_id, name in found.all()}
+
+
 async def get_template(session: AsyncSession, name: str) -> TemplateModel:
     row = await session.scalar(select(TemplateModel).where(TemplateModel.name == name))
     if row is None:
