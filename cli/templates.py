@@ -9,6 +9,7 @@ from urllib.parse import quote
 import typer
 import yaml
 
+from cli.client import MasterClient
 from cli.errors import CliError
 from cli.output import (
     CsvOpt,
@@ -21,12 +22,26 @@ from cli.output import (
     stdout,
 )
 from cli.state import client
+from cli.workspaces import workspace_by_name
 
 app = typer.Typer(help="Manage config templates.", no_args_is_help=True)
 
 
 def _path(name: str) -> str:
     return f"/api/v1/templates/{quote(name, safe='')}"
+
+
+def _workspace_id(api: MasterClient, name: str | None) -> int:
+    """0 asks for the built-in workspace on create, and to stay put on set."""
+    return 0 if name is None else int(workspace_by_name(api, name)["id"])
+
+
+def _show_saved(template: dict[str, Any], said: str, as_json: bool) -> None:
+    # The line Determined's client prints, which scripts may match.
+    if as_json:
+        print_json(template)
+    else:
+        stdout.print(f"{said} template {template['name']}", markup=False)
 
 
 def load_yaml_mapping(path: Path) -> dict[str, Any]:
@@ -50,6 +65,13 @@ def load_yaml_mapping(path: Path) -> dict[str, Any]:
 def list_templates(
     ctx: typer.Context,
     details: bool = typer.Option(False, "-d", "--details", help="Show each template's config."),
+    workspace: list[str] | None = typer.Option(
+        None,
+        "-w",
+        "--workspace",
+        "--workspace-name",
+        help="Only this workspace's templates (repeat for several).",
+    ),
     as_json: bool = JsonOpt,
     as_csv: bool = CsvOpt,
 ) -> None:
@@ -57,7 +79,9 @@ def list_templates(
     with cli_errors():
         one_format(as_json, as_csv)
         api = client(ctx)
-        templates = api.get("/api/v1/templates")["templates"]
+        ids = [_workspace_id(api, w) for w in workspace or []]
+        params = {"workspaceIds": ids} if ids else None
+        templates = api.get("/api/v1/templates", params=params)["templates"]
         if as_json:
             print_json(templates)
             return
@@ -94,13 +118,23 @@ def set_template(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="Template name."),
     file: Path = typer.Argument(..., help="YAML file with the template's config."),
+    workspace: str | None = typer.Option(
+        None,
+        "-w",
+        "--workspace",
+        "--workspace-name",
+        help="Workspace name: where a new template goes, or where an existing one moves.",
+    ),
+    as_json: bool = JsonOpt,
 ) -> None:
     """Create a template, or replace its config if it exists."""
     with cli_errors():
         config = load_yaml_mapping(file)
+        api = client(ctx)
+        body = {"name": name, "config": config, "workspaceId": _workspace_id(api, workspace)}
         # PUT is an atomic upsert; Determined's client does GET then PATCH or POST.
-        client(ctx).request("PUT", _path(name), json={"name": name, "config": config})
-        stdout.print(f"Set template {name}", markup=False)
+        template = api.request("PUT", _path(name), json=body)["template"]
+        _show_saved(template, "Set", as_json)
 
 
 @app.command("create")
@@ -108,12 +142,22 @@ def create(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="Template name."),
     file: Path = typer.Argument(..., help="YAML file with the template's config."),
+    workspace: str | None = typer.Option(
+        None,
+        "-w",
+        "--workspace",
+        "--workspace-name",
+        help="Workspace name (the built-in Uncategorized one if not given).",
+    ),
+    as_json: bool = JsonOpt,
 ) -> None:
     """Create a template; fails if one with that name exists."""
     with cli_errors():
         config = load_yaml_mapping(file)
-        client(ctx).post(_path(name), json={"name": name, "config": config, "workspaceId": 0})
-        stdout.print(f"Created template {name}", markup=False)
+        api = client(ctx)
+        body = {"name": name, "config": config, "workspaceId": _workspace_id(api, workspace)}
+        template = api.post(_path(name), json=body)["template"]
+        _show_saved(template, "Created", as_json)
 
 
 @app.command("remove")

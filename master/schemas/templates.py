@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from master.db.models import TemplateModel
-from master.schemas.common import Pagination, WireInput, WireModel
+from master.schemas.common import DbInt, Pagination, WireInput, WireModel
 from resolute.storage import mask_config
 
 
@@ -20,7 +20,8 @@ class Template(WireModel):
 class TemplateCreate(WireInput):
     name: str | None = None
     config: Any = None
-    workspace_id: int | None = None
+    # 0 or none: the built-in workspace on create; on PUT of an existing one, stay put.
+    workspace_id: DbInt | None = None
 
 
 class TemplateRename(WireInput):

@@ -10,10 +10,10 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.core.expconf import validate_config
-from master.db.models import TemplateModel, utcnow
+from master.db.models import TemplateModel, WorkspaceModel, utcnow
 from master.errors import AlreadyExists, InvalidArgument, NotFound
 from master.services.configs import config_errors_as_invalid_argument
-from master.services.workspaces import resolve_workspace
+from master.services.workspaces import default_workspace
 from resolute.storage import hidden_secret_keys, keep_hidden_secrets
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,30 @@ def refuse_hidden_secrets(config: dict[str, Any], what: str) -> None:
         )
 
 
+async def template_workspace(session: AsyncSession, workspace_id: int | None) -> WorkspaceModel:
+    """Where a template goes: workspaceId 0 (or none, as Determined's client sends for
+    `det tpl set`) is the built-in workspace. An archived workspace takes no new templates,
+    as it takes no new projects or experiments; Determined's client refuses it before asking."""
+    if not workspace_id:
+        return await default_workspace(session)
+    ws = await session.get(WorkspaceModel, workspace_id)
+    if ws is None:
+        raise NotFound(f"workspaceId: workspace {workspace_id} not found")
+    if ws.deleting or ws.archived:
+        state = "being deleted" if ws.deleting else "archived; unarchive it to add templates"
+        raise InvalidArgument(f"workspaceId: workspace {ws.name!r} ({ws.id}) is {state}")
+    return ws
+
+
+async def workspace_names(session: AsyncSession) -> dict[int, str]:
+    """Every workspace's name by id, for showing where templates are, ordered by name.
+    Archived and deleting workspaces included: their templates still exist."""
+    found = await session.execute(
+        select(WorkspaceModel.id, WorkspaceModel.name).order_by(WorkspaceModel.name)
+    )
+    return {ws_id: name for ws_id, name in found.all()}
+
+
 async def get_template(session: AsyncSession, name: str) -> TemplateModel:
     row = await session.scalar(select(TemplateModel).where(TemplateModel.name == name))
     if row is None:
@@ -63,13 +87,24 @@ async def template_exists(session: AsyncSession, name: str) -> bool:
 
 
 async def list_templates(
-    session: AsyncSession, *, offset: int, limit: int, name: str | None = None
+    session: AsyncSession,
+    *,
+    offset: int,
+    limit: int,
+    name: str | None = None,
+    workspace_ids: list[int] | None = None,
+    descending: bool = False,
 ) -> tuple[list[TemplateModel], int]:
+    """Every template, as in Determined without roles, where anyone may see any workspace;
+    `workspace_ids` keeps those of the given workspaces (unknown ids match nothing)."""
     query = select(TemplateModel)
     if name:
         query = query.where(TemplateModel.name.contains(name, autoescape=True))
+    if workspace_ids:
+        query = query.where(TemplateModel.workspace_id.in_(workspace_ids))
     total = await session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    query = query.order_by(TemplateModel.name).offset(offset)
+    order = TemplateModel.name.desc() if descending else TemplateModel.name
+    query = query.order_by(order).offset(offset)
     if limit > 0:
         query = query.limit(limit)
     return list((await session.scalars(query)).all()), total
@@ -84,7 +119,7 @@ async def create_template(
 ) -> TemplateModel:
     check_template_name(name)
     config = check_template_config(config)
-    workspace = await resolve_workspace(session, workspace_id)
+    workspace = await template_workspace(session, workspace_id)
     existing = await session.scalar(select(TemplateModel.id).where(TemplateModel.name == name))
     if existing is not None:
         raise AlreadyExists(f"template {name} already exists")
@@ -112,16 +147,20 @@ async def put_template(
     workspace_id: int | None,
     owner_id: int | None = None,
 ) -> TemplateModel:
-    """Create or replace (Determined's PUT)."""
+    """Create or replace (Determined's PUT). On a template that exists, a non-zero
+    workspaceId moves it there; 0 or none leaves it where it is, as in Determined."""
     check_template_name(name)
     row = await session.scalar(select(TemplateModel).where(TemplateModel.name == name))
     config = check_template_config(config, row.config if row is not None else None)
     if row is None:
         return await create_template(session, name, config, workspace_id, owner_id)
+    # Checked before anything changes: a refused move leaves the config as it was.
+    destination = await template_workspace(session, workspace_id) if workspace_id else None
     row.config = config
     row.updated_at = utcnow()
-    if workspace_id:
-        row.workspace_id = (await resolve_workspace(session, workspace_id)).id
+    if destination is not None and destination.id != row.workspace_id:
+        log.info("moved template %s to workspace %d", name, destination.id)
+        row.workspace_id = destination.id
     await session.flush()
     return row
 

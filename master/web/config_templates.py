@@ -9,12 +9,13 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request, Response
 
-from master.api.deps import SessionDep
+from master.api.deps import MAX_INT, SessionDep
 from master.core.expconf import parse_yaml
 from master.errors import AlreadyExists, InvalidArgument, MasterError
 from master.services import access, templates
 from master.services.configs import config_errors_as_invalid_argument
 from master.web.common import (
+    Form,
     PagingDep,
     WebRoute,
     WebSession,
@@ -22,6 +23,7 @@ from master.web.common import (
     checked_form,
     page_links,
     page_response,
+    parse_int,
     redirect,
     to_yaml,
 )
@@ -41,13 +43,14 @@ resources:
 
 @dataclass
 class FieldErrors:
-    """Problems by form field: `name`, or `config` with one line per config path."""
+    """Problems by form field: `name`, `workspace`, or `config` with one line per config path."""
 
     name: str | None = None
+    workspace: str | None = None
     config: list[dict[str, str]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.name or self.config)
+        return bool(self.name or self.workspace or self.config)
 
 
 def _config_problems(exc: MasterError) -> list[dict[str, str]]:
@@ -71,28 +74,38 @@ async def templates_page(
     web: WebSessionDep,
     paged: PagingDep,
     name: Annotated[str, Query(max_length=256)] = "",
+    workspace: Annotated[int | None, Query(ge=0, le=MAX_INT)] = None,
     notice: str = "",
 ) -> Response:
     rows, total = await templates.list_templates(
-        session, offset=paged.offset, limit=paged.per_page, name=name.strip() or None
+        session,
+        offset=paged.offset,
+        limit=paged.per_page,
+        name=name.strip() or None,
+        workspace_ids=[workspace] if workspace else None,
     )
+    params = {"name": name, "workspace": str(workspace) if workspace else ""}
     context = {
         "nav": "templates",
         "rows": rows,
         "name": name,
+        "workspace": workspace or 0,
+        "workspaces": await templates.workspace_names(session),
         "notice": NOTICES.get(notice),
-        "pager": page_links("/ui/templates", paged, total, len(rows), {"name": name}),
+        "pager": page_links("/ui/templates", paged, total, len(rows), params),
     }
     return page_response(request, "templates.html", context, web=web)
 
 
-def _form_page(
+async def _form_page(
     request: Request,
+    session: SessionDep,
     web: WebSession,
     *,
     creating: bool,
     name: str,
     text: str,
+    workspace_id: int = 0,
     errors: FieldErrors | None = None,
     notice: str | None = None,
 ) -> Response:
@@ -101,6 +114,8 @@ def _form_page(
         "creating": creating,
         "name": name,
         "text": text,
+        "workspace_id": workspace_id,
+        "workspaces": await templates.workspace_names(session),
         "errors": errors or FieldErrors(),
         "notice": notice,
         "action": NEW_PATH if creating else f"/ui/templates/{quote(name, safe='')}",
@@ -109,8 +124,22 @@ def _form_page(
 
 
 @router.get(NEW_PATH)
-async def new_template_page(request: Request, web: WebSessionDep) -> Response:
-    return _form_page(request, web, creating=True, name="", text=EXAMPLE)
+async def new_template_page(
+    request: Request,
+    session: SessionDep,
+    web: WebSessionDep,
+    workspace: Annotated[int, Query(ge=0, le=MAX_INT)] = 0,
+) -> Response:
+    return await _form_page(
+        request, session, web, creating=True, name="", text=EXAMPLE, workspace_id=workspace
+    )
+
+
+def _form_workspace(form: Form) -> int:
+    """The form's workspace; empty or 0 is the built-in one, as on the API."""
+    if not form.get("workspace").strip():
+        return 0
+    return parse_int(form, "workspace", 0, MAX_INT)
 
 
 @router.post(NEW_PATH)
@@ -118,10 +147,16 @@ async def create_template(request: Request, session: SessionDep, web: WebSession
     form = await checked_form(request, web)
     name, text = form.get("name").strip(), form.get("config")
     errors = FieldErrors()
+    workspace_id = 0
     try:
         templates.check_template_name(name)
     except InvalidArgument as exc:
         errors.name = exc.message
+    try:
+        workspace_id = _form_workspace(form)
+        await templates.template_workspace(session, workspace_id)
+    except MasterError as exc:  # unknown (404), archived or being deleted (400)
+        errors.workspace = exc.message.removeprefix("workspaceId: ")
     config: dict[str, Any] | None = None
     try:
         config = _parse(text)
@@ -130,14 +165,23 @@ async def create_template(request: Request, session: SessionDep, web: WebSession
         errors.config = _config_problems(exc)
     if not errors and config is not None:
         try:
-            await templates.create_template(session, name, config, None, web.user_id)
+            await templates.create_template(session, name, config, workspace_id, web.user_id)
         except AlreadyExists as exc:
             errors.name = exc.message
         except InvalidArgument as exc:
             errors.config = _config_problems(exc)
     if errors:
         await session.rollback()
-        return _form_page(request, web, creating=True, name=name, text=text, errors=errors)
+        return await _form_page(
+            request,
+            session,
+            web,
+            creating=True,
+            name=name,
+            text=text,
+            workspace_id=workspace_id,
+            errors=errors,
+        )
     return redirect(f"/ui/templates/{quote(name, safe='')}?notice=saved")
 
 
@@ -146,12 +190,14 @@ async def template_page(
     request: Request, name: str, session: SessionDep, web: WebSessionDep, notice: str = ""
 ) -> Response:
     row = await templates.get_template(session, name)
-    return _form_page(
+    return await _form_page(
         request,
+        session,
         web,
         creating=False,
         name=row.name,
         text=to_yaml(mask_config(row.config)),
+        workspace_id=row.workspace_id,
         notice=NOTICES.get(notice),
     )
 
@@ -169,7 +215,17 @@ async def edit_template(
     except InvalidArgument as exc:
         await session.rollback()
         errors = FieldErrors(config=_config_problems(exc))
-        return _form_page(request, web, creating=False, name=name, text=text, errors=errors)
+        workspace_id = (await templates.get_template(session, name)).workspace_id
+        return await _form_page(
+            request,
+            session,
+            web,
+            creating=False,
+            name=name,
+            text=text,
+            workspace_id=workspace_id,
+            errors=errors,
+        )
     return redirect(f"/ui/templates/{quote(name, safe='')}?notice=saved")
 
 

@@ -1,5 +1,5 @@
-"""Our `det workspace`, `det project`, `det e create --project_id` and `det e move` against
-a real master."""
+"""Our `det workspace`, `det project`, `det e create --project_id`, `det e move` and
+`det tpl ... --workspace` against a real master."""
 
 from __future__ import annotations
 
@@ -125,3 +125,19 @@ def test_workspace_and_project_verbs(
         f"Deleted workspace {other}",
     ]
     assert master.http("GET", f"/api/v1/experiments/{experiment_id}").status_code == 404
+
+
+def test_templates_in_workspaces(master: MasterProcess, files: dict[str, Path]) -> None:
+    ws, other = unique("tpl-ws"), unique("tpl-other")
+    ws_id = master.api("POST", "/api/v1/workspaces", json={"name": ws})["workspace"]["id"]
+    other_id = master.api("POST", "/api/v1/workspaces", json={"name": other})["workspace"]["id"]
+    name, template = unique("tpl"), str(files["template"])
+    created = as_json(master.det("tpl", "create", name, template, "--workspace", ws, "--json"))
+    assert (created["name"], created["workspaceId"]) == (name, ws_id)
+
+    listed = ok(master.det("tpl", "list", "-w", ws, "--csv"))
+    assert listed.stdout.splitlines() == ["Name,Workspace", f"{name},{ws}"], describe_run(listed)
+
+    moved = as_json(master.det("tpl", "set", name, template, "-w", other, "--json"))
+    assert moved["workspaceId"] == other_id
+    refused(master.det("tpl", "create", unique("tpl"), template, "-w", ws + "-nope"), "not found")

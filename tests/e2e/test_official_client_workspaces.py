@@ -1,7 +1,8 @@
 """Determined's official `det` 0.38.1 and its bindings, unchanged, on workspaces and
 projects against a real master: `det workspace`, `det project`, `det e create --project_id`
 and `det e move`; pinning and moving a project, which the client has bindings for but no
-verb, through those bindings."""
+verb, through those bindings; templates in workspaces (`det template create --workspace-name`,
+the list's Workspace column, and the bindings' workspaceIds filter and PUT)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,21 @@ bindings.post_MoveProject(
 )
 moved_to = bindings.get_GetProject(sess, id=project_id).project.workspaceId
 print("RESULT " + json.dumps([pinned, listed, unpinned, moved_to]))
+"""
+
+# What Determined's SDK and web UI call on templates that its 0.38.1 CLI has no verb for:
+# the list filtered by workspace, and PUT moving a template to another workspace.
+TEMPLATE_SCRIPT = """
+import json, sys
+from determined.common.api import authentication, bindings
+
+master, name, workspace_id, destination_id = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:5])
+sess = authentication.login(master, "determined", "")
+listed = [t.name for t in bindings.get_GetTemplates(sess, workspaceIds=[workspace_id]).templates]
+tpl = bindings.v1Template(name=name, config={"description": "moved"}, workspaceId=destination_id)
+moved = bindings.put_PutTemplate(sess, template_name=name, body=tpl).template.workspaceId
+after = [t.name for t in bindings.get_GetTemplates(sess, workspaceIds=[workspace_id]).templates]
+print("RESULT " + json.dumps([listed, moved, after]))
 """
 
 
@@ -171,15 +187,24 @@ def test_workspace_verbs(master: MasterProcess, tmp_path: Path) -> None:
 
 
 def run_bindings(
-    master: MasterProcess, tmp_path: Path, workspace_id: int, project_id: int, destination: int
+    master: MasterProcess,
+    tmp_path: Path,
+    workspace_id: int,
+    project_id: int,
+    destination: int,
+    script: str = BINDINGS_SCRIPT,
+    name: str | None = None,
 ) -> list[Any]:
     client_path = official_client_path()
     assert client_path is not None
     env = {k: v for k, v in os.environ.items() if not k.startswith("DET_")}
     env.update(XDG_CONFIG_HOME=str(tmp_path / "xdg"), PYTHONUNBUFFERED="1")
-    args = [master.url, str(workspace_id), str(project_id), str(destination)]
+    if name is None:
+        args = [master.url, str(workspace_id), str(project_id), str(destination)]
+    else:  # TEMPLATE_SCRIPT: a template name where a project id would be
+        args = [master.url, name, str(workspace_id), str(destination)]
     result = subprocess.run(
-        [str(client_path.parent / "python"), "-c", BINDINGS_SCRIPT, *args],
+        [str(client_path.parent / "python"), "-c", script, *args],
         capture_output=True,
         text=True,
         env=env,
@@ -367,3 +392,26 @@ def test_a_workspaces_checkpoint_storage_with_both_clients(
     assert json.loads(reply.stdout)["checkpointStorageConfig"]["bucket"] == "team-bucket-2"
     cleared = ok(master.det("workspace", "edit", ws, "--checkpoint-storage-config", "{}", "--json"))
     assert json.loads(cleared.stdout)["checkpointStorageConfig"] is None
+
+
+def test_templates_in_workspaces(
+    master: MasterProcess, files: dict[str, Path], tmp_path: Path
+) -> None:
+    ws, other = unique("tpl-ws"), unique("tpl-other")
+    ws_id = master.api("POST", "/api/v1/workspaces", json={"name": ws})["workspace"]["id"]
+    other_id = master.api("POST", "/api/v1/workspaces", json={"name": other})["workspace"]["id"]
+    name = unique("tpl")
+    created = ok(
+        master.official("template", "create", name, str(files["template"]), "--workspace-name", ws)
+    )
+    assert lines(created.stdout) == [f"Created template {name}"], describe_run(created)
+    stored = master.api("GET", f"/api/v1/templates/{name}")["template"]
+    assert stored["workspaceId"] == ws_id
+
+    listed = ok(master.official("template", "list"))
+    rows = table(listed.stdout)
+    assert rows[0] == ["Name", "Workspace"], describe_run(listed)
+    assert [name, ws] in rows, describe_run(listed)
+
+    found = run_bindings(master, tmp_path, ws_id, 0, other_id, TEMPLATE_SCRIPT, name)
+    assert found == [[name], other_id, []]

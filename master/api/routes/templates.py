@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query
 
 from master.api.deps import MAX_INT, CurrentUser, SessionDep
 from master.errors import InvalidArgument
-from master.schemas.common import Pagination
+from master.schemas.common import DbInt, Pagination
 from master.schemas.experiments import Empty
 from master.schemas.templates import (
     Template,
@@ -22,6 +22,9 @@ from master.services.access import Actor
 
 router = APIRouter(prefix="/api/v1", tags=["Templates"])
 
+ORDER_BY = ("ORDER_BY_UNSPECIFIED", "ORDER_BY_ASC", "ORDER_BY_DESC")
+SORT_BY = ("SORT_BY_UNSPECIFIED", "SORT_BY_NAME")  # as in Determined, only by name
+
 
 @router.get("/templates")
 async def list_templates(
@@ -30,8 +33,22 @@ async def list_templates(
     offset: int = Query(0, ge=0, le=MAX_INT),
     limit: int = Query(0, ge=0, le=MAX_INT, description="0 returns every template"),
     name: str | None = None,
+    workspace_ids: Annotated[list[DbInt] | None, Query(alias="workspaceIds")] = None,
+    order_by: Annotated[str, Query(alias="orderBy")] = "ORDER_BY_UNSPECIFIED",
+    sort_by: Annotated[str, Query(alias="sortBy")] = "SORT_BY_UNSPECIFIED",
 ) -> TemplateList:
-    rows, total = await templates.list_templates(session, offset=offset, limit=limit, name=name)
+    if order_by not in ORDER_BY:
+        raise InvalidArgument(f"orderBy: {order_by!r} is not one of {', '.join(ORDER_BY)}")
+    if sort_by not in SORT_BY:
+        raise InvalidArgument(f"sortBy: {sort_by!r} is not one of {', '.join(SORT_BY)}")
+    rows, total = await templates.list_templates(
+        session,
+        offset=offset,
+        limit=limit,
+        name=name,
+        workspace_ids=workspace_ids,
+        descending=order_by == "ORDER_BY_DESC",
+    )
     return TemplateList(
         templates=[Template.of(r) for r in rows],
         pagination=Pagination.of(offset, limit, len(rows), total),
