@@ -106,3 +106,21 @@ class Receiver:
 
     def close(self) -> None:
         self.down()
+
+
+def state_change_webhook(name: str, url: str, *states: str) -> dict[str, Any]:
+    """A POST /api/v1/webhooks body: a workspace-wide DEFAULT webhook to `url` on each of
+    these experiment states."""
+    return {
+        "name": name,
+        "url": url,
+        "webhookType": "WEBHOOK_TYPE_DEFAULT",
+        "mode": "WEBHOOK_MODE_WORKSPACE",
+        "triggers": [
+            {
+                "triggerType": "TRIGGER_TYPE_EXPERIMENT_STATE_CHANGE",
+                "condition": {"state": state},
+            }
+            for state in states
+        ],
+    }

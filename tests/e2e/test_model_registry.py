@@ -155,6 +155,25 @@ def checkpoints(master: MasterProcess, storage: Path, losses: list[float]) -> tu
     return experiment_id, uuids
 
 
+def run_sdk_script(master: MasterProcess, home: Path, script: str, *args: str) -> dict[str, Any]:
+    """Run `script` in the official client's venv against `master`; its RESULT line."""
+    path = official_client_path()
+    assert path is not None
+    result = subprocess.run(
+        [str(path.parent / "python"), "-c", script, master.url, *args],
+        capture_output=True,
+        text=True,
+        cwd=master.scratch,
+        timeout=120,
+        env={"HOME": str(home), "XDG_CONFIG_HOME": str(home / "xdg"), "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert result.returncode == 0, describe_run(result)
+    (line,) = [x for x in lines(result.stdout) if x.startswith("RESULT ")]
+    found: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
+    return found
+
+
 def checkpoint_state(master: MasterProcess, uuid: str) -> str:
     state: str = master.api("GET", f"/api/v1/checkpoints/{uuid}")["checkpoint"]["storageState"]
     return state
@@ -220,24 +239,7 @@ def test_official_det_model_verbs(master: MasterProcess, tmp_path: Path) -> None
 def test_official_sdk_model_registry(master: MasterProcess, tmp_path: Path) -> None:
     _, (first, second) = checkpoints(master, tmp_path / "store", [0.5, 0.25])
     name = unique("sdk-model")
-    path = official_client_path()
-    assert path is not None
-    result = subprocess.run(
-        [str(path.parent / "python"), "-c", SDK_SCRIPT, master.url, name, first, second],
-        capture_output=True,
-        text=True,
-        cwd=master.scratch,
-        timeout=120,
-        env={
-            "HOME": str(tmp_path),
-            "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
-            "PATH": "/usr/bin:/bin",
-        },
-        check=False,
-    )
-    assert result.returncode == 0, describe_run(result)
-    (line,) = [x for x in lines(result.stdout) if x.startswith("RESULT ")]
-    found: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
+    found = run_sdk_script(master, tmp_path, SDK_SCRIPT, name, first, second)
     assert found["ids"] == [found["id"]] * 3
     assert found["description"] == "from the SDK" and found["username"] == "determined"
     assert found["metadata"] == {"team": "vision", "stage": "prod"}
@@ -294,25 +296,8 @@ def test_an_inference_trials_metrics_through_the_sdk(master: MasterProcess, tmp_
     )["experiment"]["id"]
     tasks = master.api("GET", "/api/v1/tasks")["allocationIdToSummary"].values()
     (task,) = [t for t in tasks if t["experimentId"] == inference]
-    path = official_client_path()
-    assert path is not None
     args = [name, str(task["trialId"]), task["allocationId"].split(".")[1]]
-    result = subprocess.run(
-        [str(path.parent / "python"), "-c", INFERENCE_SCRIPT, master.url, *args],
-        capture_output=True,
-        text=True,
-        cwd=master.scratch,
-        timeout=120,
-        env={
-            "HOME": str(tmp_path),
-            "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
-            "PATH": "/usr/bin:/bin",
-        },
-        check=False,
-    )
-    assert result.returncode == 0, describe_run(result)
-    (line,) = [x for x in lines(result.stdout) if x.startswith("RESULT ")]
-    found = json.loads(line.removeprefix("RESULT "))
+    found = run_sdk_script(master, tmp_path, INFERENCE_SCRIPT, *args)
     assert found["by_version"] == [[task["trialId"], 8, {"accuracy": 0.9}]]
     assert found["by_checkpoint"] == [[task["trialId"], "inference"]]
 

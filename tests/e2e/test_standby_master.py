@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from harness.cluster import AgentProcess, wait_until
-from harness.webhook_receiver import Receiver
+from harness.webhook_receiver import Receiver, state_change_webhook
 from tests.conftest import PostgresServer
 from tests.e2e.agents import (
     TICK_SCRIPT,
@@ -225,19 +225,7 @@ def test_a_standby_delivers_what_the_killed_leader_had_queued(
         with one.client(one.login("admin")) as admin:
             made = admin.post(
                 "/api/v1/webhooks",
-                json={
-                    "name": "ops",
-                    "url": receiver.url,
-                    "webhookType": "WEBHOOK_TYPE_DEFAULT",
-                    "mode": "WEBHOOK_MODE_WORKSPACE",
-                    "triggers": [
-                        {
-                            "triggerType": "TRIGGER_TYPE_EXPERIMENT_STATE_CHANGE",
-                            "condition": {"state": state},
-                        }
-                        for state in ("PAUSED", "ACTIVE")
-                    ],
-                },
+                json=state_change_webhook("ops", receiver.url, "PAUSED", "ACTIVE"),
             )
             assert made.status_code == 200, made.text
         experiment = one.api(

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness.cluster import wait_until
-from harness.webhook_receiver import Receiver
+from harness.webhook_receiver import Receiver, state_change_webhook
 from tests.conftest import require
 from tests.e2e.conftest import MasterProcess, official_client_path, ok
 from tests.factories import EXPERIMENT_YAML, v1_file
@@ -144,19 +144,7 @@ def test_deliveries_pending_at_a_sigkill_arrive_after_the_restart(master: Master
         admin = master.client(master.login("admin"))
         reply = admin.post(
             "/api/v1/webhooks",
-            json={
-                "name": "ops",
-                "url": receiver.url,
-                "webhookType": "WEBHOOK_TYPE_DEFAULT",
-                "mode": "WEBHOOK_MODE_WORKSPACE",
-                "triggers": [
-                    {
-                        "triggerType": "TRIGGER_TYPE_EXPERIMENT_STATE_CHANGE",
-                        "condition": {"state": state},
-                    }
-                    for state in ("PAUSED", "ACTIVE")
-                ],
-            },
+            json=state_change_webhook("ops", receiver.url, "PAUSED", "ACTIVE"),
         )
         assert reply.status_code == 200, reply.text
         experiment = master.api(
