@@ -254,6 +254,7 @@ def create_app(settings: MasterSettings) -> FastAPI:
         scheduler.after_commit = hub_loop.wake
         # Deliveries go out from their own task: a slow receiver never holds up a pass.
         webhook_shipper = WebhookShipper(app.state.session_factory, settings)
+        webhook_shipper.scheduler_idle = scheduler.idle  # and it sends between passes
         app.state.webhook_shipper = webhook_shipper
         loops: list[Loop] = [
             DatabaseWatch(app.state.session_factory, db_health),

@@ -11,6 +11,7 @@ everything.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import time
@@ -535,6 +536,10 @@ class SchedulerLoop(Loop):
         # Called once a pass that placed or preempted something has committed, so the
         # agent hub launches (or signals) at once rather than on its next tick.
         self.after_commit: Callable[[], None] = lambda: None
+        # Clear while a pass runs: background senders (the webhook shipper) start no new
+        # work on the event loop meanwhile, so a pass does not wait behind theirs.
+        self.idle = asyncio.Event()
+        self.idle.set()
 
     def wake(self) -> None:
         self._woken = True
@@ -549,6 +554,7 @@ class SchedulerLoop(Loop):
                     return
         if due:
             self.view.invalidate()
+        self.idle.clear()
         try:
             async with session_scope(self.factory) as session:
                 self.last = await run_pass(session, self.settings, self.view)
@@ -560,6 +566,8 @@ class SchedulerLoop(Loop):
         except BaseException:
             self.view.invalidate()  # the pass failed: what it read is in doubt
             raise
+        finally:
+            self.idle.set()
         self.passes += 1
         if self.last.placed or self.last.preempted:
             self.after_commit()

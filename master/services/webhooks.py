@@ -623,6 +623,7 @@ class WebhookShipper(Loop):
     name = "webhook-shipper"
     batch = 128
     settle_s = 0.2
+    SEND_AT_ONCE = 16
 
     def __init__(self, factory: async_sessionmaker[AsyncSession], settings: MasterSettings) -> None:
         super().__init__(interval=settings.webhooks.poll_interval_s)
@@ -630,6 +631,8 @@ class WebhookShipper(Loop):
         self.settings = settings
         self._client: httpx.AsyncClient | None = None
         self._key = signing_key(settings)
+        # The scheduler's: set while no pass runs (master.services.scheduler.SchedulerLoop).
+        self.scheduler_idle: asyncio.Event | None = None
 
     async def stop(self) -> None:
         await super().stop()
@@ -676,18 +679,29 @@ class WebhookShipper(Loop):
         for event in due:
             by_url.setdefault(event.url, []).append(event)
         probes = [events[0] for events in by_url.values()]
-        probe_results = await asyncio.gather(*(self._send(p) for p in probes))
+        probe_results = await self._send_all(probes)
         failing = {
             p.url: (p, detail)
             for p, (outcome, detail) in zip(probes, probe_results, strict=True)
             if outcome == core.Outcome.RETRY
         }
         rest = [e for url, events in by_url.items() if url not in failing for e in events[1:]]
-        rest_results = await asyncio.gather(*(self._send(e) for e in rest))
+        rest_results = await self._send_all(rest)
         await self._settle(
             probes + rest, [*probe_results, *rest_results], list(failing.values()), now
         )
         return len(due)
+
+    async def _send_all(self, events: list[_Due]) -> list[tuple[str, str]]:
+        """Sent SEND_AT_ONCE at a time, each group only while no scheduling pass runs: the
+        requests' work shares the event loop with the pass, which would wait behind it."""
+        results: list[tuple[str, str]] = []
+        for start in range(0, len(events), self.SEND_AT_ONCE):
+            if self.scheduler_idle is not None:
+                await self.scheduler_idle.wait()
+            group = events[start : start + self.SEND_AT_ONCE]
+            results += await asyncio.gather(*(self._send(e) for e in group))
+        return results
 
     async def _send(self, event: _Due) -> tuple[str, str]:
         body = event.payload.encode()

@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pytest
@@ -691,3 +691,36 @@ async def test_a_trigger_load_racing_a_webhooks_creation_does_not_hide_it(
     async with session_scope(factory) as after:
         assert webhooks._known_triggers(after) is None  # forgotten once it committed
         assert "COMPLETED" in (await webhooks._triggers(after)).states
+
+
+class _WatchedIdle(asyncio.Event):
+    """The scheduler's idle event, telling the test when the shipper waits on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waited = asyncio.Event()
+
+    async def wait(self) -> Literal[True]:
+        self.waited.set()
+        return await super().wait()
+
+
+async def test_deliveries_wait_while_a_scheduling_pass_runs(
+    app: FastAPI, admin: httpx.AsyncClient, api: httpx.AsyncClient, receiver: Receiver
+) -> None:
+    """The shipper's requests share the event loop with the scheduler: none starts while a
+    pass runs, and they go as soon as it ends."""
+    await create(admin, hook(receiver.url, on_state("PAUSED")))
+    await pause(api, await new_experiment(api))
+    shipper = shipper_for(app)
+    idle = _WatchedIdle()  # cleared: a pass is running
+    shipper.scheduler_idle = idle
+    try:
+        sending = asyncio.create_task(shipper.run_once())
+        await asyncio.wait_for(idle.waited.wait(), 15)
+        assert receiver.received() == [] and not sending.done()
+        idle.set()  # the pass ended
+        await asyncio.wait_for(sending, 15)
+        assert [d.json["condition"]["state"] for d in receiver.received()] == ["PAUSED"]
+    finally:
+        await shipper.stop()
