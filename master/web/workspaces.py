@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request, Response
 from master.api.deps import ObjectId, SessionDep
 from master.services import workspaces
 from master.web.common import PagingDep, WebRoute, WebSessionDep, page_links, page_response
+from resolute.storage import mask_secrets
 
 router = APIRouter(route_class=WebRoute)
 
@@ -58,9 +59,11 @@ async def workspace_page(
         sort_by="SORT_BY_NAME",
     )
     params = {"archived": "true" if archived else ""}
+    stored = workspace.workspace.checkpoint_storage
     context = {
         "nav": "workspaces",
         "workspace": workspace,
+        "storage": mask_secrets(stored) if stored else None,  # never a secret on a page
         "rows": projects,
         "archived": archived,
         "pager": page_links(f"/ui/workspaces/{workspace_id}", paged, total, len(projects), params),

@@ -29,7 +29,9 @@ async def test_workspaces_their_projects_and_a_projects_experiments(
     web: httpx.AsyncClient,
 ) -> None:
     await bearer(web)
-    vision = (await ok(web.post("/api/v1/workspaces", json={"name": "vision"})))["workspace"]
+    bucket = {"type": "s3", "bucket": "vision-ckpt", "access_key": "AK", "secret_key": "hush"}
+    body = {"name": "vision", "checkpointStorageConfig": bucket}
+    vision = (await ok(web.post("/api/v1/workspaces", json=body)))["workspace"]
     old = (await ok(web.post("/api/v1/workspaces", json={"name": "old-team"})))["workspace"]
     await ok(web.post(f"/api/v1/workspaces/{old['id']}/archive"))
     made = []
@@ -60,6 +62,10 @@ async def test_workspaces_their_projects_and_a_projects_experiments(
     assert rows_of(workspace.text, "project") == ["detection", "segmentation"]
     assert f'href="/ui/experiments?project={detection["id"]}"' in workspace.text
     assert "boxes" in workspace.text
+    defaults = re.search(r'id="workspace-defaults">(.*?)</dl>', workspace.text, re.S)
+    assert defaults is not None
+    assert "vision-ckpt" in defaults.group(1) and "hush" not in workspace.text
+    assert defaults.group(1).count("the master") == 2  # no default pools of its own
 
     in_project = await web.get(f"/ui/experiments?project={detection['id']}")
     assert in_project.status_code == 200, in_project.text
