@@ -921,10 +921,7 @@ async def set_job_resource_pool(
     pool from the next pass, and its running ones are asked to stop (checkpoint and exit,
     as a preemption, so no restart is counted) and queue there, as Determined terminates
     them. Trials that start later (activated, continued, restarted) start there too."""
-    pool = settings.pool(pool_name)
-    if pool is None:
-        names = ", ".join(p.pool_name for p in settings.resource_pools)
-        raise InvalidArgument(f"{field}: pool {pool_name!r} does not exist; pools: {names}")
+    pool = pool_bindings.known_pool(settings, pool_name, field)
     await allocations.hold_scheduler(session)
     experiment = await get_experiment_by_job(session, job_id)
     if ExperimentState(experiment.state).is_terminal:

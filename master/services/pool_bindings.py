@@ -70,11 +70,6 @@ def known_pool(
     return pool
 
 
-def _master_defaults(settings: MasterSettings) -> set[str]:
-    # resolute has one master default; Determined's aux default falls back to it too.
-    return {settings.default_compute_pool}
-
-
 async def _workspaces_named(
     session: AsyncSession, ids: Sequence[int] | None, names: Sequence[object] | None
 ) -> list[WorkspaceModel]:
@@ -108,8 +103,9 @@ def _refuse_no_workspaces(workspaces: Sequence[WorkspaceModel]) -> None:
 
 
 def _refuse_master_default(settings: MasterSettings, pool: ResourcePoolSettings) -> None:
-    # Determined's rule: the pool that takes what names none must stay open to everyone.
-    if pool.pool_name in _master_defaults(settings):
+    # Determined's rule: the pool that takes what names none must stay open to everyone
+    # (resolute has one master default; Determined's aux default falls back to it too).
+    if pool.pool_name == settings.default_compute_pool:
         raise InvalidArgument(
             f"resourcePoolName: pool {pool.pool_name!r} is the master's default pool "
             "(default_compute_pool); it cannot be bound to workspaces"
@@ -334,11 +330,7 @@ async def choose_pool(
         name = workspace.default_compute_pool
     else:
         field, name = "default_compute_pool", settings.default_compute_pool
-    pool = settings.pool(name)
-    if pool is None:
-        raise InvalidArgument(
-            f"{field}: pool {name!r} does not exist; pools: {_pool_names(settings)}"
-        )
+    pool = known_pool(settings, name, field)
     await refuse_unusable(session, pool.pool_name, workspace, field)
     return pool
 
