@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
+    StrictInt,
     BaseModel,
     Field,
     ValidationInfo,
@@ -211,6 +212,64 @@ class TaskContainerDefaults(BaseModel):
     )
 
 
+class WorkspaceQuotaSettings(BaseModel):
+    """A workspace's quota in one pool, from the master config (a quota set through the API
+    for the same workspace and pool replaces it; docs/quotas.md)."""
+
+    workspace: str = Field(min_length=1, description="The workspace's name.")
+    nominal_slots: StrictInt = Field(
+        ge=0, description="Slots the workspace is guaranteed in this pool (taken back if lent)."
+    )
+    borrowing_limit: StrictInt | None = Field(
+        default=None,
+        ge=0,
+        description="Slots it may use above its nominal while others leave theirs idle "
+        "(empty: any idle slot; 0: none).",
+    )
+    lending_limit: StrictInt | None = Field(
+        default=None,
+        ge=0,
+        description="Slots of its nominal others may borrow while it leaves them idle "
+        "(empty: all of them).",
+    )
+
+    @model_validator(mode="after")
+    def _lends_what_it_has(self) -> WorkspaceQuotaSettings:
+        if self.lending_limit is not None and self.lending_limit > self.nominal_slots:
+            raise ValueError(
+                f"quotas: workspace {self.workspace}: lending_limit {self.lending_limit} is "
+                f"above its nominal_slots {self.nominal_slots}"
+            )
+        return self
+
+
+class FairShareSettings(BaseModel):
+    """How a workspace's queue is ordered at equal priority (docs/quotas.md)."""
+
+    half_life: str = Field(
+        default="168h",
+        description="Recent usage (slot-seconds) counts half after this long: a duration such "
+        "as '168h' (Slurm's PriorityDecayHalfLife default, 7 days) or '30m'.",
+    )
+    start_charge_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="Each allocation counts as this many seconds of its slots from the moment "
+        "it is placed, so one pass spreads free slots over users and experiments instead of "
+        "giving them all to whoever used least.",
+    )
+
+    @field_validator("half_life")
+    @classmethod
+    def _a_duration(cls, value: str) -> str:
+        if parse_duration(value, "fair_share.half_life") < timedelta(seconds=1):
+            raise ValueError(f"fair_share.half_life: {value!r} is shorter than 1s")
+        return value
+
+    def half_life_s(self) -> float:
+        return parse_duration(self.half_life, "fair_share.half_life").total_seconds()
+
+
 class ResourcePoolSettings(BaseModel):
     pool_name: str = Field(min_length=1, description="Name experiments and agents refer to.")
     description: str = Field(default="", description="Shown in `det resource-pool list`.")
@@ -230,6 +289,22 @@ class ResourcePoolSettings(BaseModel):
             "seconds without activity (none: they run until killed)."
         ),
     )
+    quotas: list[WorkspaceQuotaSettings] = Field(
+        default_factory=list,
+        description="Workspaces' slot quotas in this pool (docs/quotas.md). A workspace with "
+        "none here or through the API has no guaranteed slots and may borrow any idle ones.",
+    )
+
+    @field_validator("quotas")
+    @classmethod
+    def _one_quota_per_workspace(
+        cls, quotas: list[WorkspaceQuotaSettings]
+    ) -> list[WorkspaceQuotaSettings]:
+        names = [q.workspace for q in quotas]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"quotas: workspace named more than once: {', '.join(twice)}")
+        return quotas
 
 
 class AgentLinkSettings(BaseModel):
@@ -447,6 +522,7 @@ class MasterSettings(BaseSettings):
     )
     agent_link: AgentLinkSettings = Field(default_factory=AgentLinkSettings)
     retention_policy: LogRetentionSettings = Field(default_factory=LogRetentionSettings)
+    fair_share: FairShareSettings = Field(default_factory=FairShareSettings)
     task_container_defaults: TaskContainerDefaults = Field(default_factory=TaskContainerDefaults)
     checkpoint_storage: dict[str, Any] | None = Field(
         default=None,

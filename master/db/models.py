@@ -228,6 +228,41 @@ class PoolBindingModel(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
+class WorkspaceQuotaModel(Base):
+    """Slots a workspace is guaranteed in a resource pool (its nominal quota), how many more
+    it may borrow while others leave theirs idle, and how much of its own it lends. Set
+    through the API; a row overrides the master config's quota for the same workspace and
+    pool (master.services.quotas)."""
+
+    __tablename__ = "workspace_quotas"
+
+    workspace_id: Mapped[int] = mapped_column(
+        ForeignKey("workspaces.id", ondelete="CASCADE"), primary_key=True
+    )
+    resource_pool: Mapped[str] = mapped_column(String(256), primary_key=True)
+    nominal_slots: Mapped[int] = mapped_column(Integer)
+    # NULL: no limit (borrow any idle slots; lend all of the nominal it does not use).
+    borrowing_limit: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    lending_limit: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class FairShareUsageModel(Base):
+    """Slot-seconds used in a pool by one job (an experiment; a task as -task id) of one
+    user in one workspace, decayed to `as_of` with the master's fair_share half-life
+    (master.core.fair_share). Written when an allocation ends; the scheduler sums them by
+    user for its fair order, so the order survives a restart and a takeover."""
+
+    __tablename__ = "fair_share_usage"
+
+    resource_pool: Mapped[str] = mapped_column(String(256), primary_key=True)
+    workspace_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user_id: Mapped[int] = mapped_column(Integer, primary_key=True)  # 0: no owner
+    job_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    slot_seconds: Mapped[float] = mapped_column(Float)
+    as_of: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
 class WorkspacePinModel(Base):
     """A user's pinned workspaces (Determined's pins are each user's own)."""
 
