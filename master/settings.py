@@ -10,9 +10,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
-    StrictInt,
     BaseModel,
     Field,
+    StrictInt,
     ValidationInfo,
     field_validator,
     model_validator,
