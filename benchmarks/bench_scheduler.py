@@ -365,14 +365,15 @@ async def load_snapshot(app: FastAPI) -> Snapshot:
     async with factory_of(app)() as session:
         pending = await scheduler._load_pending(session)
         agents = await scheduler.load_agent_states(session)
-        running = await scheduler._load_running(session)
+        held = await scheduler._load_held(session)
+    running = [h.running for h in held if h.pool == POOL]
     assert {row.pool for row in pending} <= {POOL} and set(agents) <= {POOL}
     requests = [row.request() for row in pending]
     return Snapshot(
         policy=scheduler.policy_of(pool),
         agents=agents.get(POOL, []),
         requests=requests,
-        running=running.get(POOL, []),
+        running=running,
         trial_of={row.id: row.trial_id or 0 for row in pending},
     )
 

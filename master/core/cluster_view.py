@@ -14,10 +14,11 @@ can be out of date only until the next pass, never wrong in a pass.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from master.core import placement
+from master.core import fair_share, placement
+from master.core.fair_share import FairShare
 
 # (pending code, message, blocking job): a pending allocation's stored reason.
 Reason = tuple[str, str, int | None]
@@ -38,8 +39,14 @@ class PendingEntry:
     reason: Reason
     label: str = ""
     max_slots: int | None = None  # the experiment's resources.max_slots
+    # Whose it is (fair_share): an experiment's project (its workspace is looked up in the
+    # view, since projects move) or a task's workspace, its owner, its resources.weight.
+    project_id: int | None = None
+    workspace_id: int = 0
+    user_id: int = 0
+    weight: float = 1.0
 
-    def request(self) -> placement.Request:
+    def request(self, workspace_id: int | None = None) -> placement.Request:
         return placement.Request(
             id=self.id,
             job_id=self.job_id,
@@ -49,6 +56,9 @@ class PendingEntry:
             single_node=self.single_node,
             label=self.label,
             max_slots=self.max_slots,
+            workspace_id=self.workspace_id if workspace_id is None else workspace_id,
+            user_id=self.user_id,
+            weight=self.weight,
         )
 
 
@@ -68,6 +78,8 @@ class HeldEntry:
 
     running: placement.Running
     pool: str
+    user_id: int = 0
+    started_at: float = 0.0  # when it was placed (epoch seconds), for its usage so far
 
     @property
     def id(self) -> str:
@@ -99,6 +111,30 @@ class StopAsked:
 @dataclass(frozen=True)
 class Released:
     allocation_id: str
+    ended_at: float | None = None  # epoch seconds; its usage counts until accounted
+
+
+@dataclass(frozen=True)
+class Ended:
+    """An ended allocation's usage not yet added to the stored usage (fair_share_usage)."""
+
+    pool: str
+    workspace_id: int
+    user_id: int
+    job_id: int
+    slots: int
+    started_at: float
+    ended_at: float
+
+
+@dataclass(frozen=True)
+class StoredUsage:
+    pool: str
+    workspace_id: int
+    user_id: int
+    job_id: int
+    slot_seconds: float
+    as_of: float
 
 
 @dataclass(frozen=True)
@@ -116,6 +152,11 @@ class ClusterView:
     pending: dict[str, PendingEntry] = field(default_factory=dict)
     agents: dict[str, AgentEntry] = field(default_factory=dict)
     held: dict[str, HeldEntry] = field(default_factory=dict)
+    # Quotas by pool and workspace id; a project's workspace; usage for the fair order.
+    quotas: dict[str, dict[int, fair_share.Quota]] = field(default_factory=dict)
+    project_workspace: dict[int, int] = field(default_factory=dict)
+    stored_usage: list[StoredUsage] = field(default_factory=list)
+    ended: list[Ended] = field(default_factory=list)
     # Changes committed out of turn, kept until the ones before them arrive.
     _early: dict[int, tuple[Change, ...]] = field(default_factory=dict)
 
@@ -127,11 +168,19 @@ class ClusterView:
         pending: Iterable[PendingEntry],
         agents: Iterable[AgentEntry],
         held: Iterable[HeldEntry],
+        quotas: Mapping[str, Mapping[int, fair_share.Quota]] | None = None,
+        project_workspace: Mapping[int, int] | None = None,
+        stored_usage: Iterable[StoredUsage] = (),
+        ended: Iterable[Ended] = (),
     ) -> None:
         self.epoch = epoch
         self.pending = {p.id: p for p in pending}
         self.agents = {a.id: a for a in agents}
         self.held = {h.id: h for h in held}
+        self.quotas = {pool: dict(q) for pool, q in (quotas or {}).items()}
+        self.project_workspace = dict(project_workspace or {})
+        self.stored_usage = list(stored_usage)
+        self.ended = list(ended)
         self._early = {k: v for k, v in self._early.items() if k > epoch}
         self._catch_up()
 
@@ -176,8 +225,21 @@ class ClusterView:
                         held, running=replace(held.running, stopping=True)
                     )
         elif isinstance(change, Released):
-            self.held.pop(change.allocation_id, None)
+            held = self.held.pop(change.allocation_id, None)
             self.pending.pop(change.allocation_id, None)
+            if held is not None and change.ended_at is not None:
+                run = held.running
+                self.ended.append(
+                    Ended(
+                        held.pool,
+                        run.workspace_id,
+                        held.user_id,
+                        run.job_id,
+                        sum(len(ids) for _, ids in run.slots),
+                        held.started_at,
+                        change.ended_at,
+                    )
+                )
 
     # -- what a pass reads, and what it wrote ---------------------------------------------
 
@@ -230,11 +292,44 @@ class ClusterView:
             by_pool[held.pool].append(held.running)
         return by_pool
 
+    def workspace_of(self, entry: PendingEntry) -> int:
+        if entry.project_id is None:
+            return entry.workspace_id
+        return self.project_workspace.get(entry.project_id, entry.workspace_id)
+
+    def fair_share(self, pool: str, now: float, decay: fair_share.Decay) -> FairShare:
+        """The pool's usage by user and by job as of `now`: stored, ended since, running."""
+        h, charge = decay.half_life_s, decay.start_charge_s
+        by_user: dict[tuple[int, int], float] = defaultdict(float)
+        by_job: dict[int, float] = defaultdict(float)
+        for row in self.stored_usage:
+            if row.pool == pool:
+                value = fair_share.decayed(row.slot_seconds, now - row.as_of, h)
+                by_user[(row.workspace_id, row.user_id)] += value
+                by_job[row.job_id] += value
+        for end in self.ended:
+            if end.pool == pool:
+                used = fair_share.allocation_usage(
+                    end.slots, end.ended_at - end.started_at, h, charge
+                )
+                value = fair_share.decayed(used, now - end.ended_at, h)
+                by_user[(end.workspace_id, end.user_id)] += value
+                by_job[end.job_id] += value
+        for held in self.held.values():
+            if held.pool == pool:
+                run = held.running
+                slots = sum(len(ids) for _, ids in run.slots)
+                value = fair_share.allocation_usage(slots, now - held.started_at, h, charge)
+                by_user[(run.workspace_id, held.user_id)] += value
+                by_job[run.job_id] += value
+        return FairShare(dict(by_user), dict(by_job), charge)
+
     def placed(
         self,
         assignments: Sequence[placement.Assignment],
         reasons: dict[str, Reason],
         preempted: Iterable[str],
+        now: float = 0.0,
     ) -> None:
         """What a pass committed (at the view's epoch: a pass does not move it)."""
         for assignment in assignments:
@@ -250,8 +345,9 @@ class ClusterView:
                 slots=tuple((a, tuple(sorted(ids))) for a, ids in sorted(assignment.slots) if ids),
                 zero_slot_agent=zero_agent,
                 preemptible=entry.trial_id is not None,
+                workspace_id=self.workspace_of(entry),
             )
-            self.held[entry.id] = HeldEntry(running, entry.pool)
+            self.held[entry.id] = HeldEntry(running, entry.pool, entry.user_id, now)
         for allocation_id, reason in reasons.items():
             entry = self.pending.get(allocation_id)
             if entry is not None and entry.reason != reason:

@@ -19,11 +19,14 @@ that failed once fails for the rest of it and each reason is worked out once per
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
 from operator import attrgetter
+
+from master.core import fair_share
 
 # --- inputs and outputs --------------------------------------------------------------------
 
@@ -81,6 +84,10 @@ class Request:
     label: str = ""
     # The job's resources.max_slots: the most slots all its allocations may hold at once.
     max_slots: int | None = None
+    # Whose it is, for quotas and the fair order (master.core.fair_share); 0: nobody's.
+    workspace_id: int = 0
+    user_id: int = 0
+    weight: float = 1.0  # the job's resources.weight
 
     @property
     def job_name(self) -> str:
@@ -103,6 +110,7 @@ class Running:
     zero_slot_agent: str | None = None
     preemptible: bool = True
     stopping: bool = False
+    workspace_id: int = 0
 
 
 @dataclass(frozen=True)
@@ -126,6 +134,10 @@ class PendingCode(StrEnum):
     # fits the pool's agents, but not the ones usable now
     WAITING_FOR_USABLE_AGENTS = "WAITING_FOR_USABLE_AGENTS"
     AT_MAX_SLOTS = "AT_MAX_SLOTS"  # its job holds as many slots as resources.max_slots allows
+    # its workspace would pass its quota plus its borrowing limit
+    QUOTA_BORROWING_LIMIT = "QUOTA_BORROWING_LIMIT"
+    # the free slots are other workspaces' idle quota, which they do not lend
+    QUOTA_NOT_LENT = "QUOTA_NOT_LENT"
 
 
 @dataclass(frozen=True)
@@ -162,11 +174,15 @@ def schedule(
     requests: Sequence[Request],
     running: Sequence[Running] = (),
     held_slots: Mapping[int, int] | None = None,
+    quotas: Mapping[int, fair_share.Quota] | None = None,
+    share: fair_share.FairShare | None = None,
 ) -> Plan:
-    """Place what fits now, in (priority, order, id) order, and explain the rest.
+    """Place what fits now, in queue order, and explain the rest.
 
-    Each placement takes its slots from a working copy of free capacity, so later requests
-    see them taken. A request that can never fit is skipped. The first request that could fit
+    The queue order is (priority, order, id), or with `share` the fair order of
+    fair_share.FairOrder (priority, then the least-used user and job, then order). Each
+    placement takes its slots from a working copy of free capacity, so later requests see
+    them taken. A request that can never fit is skipped. The first request that could fit
     but does not becomes the head: it reserves the capacity it waits for (for a gang, the
     agents of its size closest to idle; otherwise the agent with the most free slots that is
     big enough). Later requests, whatever their priority, backfill anywhere else but never
@@ -178,78 +194,179 @@ def schedule(
     (`held_slots`, by job id, plus what this pass gives it) and its own would pass the cap;
     it neither becomes the head nor reserves anything, so it holds up no one else.
 
+    With `quotas` (by workspace id; `running` must then hold every placed allocation of the
+    pool), requests within their workspace's nominal quota go first, then the rest, which
+    borrow: a borrower waits, holding up no one, while its workspace would pass its borrowing
+    limit or the free slots are others' idle quota they do not lend. A request within its
+    nominal quota that does not fit becomes the head and reclaims: borrowers' preemptible
+    work is asked to stop (lowest priority, then newest, first; never taking a workspace
+    below its nominal quota) until it fits. Priority preemption never takes work of another
+    workspace that is within its nominal quota.
+
     Agent, request and running ids must each be unique: they are the final tie-breaks.
     """
-    held_by_job = dict(held_slots or {})
     summary = _summarize(policy, agents)
     cap = _Capacity(policy, sorted(agents, key=_AGENT_ID), summary)
-    never: dict[tuple[int, bool], Pending | None] = {}
-    assignments: list[Assignment] = []
-    done: list[Pending] = []
-    waiting: list[Request] = []
-    head: Request | None = None
-    preempt: tuple[str, ...] = ()
-    head_note = ""
-    min_failed_single = summary.max_total + 1  # a single-agent fit this size or larger fails
-    failed_gangs: set[int] = set()
+    ledger = _ledger(cap, running, quotas) if quotas else None
+    p = _Pass(policy, summary, cap, running, held_slots, ledger, share)
+    if ledger is None:
+        for req in p.order(requests):
+            p.consider(req, within=False)
+    else:
+        borrowers: list[Request] = []
+        for req in p.order(requests):
+            if req.slots == 0 or ledger.within_nominal(req.workspace_id, req.slots):
+                p.consider(req, within=req.slots > 0)
+            else:
+                borrowers.append(req)
+        for req in p.order(borrowers):
+            p.consider(req, within=False)
+    return p.plan()
 
-    pick, take, ids = cap.pick, cap.take, cap.ids  # the loop below is the hot path
-    for req in _queue_order(requests):
+
+def _ledger(
+    cap: _Capacity, running: Sequence[Running], quotas: Mapping[int, fair_share.Quota]
+) -> fair_share.QuotaLedger:
+    capacity = sum(t for t, u in zip(cap.total, cap.usable, strict=True) if u)
+    free = sum(f for f, u in zip(cap.nfree, cap.usable, strict=True) if u)
+    held: dict[int, int] = {}
+    for run in running:
+        n = sum(len(ids) for _, ids in run.slots)
+        if n:
+            held[run.workspace_id] = held.get(run.workspace_id, 0) + n
+    return fair_share.QuotaLedger(quotas, capacity, free, held)
+
+
+class _Pass:
+    """The state of one pass over one pool: what is placed, what waits and why, the head."""
+
+    def __init__(
+        self,
+        policy: PoolPolicy,
+        summary: _Summary,
+        cap: _Capacity,
+        running: Sequence[Running],
+        held_slots: Mapping[int, int] | None,
+        ledger: fair_share.QuotaLedger | None,
+        share: fair_share.FairShare | None,
+    ) -> None:
+        self.policy, self.summary, self.cap = policy, summary, cap
+        self.running, self.ledger, self.share = running, ledger, share
+        self.held_by_job = dict(held_slots or {})
+        self.never: dict[tuple[int, bool], Pending | None] = {}
+        self.assignments: list[Assignment] = []
+        self.done: list[Pending] = []
+        self.waiting: list[Request] = []
+        self.head: Request | None = None
+        self.preempt: tuple[str, ...] = ()
+        self.head_note = ""
+        self.min_failed_single = summary.max_total + 1  # a single-agent fit this size fails
+        self.failed_gangs: set[int] = set()
+        self._fair: fair_share.FairOrder[Request] | None = None
+
+    def order(self, requests: Sequence[Request]) -> Iterable[Request]:
+        if self.share is None:
+            return _queue_order(requests)
+        self._fair = fair_share.FairOrder(requests, self.share, _queue_order)
+        return self._fair
+
+    def consider(self, req: Request, *, within: bool) -> None:
+        """Place `req` if it may and fits; else note why it waits, or make it the head.
+        `within`: it fits its workspace's nominal quota (only with quotas)."""
         s = req.slots
         shape = (s, req.single_node)
-        impossible = never.get(shape, _UNKNOWN)
+        impossible = self.never.get(shape, _UNKNOWN)
         if impossible is _UNKNOWN:
-            impossible = never[shape] = _feasibility(summary, s, req.single_node)
+            impossible = self.never[shape] = _feasibility(self.summary, s, req.single_node)
         if impossible is not None:
-            done.append(Pending(req.id, impossible.code, impossible.message))
-            continue
+            self.done.append(Pending(req.id, impossible.code, impossible.message))
+            return
         max_slots = req.max_slots
-        capped = max_slots is not None
         if max_slots is not None:
-            held = held_by_job.get(req.job_id, 0)
+            held = self.held_by_job.get(req.job_id, 0)
             if held + s > max_slots:
-                done.append(Pending(req.id, PendingCode.AT_MAX_SLOTS, _at_max_slots(req, held)))
-                continue
+                self.done.append(
+                    Pending(req.id, PendingCode.AT_MAX_SLOTS, _at_max_slots(req, held))
+                )
+                return
+        cap = self.cap
         if s == 0:
             r = cap.place_zero()
             if r < 0:
-                waiting.append(req)
+                self.waiting.append(req)
             else:
-                assignments.append(Assignment(req.id, ((ids[r], ()),)))
-            continue
-        if s < min_failed_single:
-            r = pick(s)
+                self.assignments.append(Assignment(req.id, ((cap.ids[r], ()),)))
+            return
+        ledger = self.ledger
+        owed = False  # within its nominal quota, but the free slots are others' to keep
+        if ledger is not None:
+            w = req.workspace_id
+            if not within and ledger.over_borrowing_limit(w, s):
+                self.done.append(_borrowing_limit(req, ledger, self.summary.pool))
+                return
+            # Short of free slots, it waits like any request; with enough free slots that
+            # are others' idle quota, a borrower waits for quota and one within its nominal
+            # quota reclaims from borrowers.
+            if ledger.free >= s and not ledger.lendable(w, s):
+                if not within:
+                    self.done.append(_not_lent(req, ledger, self.summary.pool))
+                    return
+                owed = True
+        if not owed:
+            placed = self._place(req)
+            if placed is not None:
+                self.assignments.append(Assignment(req.id, placed))
+                if max_slots is not None:
+                    self.held_by_job[req.job_id] = self.held_by_job.get(req.job_id, 0) + s
+                if ledger is not None:
+                    ledger.take(req.workspace_id, s)
+                if self._fair is not None:
+                    self._fair.charge(req)
+                return
+        if self.head is None:
+            self._become_head(req, within)
+        self.waiting.append(req)
+
+    def _place(self, req: Request) -> tuple[tuple[str, tuple[int, ...]], ...] | None:
+        s, cap = req.slots, self.cap
+        if s < self.min_failed_single:
+            r = cap.pick(s)
             if r >= 0:
-                assignments.append(Assignment(req.id, ((ids[r], take(r, s)),)))
-                if capped:
-                    held_by_job[req.job_id] = held_by_job.get(req.job_id, 0) + s
-                continue
-            min_failed_single = s
-        if not req.single_node and s > 1 and s not in failed_gangs:
+                return ((cap.ids[r], cap.take(r, s)),)
+            self.min_failed_single = s
+        if not req.single_node and s > 1 and s not in self.failed_gangs:
             gang = cap.place_gang(s)
             if gang is not None:
-                assignments.append(Assignment(req.id, gang))
-                if capped:
-                    held_by_job[req.job_id] = held_by_job.get(req.job_id, 0) + s
-                continue
-            failed_gangs.add(s)
-        if head is None:
-            head = req
-            reserve: list[int] | None = None
-            if policy.preemption:
-                outcome = _plan_preemption(policy, cap, summary, req, running)
-                if outcome is not None:
-                    reserve, preempt, head_note = outcome
-            if reserve is None:
-                reserve = cap.head_reservation(s, summary)
-            for r in reserve:
-                cap.reserve(r)
-        waiting.append(req)
+                return gang
+            self.failed_gangs.add(s)
+        return None
 
-    done.extend(_explain_waiting(policy, cap, summary, waiting, head, head_note))
-    done.sort(key=_PENDING_ID)
-    reserved = tuple(cap.ids[r] for r in range(len(cap.ids)) if cap.reserved[r])
-    return Plan(tuple(assignments), tuple(done), preempt, reserved)
+    def _become_head(self, req: Request, within: bool) -> None:
+        self.head = req
+        cap, summary, ledger = self.cap, self.summary, self.ledger
+        reserve: list[int] | None = None
+        outcome = None
+        if ledger is not None and within:
+            outcome = _plan_reclaim(self.policy, cap, summary, req, self.running, ledger)
+        if outcome is None and self.policy.preemption:
+            outcome = _plan_preemption(self.policy, cap, summary, req, self.running, ledger)
+        if outcome is not None:
+            reserve, self.preempt, self.head_note = outcome
+        if reserve is None:
+            reserve = cap.head_reservation(req.slots, summary)
+        for r in reserve:
+            cap.reserve(r)
+
+    def plan(self) -> Plan:
+        cap = self.cap
+        self.done.extend(
+            _explain_waiting(
+                self.policy, cap, self.summary, self.waiting, self.head, self.head_note
+            )
+        )
+        self.done.sort(key=_PENDING_ID)
+        reserved = tuple(cap.ids[r] for r in range(len(cap.ids)) if cap.reserved[r])
+        return Plan(tuple(self.assignments), tuple(self.done), self.preempt, reserved)
 
 
 def feasibility(
@@ -605,28 +722,21 @@ class _Capacity:
 # --- preemption ----------------------------------------------------------------------------
 
 
-def _plan_preemption(
-    policy: PoolPolicy,
-    cap: _Capacity,
-    summary: _Summary,
-    head: Request,
-    running: Sequence[Running],
-) -> tuple[list[int], tuple[str, ...], str] | None:
-    """Victims that let the head fit once they exit, the agents to hold for it, and a note.
+class _Release:
+    """Running work released in simulation, to see when a head would fit."""
 
-    Releases already asked for count first. Then preemptible work of strictly lower priority
-    is added, lowest priority and newest first, until the head would fit; only the victims on
-    the agents it would use are kept. None when the head cannot fit even then.
-    """
-    s = head.slots
-    sim_free: dict[int, int] = {}
-    sim_used: dict[int, int] = {}
-    idle_count = dict(cap.idle_count)  # no reservation exists yet when the head is found
-    made_idle: set[int] = set()
-    released: set[tuple[int, int]] = set()
+    def __init__(self, policy: PoolPolicy, cap: _Capacity, summary: _Summary, head: Request):
+        self.policy, self.cap, self.summary, self.head = policy, cap, summary, head
+        self.sim_free: dict[int, int] = {}
+        self.sim_used: dict[int, int] = {}
+        self.idle_count = dict(cap.idle_count)  # no reservation exists yet for the head
+        self.made_idle: set[int] = set()
+        self.released: set[tuple[int, int]] = set()
+        self.freed = 0  # usable slots released
 
-    def release(run: Running) -> bool:
-        """Free run's slots in the simulation; True if the head now fits."""
+    def release(self, run: Running) -> bool:
+        """Free run's slots; True if the head now fits the agents."""
+        cap, s = self.cap, self.head.slots
         fits = False
         for agent_id, slot_ids in run.slots:
             r = cap.rank.get(agent_id)
@@ -634,46 +744,75 @@ def _plan_preemption(
                 continue
             agent = cap.agents[r]
             for slot in slot_ids:
-                if (r, slot) in released or slot not in agent.used_slot_ids:
+                if (r, slot) in self.released or slot not in agent.used_slot_ids:
                     continue
-                released.add((r, slot))
-                used = sim_used[r] = sim_used.get(r, cap.used[r]) - 1
-                free = sim_free.get(r, cap.nfree[r])
+                self.released.add((r, slot))
+                used = self.sim_used[r] = self.sim_used.get(r, cap.used[r]) - 1
+                free = self.sim_free.get(r, cap.nfree[r])
                 if slot in agent.slot_ids:
-                    free = sim_free[r] = free + 1
-                fits = fits or (s <= summary.max_total and free >= s)
+                    free = self.sim_free[r] = free + 1
+                    self.freed += 1
+                fits = fits or (s <= self.summary.max_total and free >= s)
                 if used == 0 and cap.total[r] > 0:
-                    made_idle.add(r)
-                    idle_count[cap.total[r]] += 1
-        if not head.single_node and s > 1:
-            fits = fits or _gang_size(s, idle_count, cap.sizes_desc) is not None
-        return fits
+                    self.made_idle.add(r)
+                    self.idle_count[cap.total[r]] += 1
+        return fits or self.fits_gang()
 
-    def fit_agents() -> list[int]:
-        if s <= summary.max_total:
-            roomy = [r for r, f in sim_free.items() if f >= s]
+    def fits_gang(self) -> bool:
+        s = self.head.slots
+        if self.head.single_node or s <= 1:
+            return False
+        return _gang_size(s, self.idle_count, self.cap.sizes_desc) is not None
+
+    def fit_agents(self) -> list[int]:
+        """The agents the head would use once the released work exits."""
+        cap, s = self.cap, self.head.slots
+        if s <= self.summary.max_total:
+            roomy = [r for r in range(len(cap.ids)) if cap.usable[r] and self.free_of(r) >= s]
             if roomy:
-                if policy.fitting == FittingPolicy.WORST:
-                    return [min(roomy, key=lambda r: (-Fraction(sim_free[r], cap.total[r]), r))]
-                return [min(roomy, key=lambda r: (sim_free[r], r))]
-        n = _gang_size(s, idle_count, cap.sizes_desc)
+                if self.policy.fitting == FittingPolicy.WORST:
+                    return [min(roomy, key=lambda r: (-Fraction(self.free_of(r), cap.total[r]), r))]
+                return [min(roomy, key=lambda r: (self.free_of(r), r))]
+        n = _gang_size(s, self.idle_count, cap.sizes_desc)
         assert n is not None
         idle = sorted(
-            r for r in range(len(cap.ids)) if cap.total[r] == n and (cap.idle[r] or r in made_idle)
+            r
+            for r in range(len(cap.ids))
+            if cap.total[r] == n and (cap.idle[r] or r in self.made_idle)
         )
         return idle[: s // n]
 
-    def touching(runs: list[Running], agents: list[int]) -> list[Running]:
-        ids = {cap.ids[r] for r in agents}
+    def free_of(self, r: int) -> int:
+        return self.sim_free.get(r, self.cap.nfree[r])
+
+    def touching(self, runs: list[Running], agents: list[int]) -> list[Running]:
+        ids = {self.cap.ids[r] for r in agents}
         return [run for run in runs if any(a in ids for a, _ in run.slots)]
 
+
+def _plan_preemption(
+    policy: PoolPolicy,
+    cap: _Capacity,
+    summary: _Summary,
+    head: Request,
+    running: Sequence[Running],
+    ledger: fair_share.QuotaLedger | None = None,
+) -> tuple[list[int], tuple[str, ...], str] | None:
+    """Victims that let the head fit once they exit, the agents to hold for it, and a note.
+
+    Releases already asked for count first. Then preemptible work of strictly lower priority
+    is added, lowest priority and newest first, until the head would fit; only the victims on
+    the agents it would use are kept. None when the head cannot fit even then. With quotas,
+    work of another workspace is a candidate only while that workspace borrows.
+    """
+    sim = _Release(policy, cap, summary, head)
     stopping = sorted((run for run in running if run.stopping), key=_RUNNING_ID)
     fits = False
     for run in stopping:
-        fits = release(run) or fits
+        fits = sim.release(run) or fits
     if fits:
-        agents = fit_agents()
-        exiting = len(touching(stopping, agents))
+        agents = sim.fit_agents()
+        exiting = len(sim.touching(stopping, agents))
         return agents, (), f"; waiting for {_plural(exiting, 'stopping allocation')} to exit"
     candidates = sorted(
         (
@@ -683,15 +822,152 @@ def _plan_preemption(
         ),
         key=_victim_order,
     )
+    held = dict(ledger.held) if ledger is not None else {}
     chosen: list[Running] = []
     for run in candidates:
+        w = run.workspace_id
+        if ledger is not None and w != head.workspace_id:
+            if held.get(w, 0) <= ledger.nominal_of(w):
+                continue
+            held[w] -= sum(len(ids) for _, ids in run.slots)
         chosen.append(run)
-        if release(run):
-            agents = fit_agents()
-            victims = touching(chosen, agents)
+        if sim.release(run):
+            agents = sim.fit_agents()
+            victims = sim.touching(chosen, agents)
             note = f"; asked {_plural(len(victims), 'lower-priority allocation')} to stop"
             return agents, tuple(sorted(v.id for v in victims)), note
     return None
+
+
+def _plan_reclaim(
+    policy: PoolPolicy,
+    cap: _Capacity,
+    summary: _Summary,
+    head: Request,
+    running: Sequence[Running],
+    ledger: fair_share.QuotaLedger,
+) -> tuple[list[int], tuple[str, ...], str] | None:
+    """Borrowers' work to stop so that a head within its nominal quota fits, the agents to
+    hold for it, and a note saying whose slots are reclaimed for whom.
+
+    The head needs to fit the agents and to leave free the idle quota other workspaces do not
+    lend. Stopping work counts first. Then borrowers' preemptible work, lowest priority and
+    newest first, whatever its priority against the head's (a nominal quota is a guarantee),
+    and only while its workspace still borrows: no workspace is taken below its nominal
+    quota, and none is preempted so that another rises above its own, so two workspaces can
+    never keep preempting each other. None when there is nothing to reclaim.
+    """
+    w, s = head.workspace_id, head.slots
+    sim = _Release(policy, cap, summary, head)
+    held = dict(ledger.held)
+    kept = ledger.kept_for_others(w)  # borrowers' releases do not change others' idle quota
+
+    def counts_ok() -> bool:
+        return ledger.free + sim.freed - s >= kept
+
+    stopping = sorted((run for run in running if run.stopping), key=_RUNNING_ID)
+    fits = False
+    for run in stopping:
+        fits = sim.release(run) or fits
+    if fits and counts_ok():
+        agents = sim.fit_agents()
+        exiting = len(sim.touching(stopping, agents)) or len(stopping)
+        return agents, (), f"; waiting for {_plural(exiting, 'stopping allocation')} to exit"
+    candidates = sorted(
+        (
+            run
+            for run in running
+            if run.preemptible
+            and not run.stopping
+            and run.workspace_id != w
+            and ledger.borrowing(run.workspace_id) > 0
+        ),
+        key=_victim_order,
+    )
+    if s <= summary.max_total:
+        one_agent = _reclaim_on_one_agent(policy, cap, summary, head, stopping, candidates, ledger)
+        if one_agent is not None:
+            return one_agent
+    chosen: list[Running] = []
+    for run in candidates:
+        v = run.workspace_id
+        if held.get(v, 0) <= ledger.nominal_of(v):
+            continue  # no longer borrowing once the victims chosen so far stop
+        held[v] -= sum(len(ids) for _, ids in run.slots)
+        chosen.append(run)
+        fits = sim.release(run) or fits
+        if fits and counts_ok():
+            agents = sim.fit_agents()
+            victims = sim.touching(chosen, agents)
+            freed_by_touching = sum(len(ids) for v_run in victims for _, ids in v_run.slots)
+            if ledger.free + freed_by_touching - s < kept:
+                victims = chosen
+            slots = sum(len(ids) for v_run in victims for _, ids in v_run.slots)
+            lenders = sorted({ledger.name(v_run.workspace_id) for v_run in victims})
+            note = (
+                f"; reclaiming {_plural(slots, 'slot')} from {', '.join(lenders)} for "
+                f"{ledger.name(w)} (allocation{'s' if len(victims) > 1 else ''} "
+                f"{', '.join(sorted(v_run.id for v_run in victims))} asked to checkpoint "
+                "and stop)"
+            )
+            return agents, tuple(sorted(v_run.id for v_run in victims)), note
+    return None
+
+
+def _reclaim_on_one_agent(
+    policy: PoolPolicy,
+    cap: _Capacity,
+    summary: _Summary,
+    head: Request,
+    stopping: list[Running],
+    candidates: list[Running],
+    ledger: fair_share.QuotaLedger,
+) -> tuple[list[int], tuple[str, ...], str] | None:
+    """For a head that fits one agent: the agent where the fewest borrowers' allocations
+    (then the lowest-priority, newest ones) must stop for it, each taken in victim order
+    and only while its workspace still borrows. None when no agent can be freed so."""
+    w, s = head.workspace_id, head.slots
+    kept = ledger.kept_for_others(w)
+    on_agent: dict[str, list[Running]] = defaultdict(list)
+    for run in candidates:
+        for agent_id, _ in run.slots:
+            on_agent[agent_id].append(run)
+    best: tuple[tuple[int, list[tuple[int, float, int, str]], int], list[Running], int] | None
+    best = None
+    for r in range(len(cap.ids)):
+        if not cap.usable[r] or cap.total[r] < s:
+            continue
+        sim = _Release(policy, cap, summary, head)
+        for run in stopping:
+            sim.release(run)
+        held = dict(ledger.held)
+        chosen: list[Running] = []
+        for run in on_agent.get(cap.ids[r], ()):
+            if sim.free_of(r) >= s and ledger.free + sim.freed - s >= kept:
+                break
+            v = run.workspace_id
+            if held.get(v, 0) <= ledger.nominal_of(v):
+                continue
+            held[v] -= sum(len(ids) for _, ids in run.slots)
+            chosen.append(run)
+            sim.release(run)
+        if not chosen or sim.free_of(r) < s or ledger.free + sim.freed - s < kept:
+            continue
+        key = (len(chosen), [_victim_order(run) for run in chosen], r)
+        if best is None or key < best[0]:
+            best = (key, chosen, r)
+    if best is None:
+        return None
+    _, victims, r = best
+    slots = sum(len(ids) for run in victims for _, ids in run.slots)
+    lenders = sorted({ledger.name(run.workspace_id) for run in victims})
+    ids = sorted(run.id for run in victims)
+    note = (
+        f"; reclaiming {_plural(slots, 'slot')} from {', '.join(lenders)} for "
+        f"{ledger.name(w)} (allocation{'s' if len(ids) > 1 else ''} {', '.join(ids)} asked "
+        "to checkpoint and stop)"
+    )
+    return [r], tuple(ids), note
 
 
 _RUNNING_ID = attrgetter("id")
@@ -793,6 +1069,47 @@ def _reason(
         f"waiting for {_plural(s // n, f'idle {n}-slot agent')}, {idle_now}",
         None,
     )
+
+
+def _scaled_note(ledger: fair_share.QuotaLedger, w: int) -> str:
+    if not ledger.scaled or w not in ledger.quotas:
+        return ""
+    return (
+        f" (scaled from {ledger.quota(w).nominal} while the pool's {ledger.capacity} usable "
+        f"slots are fewer than the {ledger.total_nominal} its quotas promise)"
+    )
+
+
+def _borrowing_limit(req: Request, ledger: fair_share.QuotaLedger, pool: str) -> Pending:
+    w = req.workspace_id
+    name, held, nominal = ledger.name(w), ledger.held.get(w, 0), ledger.nominal_of(w)
+    limit = ledger.quota(w).borrowing_limit
+    quota = f"its {nominal}-slot quota{_scaled_note(ledger, w)}"
+    if limit == 0:
+        idle = f"{_plural(ledger.free, 'idle slot')} {'is' if ledger.free == 1 else 'are'}"
+        message = (
+            f"workspace {name} holds {held} of {quota} in pool {pool}; {idle} lent to no one "
+            "because its borrowing limit is 0"
+        )
+    else:
+        message = (
+            f"workspace {name} holds {_plural(held, 'slot')} in pool {pool}, {quota} plus "
+            f"{ledger.borrowing(w)} borrowed, and its borrowing limit is {limit}; this needs "
+            f"{_plural(req.slots, 'slot')}"
+        )
+    return Pending(req.id, PendingCode.QUOTA_BORROWING_LIMIT, message)
+
+
+def _not_lent(req: Request, ledger: fair_share.QuotaLedger, pool: str) -> Pending:
+    w = req.workspace_id
+    kept = ledger.kept_for_others(w)
+    message = (
+        f"pool {pool} has {_plural(ledger.free, 'free slot')}, but {kept} of them are other "
+        f"workspaces' idle quota, which they do not lend (lending_limit); workspace "
+        f"{ledger.name(w)} holds {ledger.held.get(w, 0)} of its {ledger.nominal_of(w)}-slot "
+        f"quota{_scaled_note(ledger, w)} and this needs {_plural(req.slots, 'slot')} more"
+    )
+    return Pending(req.id, PendingCode.QUOTA_NOT_LENT, message)
 
 
 def _at_max_slots(req: Request, held: int) -> str:

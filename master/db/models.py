@@ -742,7 +742,11 @@ class AllocationModel(Base):
     holds its slots. Exactly one of trial_id and task_id is set."""
 
     __tablename__ = "allocations"
-    __table_args__ = (Index("ix_allocations_state_pool", "state", "resource_pool"),)
+    __table_args__ = (
+        Index("ix_allocations_state_pool", "state", "resource_pool"),
+        # The fair-share accounting reads what ended since it last looked.
+        Index("ix_allocations_ended_at", "ended_at"),
+    )
 
     # "<trial id>.<run>", or "<task uuid>.1"
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -811,6 +815,9 @@ class SchedulerStateModel(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     epoch: Mapped[int] = mapped_column(Integer().with_variant(BigInteger(), "postgresql"))
+    # Allocations that ended up to this time have their usage in fair_share_usage
+    # (master.services.usage); NULL: none accounted yet.
+    usage_accounted_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
 class AgentMetricModel(Base):

@@ -231,7 +231,14 @@ def _max_slots(experiment: ExperimentModel) -> int | None:
     return None if value is None else int(value)
 
 
-def _queued(row: dict[str, Any], priority: int, max_slots: int | None) -> cluster_view.PendingEntry:
+def _weight(experiment: ExperimentModel) -> float:
+    value = (experiment.config.get("resources") or {}).get("weight")
+    return 1.0 if value is None else float(value)
+
+
+def _queued(
+    row: dict[str, Any], priority: int, max_slots: int | None, experiment: ExperimentModel
+) -> cluster_view.PendingEntry:
     """What the in-memory view holds of a new pending allocation (as the pass loads it)."""
     return cluster_view.PendingEntry(
         id=row["id"],
@@ -244,6 +251,9 @@ def _queued(row: dict[str, Any], priority: int, max_slots: int | None) -> cluste
         order=(row["registered_at"].timestamp(), row["trial_id"]),
         reason=(FIRST_PENDING_CODE, FIRST_PENDING_REASON, None),
         max_slots=max_slots,
+        project_id=experiment.project_id,
+        user_id=experiment.owner_id or 0,
+        weight=_weight(experiment),
     )
 
 
@@ -252,7 +262,7 @@ def enqueue_trial(session: AsyncSession, trial: TrialModel, experiment: Experime
     trial.run_id += 1
     row = _pending_allocation(trial.id, trial.run_id, experiment, utcnow())
     session.add(AllocationModel(**row))
-    entry = _queued(row, experiment.priority, _max_slots(experiment))
+    entry = _queued(row, experiment.priority, _max_slots(experiment), experiment)
     note_change(session, cluster_view.Enqueued((entry,)))
 
 
@@ -269,7 +279,12 @@ async def enqueue_new_trials_of(
     """enqueue_new_trials for the trials of several experiments, in one statement."""
     now = utcnow()
     rows = [
-        (_pending_allocation(i, 1, experiment, now), experiment.priority, _max_slots(experiment))
+        (
+            _pending_allocation(i, 1, experiment, now),
+            experiment.priority,
+            _max_slots(experiment),
+            experiment,
+        )
         for trial_ids, experiment in new
         for i in trial_ids
     ]

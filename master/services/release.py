@@ -63,9 +63,11 @@ async def release_allocation(
     await session.execute(
         delete(AllocationSlotModel).where(AllocationSlotModel.allocation_id == allocation_id)
     )
-    allocations.note_change(session, cluster_view.Released(allocation_id))
     allocation.state = AllocationState.TERMINATED
     allocation.ended_at = utcnow()
+    allocations.note_change(
+        session, cluster_view.Released(allocation_id, allocation.ended_at.timestamp())
+    )
     if allocation.task_session_id is not None:
         await auth.revoke_session(session, allocation.task_session_id)
         allocation.task_session_id = None

@@ -24,7 +24,7 @@ from typing import cast
 from sqlalchemy import Table, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from master.core import cluster_view, placement
+from master.core import cluster_view, fair_share, placement
 from master.core.cluster_view import PendingEntry
 from master.db.models import (
     AgentModel,
@@ -32,13 +32,14 @@ from master.db.models import (
     AllocationSlotModel,
     AllocationState,
     ExperimentModel,
+    ProjectModel,
     SlotModel,
     TaskModel,
     TrialState,
     utcnow,
 )
 from master.db.session import session_scope
-from master.services import states
+from master.services import quotas, states, usage
 from master.services.allocations import (
     HELD_STATES,
     hold_scheduler_for_pass,
@@ -60,6 +61,7 @@ _ALLOCATIONS = cast(Table, AllocationModel.__table__)
 _HELD = cast(Table, AllocationSlotModel.__table__)
 _EXPERIMENTS = cast(Table, ExperimentModel.__table__)
 _TASKS = cast(Table, TaskModel.__table__)
+_PROJECTS = cast(Table, ProjectModel.__table__)
 
 SCHEDULER_LOCK_ID = 0x7265736F6C7363  # one scheduler at a time across masters on Postgres
 _CHUNK = 5000  # ids per statement, as in master.services.states
@@ -179,6 +181,10 @@ async def _load_pending(session: AsyncSession) -> list[PendingEntry]:
             _TASKS.c.type,
             _TASKS.c.uuid,
             _EXPERIMENTS.c.config["resources"]["max_slots"].as_integer(),
+            _EXPERIMENTS.c.project_id,
+            _TASKS.c.workspace_id,
+            func.coalesce(_EXPERIMENTS.c.owner_id, _TASKS.c.owner_id),
+            _EXPERIMENTS.c.config["resources"]["weight"].as_float(),
         )
         .select_from(_ALLOCATIONS)
         .outerjoin(_EXPERIMENTS, _EXPERIMENTS.c.id == a.experiment_id)
@@ -198,12 +204,17 @@ async def _load_pending(session: AsyncSession) -> list[PendingEntry]:
             reason=(r[8], r[9], r[10]),
             label=_task_label(r[12], r[13]),
             max_slots=r[14],
+            project_id=r[15],
+            workspace_id=r[16] or 0,
+            user_id=r[17] or 0,
+            weight=r[18] or 1.0,
         )
         for r in (await conn.execute(query)).all()
     ]
 
 
-async def _load_running(session: AsyncSession) -> dict[str, list[placement.Running]]:
+async def _load_held(session: AsyncSession) -> list[cluster_view.HeldEntry]:
+    """Placed allocations (ASSIGNED to TERMINATING) and what they hold."""
     conn = await session.connection()
     a = _ALLOCATIONS.c
     query = (
@@ -217,9 +228,13 @@ async def _load_running(session: AsyncSession) -> dict[str, list[placement.Runni
             a.zero_slot_agent_id,
             a.preempt_requested,
             func.coalesce(_EXPERIMENTS.c.priority, _TASKS.c.priority),
+            func.coalesce(_PROJECTS.c.workspace_id, _TASKS.c.workspace_id),
+            func.coalesce(_EXPERIMENTS.c.owner_id, _TASKS.c.owner_id),
+            a.assigned_at,
         )
         .select_from(_ALLOCATIONS)
         .outerjoin(_EXPERIMENTS, _EXPERIMENTS.c.id == a.experiment_id)
+        .outerjoin(_PROJECTS, _PROJECTS.c.id == _EXPERIMENTS.c.project_id)
         .outerjoin(_TASKS, _TASKS.c.id == a.task_id)
         .where(a.state.in_(HELD_STATES))
     )
@@ -229,7 +244,7 @@ async def _load_running(session: AsyncSession) -> dict[str, list[placement.Runni
         await conn.execute(select(_HELD.c.agent_id, _HELD.c.slot_id, _HELD.c.allocation_id))
     ).all():
         held.setdefault(allocation_id, {}).setdefault(agent_id, []).append(slot_id)
-    by_pool: dict[str, list[placement.Running]] = defaultdict(list)
+    entries: list[cluster_view.HeldEntry] = []
     for (
         allocation_id,
         experiment_id,
@@ -240,23 +255,27 @@ async def _load_running(session: AsyncSession) -> dict[str, list[placement.Runni
         zero_agent,
         stopping,
         priority,
+        workspace_id,
+        user_id,
+        assigned_at,
     ) in rows:
         slots = held.get(allocation_id, {})
-        by_pool[pool].append(
-            placement.Running(
-                id=allocation_id,
-                job_id=_job_of(experiment_id, task_id),
-                priority=priority,
-                order=(registered.timestamp(), trial_id or 0),
-                slots=tuple((agent, tuple(sorted(ids))) for agent, ids in sorted(slots.items())),
-                zero_slot_agent=zero_agent,
-                # Already asked to stop: its slots count as coming free. A task is never
-                # preempted: it cannot resume, so stopping it would lose the user's work.
-                preemptible=task_id is None,
-                stopping=stopping,
-            )
+        running = placement.Running(
+            id=allocation_id,
+            job_id=_job_of(experiment_id, task_id),
+            priority=priority,
+            order=(registered.timestamp(), trial_id or 0),
+            slots=tuple((agent, tuple(sorted(ids))) for agent, ids in sorted(slots.items())),
+            zero_slot_agent=zero_agent,
+            # Already asked to stop: its slots count as coming free. A task is never
+            # preempted: it cannot resume, so stopping it would lose the user's work.
+            preemptible=task_id is None,
+            stopping=stopping,
+            workspace_id=workspace_id or 0,
         )
-    return by_pool
+        started = (assigned_at or registered).timestamp()
+        entries.append(cluster_view.HeldEntry(running, pool, user_id or 0, started))
+    return entries
 
 
 async def _try_lock(session: AsyncSession) -> bool:
@@ -300,11 +319,20 @@ async def run_pass(
         return await _run_pass(session, settings, view)
 
 
-async def load_view(session: AsyncSession, view: cluster_view.ClusterView, epoch: int) -> None:
+async def load_view(
+    session: AsyncSession,
+    view: cluster_view.ClusterView,
+    epoch: int,
+    settings: MasterSettings,
+) -> None:
     """Fill `view` from the database, as of `epoch` (under the scheduler's lock)."""
     pending = await _load_pending(session)
     agents = await load_agent_states(session, with_usage=False)
-    running = await _load_running(session)
+    held = await _load_held(session)
+    conn = await session.connection()
+    project_workspace = dict(
+        (await conn.execute(select(_PROJECTS.c.id, _PROJECTS.c.workspace_id))).all()
+    )
     view.load(
         epoch,
         pending,
@@ -320,8 +348,26 @@ async def load_view(session: AsyncSession, view: cluster_view.ClusterView, epoch
             for pool, pool_agents in agents.items()
             for a in pool_agents
         ),
-        (cluster_view.HeldEntry(r, pool) for pool, held in running.items() for r in held),
+        held,
+        quotas=await load_quotas(session, settings),
+        project_workspace=project_workspace,
+        stored_usage=await usage.load_stored(session),
+        ended=await usage.load_unaccounted(session),
     )
+
+
+async def load_quotas(
+    session: AsyncSession, settings: MasterSettings
+) -> dict[str, dict[int, fair_share.Quota]]:
+    """Every configured pool's quotas by workspace id (the master config's, replaced by the
+    API's for the same workspace and pool)."""
+    by_pool: dict[str, dict[int, fair_share.Quota]] = defaultdict(dict)
+    for q in await quotas.effective_quotas(session, settings):
+        if settings.pool(q.pool) is not None:
+            by_pool[q.pool][q.workspace_id] = fair_share.Quota(
+                q.workspace_name, q.nominal_slots, q.borrowing_limit, q.lending_limit
+            )
+    return dict(by_pool)
 
 
 async def _run_pass(
@@ -335,43 +381,33 @@ async def _run_pass(
     # Lock first (see allocations.hold_scheduler): what this pass reads cannot change
     # under it, and the epoch recorded is the one its plan is based on.
     stats.epoch = await hold_scheduler_for_pass(session)
-    # Running work matters to the core only for preemption; without it, the slots it holds
-    # (in the agents' used slots) are all the pass needs.
-    preempting = any(p.scheduler.preemption for p in settings.resource_pools)
-    if view is not None:
-        if not view.exact_at(stats.epoch):
-            await load_view(session, view, stats.epoch)
-            stats.loaded_view = True
-        pending = list(view.pending.values())
-    else:
-        pending = await _load_pending(session)
+    if view is None:
+        view = cluster_view.ClusterView()
+    if not view.exact_at(stats.epoch):
+        await load_view(session, view, stats.epoch, settings)
+        stats.loaded_view = True
+    pending = list(view.pending.values())
     stats.pending = len(pending)
     if not pending:
         # Nothing to place, explain or preempt for (preemption only ever makes room for
         # pending work): the pass after a release or a kill on a drained queue ends here.
         stats.seconds = time.perf_counter() - started
         return stats
-    if view is not None:
-        agents = view.agent_states()
-        running = view.running_by_pool() if preempting else {}
-    else:
-        agents = await load_agent_states(session)
-        running = await _load_running(session) if preempting else {}
+    agents = view.agent_states()
+    # Running work matters to the core only for preemption and quotas; without them, the
+    # slots it holds (in the agents' used slots) are all the pass needs.
+    preempting = any(p.scheduler.preemption for p in settings.resource_pools)
+    running = view.running_by_pool() if preempting or view.quotas else {}
 
     requests_by_pool: dict[str, list[placement.Request]] = defaultdict(list)
     for row in pending:
-        requests_by_pool[row.pool].append(row.request())
+        requests_by_pool[row.pool].append(row.request(view.workspace_of(row)))
     # What the jobs with a resources.max_slots hold already (across pools: a job's cap is
     # its own, wherever its allocations run).
     capped_jobs = {row.job_id for row in pending if row.max_slots is not None}
-    held_slots: dict[int, int] = {}
-    if capped_jobs:
-        if view is not None:
-            held_slots = view.held_slots(capped_jobs)
-        else:
-            every = running or await _load_running(session)
-            runs = (run for runs in every.values() for run in runs)
-            held_slots = cluster_view.held_slots_of(runs, capped_jobs)
+    held_slots = view.held_slots(capped_jobs) if capped_jobs else {}
+    now = time.time()
+    decay = fair_share.Decay(settings.fair_share.half_life_s(), settings.fair_share.start_charge_s)
     assignments: list[placement.Assignment] = []
     new_reasons: dict[str, tuple[str, str, int | None]] = {}
     preempt: list[str] = []
@@ -389,6 +425,8 @@ async def _run_pass(
             requests,
             running.get(pool_name, []),
             held_slots,
+            view.quotas.get(pool_name),
+            view.fair_share(pool_name, now, decay),
         )
         assignments.extend(plan.assignments)
         preempt.extend(plan.preempt)
@@ -401,14 +439,13 @@ async def _run_pass(
     await _write_assignments(session, assignments, by_id)
     stats.placed = len(assignments)
     stats.reasons_written = await _write_reasons(session, new_reasons, by_id)
-    if view is not None:
-        # Applied as the pass commits (allocations.on_outcome): a change committed right
-        # after it, to what it placed, finds it in the view.
-        on_outcome(
-            session,
-            lambda: view.placed(assignments, new_reasons, preempt),
-            view.invalidate,
-        )
+    # Applied as the pass commits (allocations.on_outcome): a change committed right
+    # after it, to what it placed, finds it in the view.
+    on_outcome(
+        session,
+        lambda: view.placed(assignments, new_reasons, preempt, now),
+        view.invalidate,
+    )
     if preempt:
         await session.execute(
             update(AllocationModel)
@@ -529,6 +566,7 @@ class SchedulerLoop(Loop):
         self.pass_times = Histogram(PASS_BUCKETS_S)  # for the metrics endpoint
         self._woken = True
         self._last_full = 0.0
+        self._last_accounted = 0.0
         self.view = cluster_view.ClusterView()
         engine = factory.kw.get("bind")
         if engine is not None:
@@ -546,6 +584,11 @@ class SchedulerLoop(Loop):
         super().wake()
 
     async def run_once(self) -> None:
+        if time.monotonic() - self._last_accounted >= usage.ACCOUNT_EVERY_S:
+            # Before the pass: its commit makes the view load the usage afresh.
+            async with session_scope(self.factory) as session:
+                await usage.account(session, self.settings)
+            self._last_accounted = time.monotonic()
         woken, self._woken = self._woken, False
         due = time.monotonic() - self._last_full >= self.FULL_PASS_S
         if not woken and not due and self.last is not None and not self.last.skipped:

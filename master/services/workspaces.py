@@ -32,7 +32,7 @@ from master.db.models import (
     WorkspacePinModel,
 )
 from master.errors import AlreadyExists, Conflict, InvalidArgument, NotFound
-from master.services import checkpoint_gc
+from master.services import allocations, checkpoint_gc
 
 log = logging.getLogger(__name__)
 
@@ -763,6 +763,8 @@ async def move_project(session: AsyncSession, project_id: int, destination_id: i
     )
     project.workspace_id = destination.id
     await session.flush()
+    # Its queued and running work now counts against the destination's quotas.
+    allocations.request_scheduling(session)
     log.info("moved project %s (%d) to workspace %s", project.name, project.id, destination.name)
 
 
@@ -794,6 +796,7 @@ async def move_experiment_project(
         await _refuse_archived_destination(session, destination, "destinationProjectId")
         experiment.project_id = destination.id
         await session.flush()
+        allocations.request_scheduling(session)  # its work counts in another workspace
         log.info(
             "moved experiment %d to project %s (%d)",
             experiment.id,

@@ -46,8 +46,17 @@ def upgrade() -> None:
             "resource_pool", "workspace_id", "user_id", "job_id", name=op.f("pk_fair_share_usage")
         ),
     )
+    op.create_index("ix_allocations_ended_at", "allocations", ["ended_at"], unique=False)
+    # Allocations that ended up to this time have their usage in fair_share_usage.
+    with op.batch_alter_table("scheduler_state") as batch:
+        batch.add_column(
+            sa.Column("usage_accounted_until", sa.DateTime(timezone=True), nullable=True)
+        )
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("scheduler_state") as batch:
+        batch.drop_column("usage_accounted_until")
+    op.drop_index("ix_allocations_ended_at", table_name="allocations")
     op.drop_table("fair_share_usage")
     op.drop_table("workspace_quotas")

@@ -585,9 +585,9 @@ async def test_a_kill_during_a_pass_waits_for_it_and_stops_what_it_placed(
     load_agents = scheduler.load_agent_states
     kill: asyncio.Task[httpx.Response] | None = None
 
-    async def load_then_kill(session: AsyncSession) -> object:
+    async def load_then_kill(session: AsyncSession, **kwargs: bool) -> object:
         nonlocal kill
-        loaded = await load_agents(session)
+        loaded = await load_agents(session, **kwargs)
         kill = asyncio.create_task(api.post(f"/api/v1/experiments/{experiment_id}/kill"))
         await asyncio.sleep(0.3)
         assert not kill.done(), "the kill went ahead while the pass held the scheduler"
@@ -618,9 +618,9 @@ async def test_a_disable_during_a_pass_stops_what_the_pass_placed(
     load_agents = scheduler.load_agent_states
     disable: asyncio.Task[httpx.Response] | None = None
 
-    async def load_then_disable(session: AsyncSession) -> object:
+    async def load_then_disable(session: AsyncSession, **kwargs: bool) -> object:
         nonlocal disable
-        loaded = await load_agents(session)
+        loaded = await load_agents(session, **kwargs)
         disable = asyncio.create_task(admin.post("/api/v1/agents/q1/disable", json={}))
         await asyncio.sleep(0.3)
         return loaded
