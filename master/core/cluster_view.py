@@ -346,6 +346,7 @@ class ClusterView:
                 zero_slot_agent=zero_agent,
                 preemptible=entry.trial_id is not None,
                 workspace_id=self.workspace_of(entry),
+                started=now,
             )
             self.held[entry.id] = HeldEntry(running, entry.pool, entry.user_id, now)
         for allocation_id, reason in reasons.items():

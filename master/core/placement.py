@@ -111,6 +111,7 @@ class Running:
     preemptible: bool = True
     stopping: bool = False
     workspace_id: int = 0
+    started: float = 0.0  # when it was placed (epoch seconds; 0: unknown)
 
 
 @dataclass(frozen=True)
@@ -932,7 +933,9 @@ def _reclaim_on_one_agent(
     for run in candidates:
         for agent_id, _ in run.slots:
             on_agent[agent_id].append(run)
-    best: tuple[tuple[int, list[tuple[int, float, int, str]], int], list[Running], int] | None
+    best: (
+        tuple[tuple[int, list[tuple[int, float, float, int, str]], int], list[Running], int] | None
+    )
     best = None
     for r in range(len(cap.ids)):
         if not cap.usable[r] or cap.total[r] < s:
@@ -973,9 +976,10 @@ def _reclaim_on_one_agent(
 _RUNNING_ID = attrgetter("id")
 
 
-def _victim_order(run: Running) -> tuple[int, float, int, str]:
-    """Lowest priority (largest number) first, then newest first."""
-    return (-run.priority, -run.order[0], -run.order[1], run.id)
+def _victim_order(run: Running) -> tuple[int, float, float, int, str]:
+    """Lowest priority (largest number) first, then the most recently started, then the
+    most recently submitted."""
+    return (-run.priority, -run.started, -run.order[0], -run.order[1], run.id)
 
 
 # --- explaining what waits -----------------------------------------------------------------

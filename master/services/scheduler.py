@@ -19,6 +19,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import cast
 
 from sqlalchemy import Table, func, insert, select, text, update
@@ -272,8 +273,9 @@ async def _load_held(session: AsyncSession) -> list[cluster_view.HeldEntry]:
             preemptible=task_id is None,
             stopping=stopping,
             workspace_id=workspace_id or 0,
+            started=(assigned_at or registered).timestamp(),
         )
-        started = (assigned_at or registered).timestamp()
+        started = running.started
         entries.append(cluster_view.HeldEntry(running, pool, user_id or 0, started))
     return entries
 
@@ -406,7 +408,8 @@ async def _run_pass(
     # its own, wherever its allocations run).
     capped_jobs = {row.job_id for row in pending if row.max_slots is not None}
     held_slots = view.held_slots(capped_jobs) if capped_jobs else {}
-    now = time.time()
+    assigned_at = utcnow()
+    now = assigned_at.timestamp()  # the view records what the rows say: the same instant
     decay = fair_share.Decay(settings.fair_share.half_life_s(), settings.fair_share.start_charge_s)
     assignments: list[placement.Assignment] = []
     new_reasons: dict[str, tuple[str, str, int | None]] = {}
@@ -436,7 +439,7 @@ async def _run_pass(
     stats.core_seconds = time.perf_counter() - core_started
 
     by_id = {row.id: row for row in pending}
-    await _write_assignments(session, assignments, by_id)
+    await _write_assignments(session, assignments, by_id, assigned_at)
     stats.placed = len(assignments)
     stats.reasons_written = await _write_reasons(session, new_reasons, by_id)
     # Applied as the pass commits (allocations.on_outcome): a change committed right
@@ -468,11 +471,13 @@ async def _run_pass(
 
 
 async def _write_assignments(
-    session: AsyncSession, assignments: list[placement.Assignment], by_id: dict[str, PendingEntry]
+    session: AsyncSession,
+    assignments: list[placement.Assignment],
+    by_id: dict[str, PendingEntry],
+    now: datetime,
 ) -> None:
     if not assignments:
         return
-    now = utcnow()
     slot_rows = [
         {"agent_id": agent_id, "slot_id": slot_id, "allocation_id": a.request_id}
         for a in assignments

@@ -380,6 +380,8 @@ async def create_workspace(session: AsyncSession, name: object, owner_id: int) -
     ws = WorkspaceModel(name=checked, user_id=owner_id)
     session.add(ws)
     await session.flush()
+    # The master config names quotas' workspaces: one may be this one.
+    allocations.request_scheduling(session)
     log.info("created workspace %s (%d)", checked, ws.id)
     return ws
 
@@ -395,6 +397,7 @@ async def rename_workspace(session: AsyncSession, workspace_id: int, name: objec
     log.info("renamed workspace %d from %s to %s", ws.id, ws.name, checked)
     ws.name = checked
     await session.flush()
+    allocations.request_scheduling(session)  # quotas in the master config go by name
 
 
 async def set_workspace_archived(session: AsyncSession, workspace_id: int, archived: bool) -> None:

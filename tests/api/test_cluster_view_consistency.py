@@ -29,7 +29,7 @@ async def fresh_view(app: FastAPI) -> ClusterView:
     view = ClusterView()
     async with session_scope(app.state.session_factory) as session:
         epoch = await hold_scheduler_for_pass(session)
-        await scheduler.load_view(session, view, epoch)
+        await scheduler.load_view(session, view, epoch, app.state.settings)
     return view
 
 

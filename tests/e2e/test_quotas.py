@@ -1,0 +1,179 @@
+"""Quotas on a real master with real agents: Kueue's basic scenario in slots. Two agents of
+4 slots; workspace A's nominal quota is 6, B's is 2. A runs 8 trials (borrowing 2); when B
+submits 2, A's two most recently started trials checkpoint and requeue, B runs 2, A runs 6;
+once B is done, A's preempted trials resume from their checkpoints."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.cluster import AgentProcess
+from tests.e2e.agents import create_experiment, trial_logs, write_experiment
+from tests.e2e.conftest import BACKENDS, MasterProcess, running_master, unique
+
+pytestmark = pytest.mark.e2e
+
+VISION, NLP = unique("vision"), unique("nlp")
+POOLS = [
+    {
+        "pool_name": "default",
+        "quotas": [
+            {"workspace": VISION, "nominal_slots": 6},
+            {"workspace": NLP, "nominal_slots": 2},
+        ],
+    }
+]
+
+# Trains until asked to stop: on preemption it checkpoints and exits, and a later run
+# resumes from that checkpoint; when the test creates its stop file it ends normally.
+SCRIPT = """
+import json, os, sys, time
+import resolute
+
+stop_file = os.environ["QUOTA_TEST_STOP_FILE"]
+with resolute.init() as ctx:
+    step = 0
+    if ctx.latest_checkpoint:
+        with ctx.checkpoint.restore_path(ctx.latest_checkpoint) as path:
+            step = json.loads((path / "state.json").read_text())["step"]
+        print(f"RESUMED {ctx.latest_checkpoint} step={step}", flush=True)
+    while not os.path.exists(stop_file):
+        time.sleep(0.2)
+        step += 1
+        if step % 5 == 0:
+            ctx.train.report_training_metrics(steps_completed=step, metrics={"loss": 1.0})
+        if ctx.preempt.should_preempt():
+            with ctx.checkpoint.store_path(step) as (path, uuid):
+                (path / "state.json").write_text(json.dumps({"step": step}))
+            print(f"PREEMPTED at step={step} checkpoint={uuid}", flush=True)
+            sys.exit(0)
+    print("STOPPED", flush=True)
+"""
+
+
+@pytest.fixture(params=BACKENDS)
+def master(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[MasterProcess]:
+    env = {"DET_MASTER_RESOURCE_POOLS": json.dumps(POOLS)}
+    with running_master(request, tmp_path_factory, "quotas", env) as proc:
+        yield proc
+
+
+@pytest.fixture
+def agents(master: MasterProcess, tmp_path: Path) -> Iterator[list[AgentProcess]]:
+    procs = [
+        AgentProcess(master, f"quota-{i}", tmp_path / f"quota-{i}", slots=4).start()
+        for i in range(2)
+    ]
+    for proc in procs:
+        proc.wait_connected()
+    yield procs
+    for proc in procs:
+        proc.stop()
+
+
+def project_in_new_workspace(master: MasterProcess, name: str) -> int:
+    ws = master.api("POST", "/api/v1/workspaces", json={"name": name})["workspace"]["id"]
+    project = master.api("POST", f"/api/v1/workspaces/{ws}/projects", json={"name": "p"})
+    project_id: int = project["project"]["id"]
+    return project_id
+
+
+def submit(master: MasterProcess, tmp_path: Path, workspace: str, trials: int, stop: Path) -> int:
+    config, model = write_experiment(
+        tmp_path / workspace,
+        SCRIPT,
+        name=f"{workspace}-search",
+        extra={
+            "workspace": workspace,
+            "project": "p",
+            "searcher": {
+                "name": "grid",
+                "metric": "loss",
+                "max_length": 1,
+            },
+            "hyperparameters": {"i": {"type": "categorical", "vals": list(range(trials))}},
+            "environment": {"environment_variables": [f"QUOTA_TEST_STOP_FILE={stop}"]},
+            "checkpoint_storage": {
+                "type": "directory",
+                "container_path": str(tmp_path / "checkpoints"),
+            },
+            "max_restarts": 0,
+        },
+    )
+    return create_experiment(master, config, model)
+
+
+def trials(master: MasterProcess, experiment_id: int) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = master.api(
+        "GET", f"/api/v1/experiments/{experiment_id}/trials?limit=100"
+    )["trials"]
+    for trial in found:
+        trial["state"] = trial["state"].removeprefix("STATE_")
+    return found
+
+
+def running(master: MasterProcess, experiment_id: int) -> int:
+    return sum(t["state"] == "RUNNING" for t in trials(master, experiment_id))
+
+
+def test_a_workspace_reclaims_its_quota_from_a_borrower(
+    master: MasterProcess, agents: list[AgentProcess], tmp_path: Path
+) -> None:
+    project_in_new_workspace(master, VISION)
+    project_in_new_workspace(master, NLP)
+    stop_a, stop_b = tmp_path / "stop-a", tmp_path / "stop-b"
+    a = submit(master, tmp_path, VISION, 10, stop_a)
+    master.wait_for("A to run 8 trials, 2 of them borrowed", lambda: running(master, a) == 8, 180)
+    assert sum(t["state"] == "QUEUED" for t in trials(master, a)) == 2
+
+    def training() -> bool:
+        runs = [t for t in trials(master, a) if t["state"] == "RUNNING"]
+        return all(
+            master.api("GET", f"/api/v1/trials/{t['id']}/metrics?group=training")["metrics"]
+            for t in runs
+        )
+
+    # Trial code that polls the preemption signal checkpoints when preempted; before its
+    # first poll it is stopped at once (nothing to save yet). Wait until all 8 train.
+    master.wait_for("A's trials to train", training, 120)
+
+    b = submit(master, tmp_path, NLP, 2, stop_b)
+    master.wait_for(
+        "B to run 2 and A 6",
+        lambda: running(master, b) == 2 and running(master, a) == 6,
+        180,
+    )
+
+    def preempted_trials() -> list[dict[str, Any]]:
+        return [t for t in trials(master, a) if "PREEMPTED at step" in trial_logs(master, t["id"])]
+
+    # Their log lines arrive in the agents' next log batches.
+    master.wait_for("A's 2 checkpoints", lambda: len(preempted_trials()) == 2, 60)
+    preempted = preempted_trials()
+    assert running(master, a) == 6 and running(master, b) == 2
+    for trial in preempted:
+        assert trial["restarts"] == 0  # a preemption is not a failure
+        assert trial["latestCheckpointUuid"]
+
+    # B's trials end; then A's: its queued trials run (borrowing again) and end at once,
+    # the preempted ones after resuming from their checkpoints.
+    stop_b.touch()
+    stop_a.touch()
+    master.wait_for(
+        "every trial to complete",
+        lambda: {t["state"] for t in trials(master, a) + trials(master, b)} == {"COMPLETED"},
+        180,
+    )
+    for trial in preempted:
+        logs = trial_logs(master, trial["id"])
+        found = re.findall(r"PREEMPTED at step=(\d+) checkpoint=(\S+)", logs)
+        resumed = re.findall(r"RESUMED (\S+) step=(\d+)", logs)
+        assert resumed == [(found[0][1], found[0][0])], logs
