@@ -231,8 +231,8 @@ async def _refuse_above_pool(
     if agents == 0:
         field, value = named[0]
         raise InvalidArgument(
-            f"{field}: {value} slots in pool {pool_name!r}, which has no agents yet; set "
-            "quotas there once its agents have registered"
+            f"{field}: {value} slot{'s' if value != 1 else ''} in pool {pool_name!r}, which "
+            "has no agents yet; set quotas there once its agents have registered"
         )
     for field, value in named:
         if value is not None and value > slots:

@@ -33,6 +33,7 @@ from master.db.models import (
 )
 from master.errors import AlreadyExists, Conflict, InvalidArgument, NotFound
 from master.services import checkpoint_gc
+from master.services.allocations import request_scheduling
 
 log = logging.getLogger(__name__)
 
@@ -508,6 +509,8 @@ async def finish_deletions(session: AsyncSession) -> None:
         await session.execute(delete(TaskModel).where(TaskModel.workspace_id == ws_id))
         await session.execute(delete(TemplateModel).where(TemplateModel.workspace_id == ws_id))
         await session.execute(delete(WorkspaceModel).where(WorkspaceModel.id == ws_id))
+        # Its quotas went with it (ON DELETE CASCADE): the scheduler's view must drop them.
+        request_scheduling(session)
         log.info("deleted workspace %d", ws_id)
     # Rows deleted by statement: the identity map must not hand them out again.
     session.expire_all()

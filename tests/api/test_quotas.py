@@ -194,6 +194,21 @@ async def test_effective_quotas_skip_unknown_workspaces_keep_unknown_pools(
     assert len(warned) == 1, caplog.text
 
 
+@pytest.mark.usefixtures("pools")
+async def test_a_deleted_workspaces_quotas_go_with_it(
+    app: FastAPI, api: httpx.AsyncClient, admin: httpx.AsyncClient
+) -> None:
+    nlp = await new_workspace(api, "nlp")
+    assert (await put(admin, nlp["id"], "gpu", nominalSlots=2, lendingLimit=0)).status_code == 200
+    before = await epoch(app)
+    reply = await api.delete(f"/api/v1/workspaces/{nlp['id']}")
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["completed"] is True
+    assert await everyone(api) == []
+    # The scheduler's view drops them too: slots it kept for nlp are free again.
+    assert await epoch(app) > before
+
+
 # -- what is refused --------------------------------------------------------------------
 
 
@@ -243,7 +258,7 @@ async def test_bad_input_is_refused_naming_the_field_and_changes_nothing(
     await refused(
         400,
         await put(admin, nlp["id"], "empty", nominalSlots=1),
-        "nominalSlots: 1 slots in pool 'empty', which has no agents yet",
+        "nominalSlots: 1 slot in pool 'empty', which has no agents yet",
     )
     # 0 is fine there, and changes only that pool.
     assert (await put(admin, nlp["id"], "empty", nominalSlots=0)).status_code == 200
