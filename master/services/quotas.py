@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from sqlalchemy import delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from master.core.text import unstorable
 from master.db.models import (
     MAX_INT,
     AgentModel,
@@ -324,9 +325,13 @@ async def unset_quota(
     checked that the actor is an admin."""
     ws = await get_workspace(session, workspace_id)
     if not isinstance(pool, str) or settings.pool(pool) is None:
-        # Only a row naming it makes a pool the config lacks worth looking for.
-        exists = isinstance(pool, str) and (
-            await session.get(WorkspaceQuotaModel, (ws.id, pool)) is not None
+        # Only a row naming it makes a pool the config lacks worth looking for; a name no
+        # row can hold is refused as such.
+        exists = (
+            isinstance(pool, str)
+            and bool(pool)
+            and not unstorable(pool)
+            and await session.get(WorkspaceQuotaModel, (ws.id, pool)) is not None
         )
         if not exists:
             known_pool(settings, pool, "pool", NotFound)

@@ -12,6 +12,7 @@ import httpx
 import pytest
 import pytest_asyncio
 from fastapi import FastAPI
+from sqlalchemy import event
 
 from master.db.session import session_scope
 from master.services import allocations as allocation_service
@@ -182,10 +183,22 @@ async def test_effective_quotas_skip_unknown_workspaces_keep_unknown_pools(
                 workspace_id=vision["id"], resource_pool="gone", nominal_slots=7
             )
         )
-    with caplog.at_level(logging.WARNING, logger="master.services.quotas"):
-        for _ in range(2):
-            async with session_scope(app.state.session_factory) as session:
-                found = await quota_service.effective_quotas(session, settings)
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement)
+
+    engine = app.state.engine.sync_engine
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        with caplog.at_level(logging.WARNING, logger="master.services.quotas"):
+            for _ in range(2):
+                async with session_scope(app.state.session_factory) as session:
+                    found = await quota_service.effective_quotas(session, settings)
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    # What the scheduler pays at each load of its view: two selects.
+    assert len(statements) == 4, statements
     assert [(q.workspace_name, q.pool, q.nominal_slots, q.source) for q in found] == [
         ("vision", "default", 1, "master config"),
         ("vision", "gone", 7, "api"),
@@ -249,7 +262,10 @@ async def test_bad_input_is_refused_naming_the_field_and_changes_nothing(
     for body, expected in cases:
         await refused(400, await put(admin, nlp["id"], "gpu", **body), *expected)
 
-    # Pools: one that does not exist, one without agents.
+    # Pools: one that does not exist, one no name can be, one without agents.
+    await refused(400, await put(admin, nlp["id"], "a%00b", nominalSlots=1), "pool: the pool name")
+    await refused(400, await admin.delete(QUOTA.format(nlp["id"], "a%00b")), "pool: the pool name")
+    await refused(404, await admin.delete(QUOTA.format(nlp["id"], "tpu")), "pool: pool 'tpu' does")
     await refused(
         400,
         await put(admin, nlp["id"], "tpu", nominalSlots=1),
