@@ -405,3 +405,22 @@ async def test_determineds_set_resource_quota_sets_the_default_pools_nominal(
         ),
         404,
     )
+
+
+@pytest.mark.usefixtures("pools")
+async def test_determineds_workspace_create_with_a_resource_quota(
+    app: FastAPI, api: httpx.AsyncClient, admin: httpx.AsyncClient
+) -> None:
+    body = {"name": "nlp", "defaultComputePool": "gpu", "clusterQuotaPairs": {"": 2}}
+    # Not an admin: refused, and the workspace is not created either.
+    assert "is for admins" in refusal(await api.post("/api/v1/workspaces", json=body), 403)
+    bad = {**body, "clusterQuotaPairs": {"": 9}}
+    message = refusal(await admin.post("/api/v1/workspaces", json=bad), 400)
+    assert message.startswith("clusterQuotaPairs: 9 is above the size of pool 'gpu'"), message
+    assert [w["name"] for w in (await api.get("/api/v1/workspaces")).json()["workspaces"]] == [
+        "Uncategorized"
+    ]
+    reply = await admin.post("/api/v1/workspaces", json=body)
+    assert reply.status_code == 200, reply.text
+    nlp = reply.json()["workspace"]
+    assert await shown(api, nlp["id"]) == [quota(nlp, "gpu", 2)]

@@ -127,6 +127,15 @@ def test_determineds_resource_quota_then_ours(master: MasterProcess) -> None:
     assert shown(master, name) == []
 
 
+def test_determineds_workspace_create_with_a_resource_quota(master: MasterProcess) -> None:
+    name = unique("speech")
+    created = master.official(
+        *ADMIN, "workspace", "create", name, "--resource-quota", "2", input="\n"
+    )
+    ok(created)
+    assert brief(shown(master, name)) == [("default", 2, None, None, "api")]
+
+
 def test_a_config_quota_is_shown_and_listed(master: MasterProcess) -> None:
     ok(master.det("workspace", "create", CONFIGURED))
     assert brief(shown(master, CONFIGURED)) == [("default", 2, None, None, "master config")]
