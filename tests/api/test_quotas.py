@@ -12,6 +12,8 @@ import httpx
 import pytest
 import pytest_asyncio
 from fastapi import FastAPI
+from hypothesis import given
+from hypothesis import strategies as st
 from sqlalchemy import event
 
 from master.db.session import session_scope
@@ -19,9 +21,10 @@ from master.services import allocations as allocation_service
 from master.services import quotas as quota_service
 from master.settings import ResourcePoolSettings, WorkspaceQuotaSettings
 from tests.api.test_access import refusal
+from tests.api.test_no_server_errors import fuzz, scalars
 from tests.api.test_pool_bindings import bind, command
 from tests.api.test_scheduling import register, schedule, submit
-from tests.api.test_workspaces import new_project, new_workspace
+from tests.api.test_workspaces import new_project, new_workspace, workspaces_of
 
 QUOTAS = "/api/v1/workspaces/{}/quotas"
 QUOTA = "/api/v1/workspaces/{}/quotas/{}"
@@ -424,3 +427,30 @@ async def test_determineds_workspace_create_with_a_resource_quota(
     assert reply.status_code == 200, reply.text
     nlp = reply.json()["workspace"]
     assert await shown(api, nlp["id"]) == [quota(nlp, "gpu", 2)]
+
+
+@fuzz
+@given(
+    nominal=scalars,
+    borrowing=scalars,
+    lending=scalars,
+    pairs=st.one_of(scalars, st.dictionaries(st.text(max_size=4), scalars, max_size=2)),
+)
+async def test_random_quota_bodies_are_never_a_server_error(
+    api: httpx.AsyncClient,
+    admin: httpx.AsyncClient,
+    nominal: Any,
+    borrowing: Any,
+    lending: Any,
+    pairs: Any,
+) -> None:
+    # The default pool has no agents here: a nominal above 0 is refused, 0 is set.
+    [uncategorized] = await workspaces_of(api, name="Uncategorized")
+    ws = uncategorized["id"]
+    body = {"nominalSlots": nominal, "borrowingLimit": borrowing, "lendingLimit": lending}
+    reply = await put(admin, ws, "default", **body)
+    assert reply.status_code in (200, 400), reply.text
+    reply = await admin.post(
+        SET_RESOURCE_QUOTA.format(ws), json={"id": ws, "clusterQuotaPairs": pairs}
+    )
+    assert reply.status_code in (200, 400), reply.text
