@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import and_, delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.core.text import unstorable
@@ -185,7 +185,7 @@ async def pool_slots(session: AsyncSession, pool_name: str) -> tuple[int, int]:
     agents = await session.execute(
         select(func.count(func.distinct(AgentModel.id)), func.count(SlotModel.slot_id))
         .select_from(AgentModel)
-        .outerjoin(SlotModel, (SlotModel.agent_id == AgentModel.id) & SlotModel.enabled.is_(True))
+        .outerjoin(SlotModel, and_(SlotModel.agent_id == AgentModel.id, SlotModel.enabled))
         .where(AgentModel.resource_pool == pool_name, AgentModel.revoked_at.is_(None))
     )
     count, slots = agents.one()
