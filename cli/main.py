@@ -74,6 +74,15 @@ def _pools() -> typer.Typer:
     return cluster.pool_app
 
 
+@functools.cache
+def _workspaces() -> typer.Typer:
+    from cli import quotas, workspaces
+
+    workspaces.workspace_app.add_typer(quotas.quota_app, name="quota")
+    workspaces.workspace_app.add_typer(quotas.resource_quota_app, name="resource-quota")
+    return workspaces.workspace_app
+
+
 def _cluster(name: str) -> Callable[[], typer.Typer]:
     def build() -> typer.Typer:
         from cli import cluster
@@ -117,7 +126,7 @@ _GROUPS = (
     _Group(("shell",), _module("tasks", "shell_app")),
     _Group(("tensorboard",), _module("tasks", "tensorboard_app")),
     _Group(("token", "tkn"), _module("tokens", "token_app")),
-    _Group(("workspace", "w"), _module("workspaces", "workspace_app")),
+    _Group(("workspace", "w"), _workspaces),
     _Group(("webhook",), _module("webhooks", "app")),
     _Group(("project", "p"), _module("workspaces", "project_app")),
     _Group(("master",), _module("master", "master_app")),

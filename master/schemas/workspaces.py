@@ -138,8 +138,9 @@ class DeleteResponse(WireModel):
 
 
 class WorkspaceCreate(WireInput):
-    """v1PostWorkspaceRequest. The agent user, storage and namespace keys are Determined's;
-    the route refuses them while resolute does not apply them."""
+    """v1PostWorkspaceRequest. The agent user and namespace keys are Determined's; the
+    route refuses them while resolute does not apply them. clusterQuotaPairs sets the
+    nominal quota in its default compute pool (master.services.quotas)."""
 
     name: Any = None
     agent_user_group: Any = None

@@ -511,6 +511,8 @@ async def finish_deletions(session: AsyncSession) -> None:
         await session.execute(delete(TaskModel).where(TaskModel.workspace_id == ws_id))
         await session.execute(delete(TemplateModel).where(TemplateModel.workspace_id == ws_id))
         await session.execute(delete(WorkspaceModel).where(WorkspaceModel.id == ws_id))
+        # Its quotas went with it (ON DELETE CASCADE): the scheduler's view must drop them.
+        allocations.request_scheduling(session)
         log.info("deleted workspace %d", ws_id)
     # Rows deleted by statement: the identity map must not hand them out again.
     session.expire_all()

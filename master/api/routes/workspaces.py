@@ -33,6 +33,7 @@ from master.services import (
     access,
     experiments,
     pool_bindings,
+    quotas,
     workspace_storage,
     workspaces,
 )
@@ -45,7 +46,6 @@ ORDER_BY = ("ORDER_BY_UNSPECIFIED", "ORDER_BY_ASC", "ORDER_BY_DESC")
 _NOT_YET = {
     "agentUserGroup": "agent users per workspace",
     "clusterNamespaceMeta": "Kubernetes namespaces",
-    "clusterQuotaPairs": "Kubernetes resource quotas",
 }
 
 
@@ -123,6 +123,12 @@ async def create_workspace(
         ws.id,
         pool_bindings.DefaultPools(body.default_compute_pool, body.default_aux_pool),
     )
+    if body.cluster_quota_pairs is not None:
+        # `det workspace create --resource-quota N`: N slots in its default compute pool.
+        access.require_admin(actor, "setting workspace quotas")
+        await quotas.set_default_pool_quota(
+            session, settings, ws.id, None, body.cluster_quota_pairs
+        )
     view = await workspaces.describe_workspace(session, ws.id, actor.user_id)
     return WorkspaceCreated(workspace=Workspace.of(view))
 

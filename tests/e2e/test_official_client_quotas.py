@@ -1,0 +1,147 @@
+"""Workspaces' slot quotas through Determined's official `det` 0.38.1 (`det workspace
+resource-quota set`) and ours (`det workspace quota set|show|list|unset`), against a real
+master with 8 slots in its default pool and a quota in its config. Every route and refusal
+is tested on both databases in tests/api/test_quotas.py; this file adds the clients' wire
+and what they print."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import require
+from tests.e2e.conftest import (
+    BACKENDS,
+    MasterProcess,
+    describe_run,
+    lines,
+    official_client_path,
+    ok,
+    running_master,
+    unique,
+)
+from tests.simulated import register_simulated_agents_sync
+
+pytestmark = [pytest.mark.e2e, pytest.mark.official_client]
+
+ADMIN = ("-u", "admin")  # the official client asks for the (empty) password on stdin
+AS_ADMIN = {"DET_USER": "admin", "DET_PASS": ""}  # ours
+CONFIGURED = unique("vision")  # the config's quota names it before it exists
+POOLS = [
+    {"pool_name": "default", "quotas": [{"workspace": CONFIGURED, "nominal_slots": 2}]},
+    {"pool_name": "gpu"},
+]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def master(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[MasterProcess]:
+    """A master of this file's own: pools "default" (two simulated agents of 4 slots) and
+    "gpu" (none), and a config quota for workspace CONFIGURED in "default"."""
+    env = {"DET_MASTER_RESOURCE_POOLS": json.dumps(POOLS)}
+    with running_master(request, tmp_path_factory, "quotas", env) as proc:
+        register_simulated_agents_sync(
+            proc.db_url, [("quota-a", 4), ("quota-b", 4)], data_dir=proc.data_dir
+        )
+        yield proc
+
+
+@pytest.fixture(autouse=True)
+def _official_client_installed() -> None:
+    require(
+        official_client_path() is not None,
+        "official det client not installed: run `make official-client`",
+    )
+
+
+def shown(master: MasterProcess, workspace: str) -> list[dict[str, Any]]:
+    result = ok(master.det("workspace", "quota", "show", workspace, "--json"))
+    quotas: list[dict[str, Any]] = json.loads(result.stdout)["quotas"]
+    return quotas
+
+
+def brief(quotas: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    return [
+        (q["resourcePool"], q["nominalSlots"], q["borrowingLimit"], q["lendingLimit"], q["source"])
+        for q in quotas
+    ]
+
+
+def test_determineds_resource_quota_then_ours(master: MasterProcess) -> None:
+    name = unique("nlp")
+    ok(master.official("workspace", "create", name))
+
+    result = ok(
+        master.official(*ADMIN, "workspace", "resource-quota", "set", name, "3", input="\n")
+    )
+    assert f"Resource quota 3 is set on workspace {name}" in result.stdout, describe_run(result)
+    [quota] = shown(master, name)
+    assert quota["workspaceName"] == name
+    assert brief([quota]) == [("default", 3, None, None, "api")]
+    assert (quota["heldSlots"], quota["borrowedSlots"]) == (0, 0)
+
+    # Ours sets the limits; Determined's then changes the nominal and keeps them.
+    ours = master.det(
+        *("workspace", "quota", "set", name, "--pool", "default", "--nominal", "4"),
+        *("--borrowing-limit", "2", "--lending-limit", "1", "--json"),
+        env=AS_ADMIN,
+    )
+    assert json.loads(ok(ours).stdout)["quota"]["borrowingLimit"] == 2
+    ok(master.official(*ADMIN, "workspace", "resource-quota", "set", name, "5", input="\n"))
+    assert brief(shown(master, name)) == [("default", 5, 2, 1, "api")]
+    # Omitted limits stay; "none" clears one.
+    ok(
+        master.det(
+            *("workspace", "quota", "set", name, "--pool", "default", "--nominal", "6"),
+            *("--borrowing-limit", "none"),
+            env=AS_ADMIN,
+        )
+    )
+    assert brief(shown(master, name)) == [("default", 6, None, 1, "api")]
+
+    # Refusals name the field and change nothing.
+    refused = master.official(*ADMIN, "workspace", "resource-quota", "set", name, "9", input="\n")
+    assert refused.returncode != 0, describe_run(refused)
+    assert "clusterQuotaPairs: 9 is above the size of pool 'default': 8 enabled slots" in (
+        refused.stderr
+    ), describe_run(refused)
+    refused = master.official("workspace", "resource-quota", "set", name, "1")
+    assert refused.returncode != 0, describe_run(refused)
+    assert "setting workspace quotas is for admins" in refused.stderr, describe_run(refused)
+    mine = master.det("workspace", "quota", "set", name, "--pool", "gpu", "--nominal", "1")
+    assert mine.returncode == 1 and "Traceback" not in mine.stderr, describe_run(mine)
+    assert "is for admins" in mine.stderr, describe_run(mine)
+    mine = master.det(
+        *("workspace", "quota", "set", name, "--pool", "gpu", "--nominal", "1"), env=AS_ADMIN
+    )
+    assert "pool 'gpu', which has no agents yet" in mine.stderr, describe_run(mine)
+    assert brief(shown(master, name)) == [("default", 6, None, 1, "api")]
+
+    table = ok(master.det("workspace", "quota", "show", name)).stdout
+    assert "Nominal" in table and name in table and "none" in table, table
+    ok(master.det("workspace", "quota", "unset", name, "--pool", "default", env=AS_ADMIN))
+    assert shown(master, name) == []
+
+
+def test_determineds_workspace_create_with_a_resource_quota(master: MasterProcess) -> None:
+    name = unique("speech")
+    created = master.official(
+        *ADMIN, "workspace", "create", name, "--resource-quota", "2", input="\n"
+    )
+    ok(created)
+    assert brief(shown(master, name)) == [("default", 2, None, None, "api")]
+
+
+def test_a_config_quota_is_shown_and_listed(master: MasterProcess) -> None:
+    ok(master.det("workspace", "create", CONFIGURED))
+    assert brief(shown(master, CONFIGURED)) == [("default", 2, None, None, "master config")]
+    listed = json.loads(ok(master.det("workspace", "quota", "list", "--json")).stdout)["quotas"]
+    assert ("default", 2, None, None, "master config") in brief(listed)
+    unset = master.det("workspace", "quota", "unset", CONFIGURED, "--pool", "default", env=AS_ADMIN)
+    assert unset.returncode == 1, describe_run(unset)
+    assert "the master config's, changed only there" in unset.stderr, describe_run(unset)
+    assert lines(unset.stdout) == []
