@@ -63,7 +63,7 @@ from benchmarks import common
 from benchmarks.common import host_facts, progress, seconds_since_start
 from harness.figures import ms_summary, percentile, ratio
 from master.app import create_app
-from master.core import placement
+from master.core import fair_share, placement
 from master.core.cluster_view import ClusterView
 from master.db.models import (
     AllocationModel,
@@ -356,7 +356,10 @@ class Snapshot:
     trial_of: dict[str, int]
 
     def schedule(self) -> placement.Plan:
-        return placement.schedule(self.policy, self.agents, self.requests, self.running)
+        # In the fair order, as the scheduler's pass runs it (no usage recorded yet).
+        return placement.schedule(
+            self.policy, self.agents, self.requests, self.running, share=fair_share.FairShare()
+        )
 
 
 async def load_snapshot(app: FastAPI) -> Snapshot:

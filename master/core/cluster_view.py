@@ -157,6 +157,8 @@ class ClusterView:
     project_workspace: dict[int, int] = field(default_factory=dict)
     stored_usage: list[StoredUsage] = field(default_factory=list)
     ended: list[Ended] = field(default_factory=list)
+    # Usage sums by pool, built on a pass's first read and kept current by the changes.
+    _books: dict[str, fair_share.UsageBook] = field(default_factory=dict)
     # Changes committed out of turn, kept until the ones before them arrive.
     _early: dict[int, tuple[Change, ...]] = field(default_factory=dict)
 
@@ -181,6 +183,7 @@ class ClusterView:
         self.project_workspace = dict(project_workspace or {})
         self.stored_usage = list(stored_usage)
         self.ended = list(ended)
+        self._books = {}
         self._early = {k: v for k, v in self._early.items() if k > epoch}
         self._catch_up()
 
@@ -227,19 +230,8 @@ class ClusterView:
         elif isinstance(change, Released):
             held = self.held.pop(change.allocation_id, None)
             self.pending.pop(change.allocation_id, None)
-            if held is not None and change.ended_at is not None:
-                run = held.running
-                self.ended.append(
-                    Ended(
-                        held.pool,
-                        run.workspace_id,
-                        held.user_id,
-                        run.job_id,
-                        sum(len(ids) for _, ids in run.slots),
-                        held.started_at,
-                        change.ended_at,
-                    )
-                )
+            if held is not None:
+                self._ended(held, change.ended_at)
 
     # -- what a pass reads, and what it wrote ---------------------------------------------
 
@@ -297,32 +289,61 @@ class ClusterView:
             return entry.workspace_id
         return self.project_workspace.get(entry.project_id, entry.workspace_id)
 
-    def fair_share(self, pool: str, now: float, decay: fair_share.Decay) -> FairShare:
+    def share_of(self, pool: str, now: float, decay: fair_share.Decay) -> FairShare:
         """The pool's usage by user and by job as of `now`: stored, ended since, running."""
-        h, charge = decay.half_life_s, decay.start_charge_s
-        by_user: dict[tuple[int, int], float] = defaultdict(float)
-        by_job: dict[int, float] = defaultdict(float)
+        book = self._books.get(pool)
+        if book is None or book.decay != decay or book.stale(now):
+            book = self._books[pool] = self._book(pool, now, decay)
+        return FairShare(start_charge_s=decay.start_charge_s, book=book, now=now)
+
+    def _book(self, pool: str, origin: float, decay: fair_share.Decay) -> fair_share.UsageBook:
+        book = fair_share.UsageBook(decay, origin)
         for row in self.stored_usage:
             if row.pool == pool:
-                value = fair_share.decayed(row.slot_seconds, now - row.as_of, h)
-                by_user[(row.workspace_id, row.user_id)] += value
-                by_job[row.job_id] += value
+                book.add_past(
+                    (row.workspace_id, row.user_id), row.job_id, row.slot_seconds, row.as_of
+                )
         for end in self.ended:
             if end.pool == pool:
                 used = fair_share.allocation_usage(
-                    end.slots, end.ended_at - end.started_at, h, charge
+                    end.slots,
+                    end.ended_at - end.started_at,
+                    decay.half_life_s,
+                    decay.start_charge_s,
                 )
-                value = fair_share.decayed(used, now - end.ended_at, h)
-                by_user[(end.workspace_id, end.user_id)] += value
-                by_job[end.job_id] += value
+                book.add_past((end.workspace_id, end.user_id), end.job_id, used, end.ended_at)
         for held in self.held.values():
             if held.pool == pool:
                 run = held.running
-                slots = sum(len(ids) for _, ids in run.slots)
-                value = fair_share.allocation_usage(slots, now - held.started_at, h, charge)
-                by_user[(run.workspace_id, held.user_id)] += value
-                by_job[run.job_id] += value
-        return FairShare(dict(by_user), dict(by_job), charge)
+                book.add_running(
+                    (run.workspace_id, held.user_id), run.job_id, _slots(run), held.started_at
+                )
+        return book
+
+    def _ended(self, held: HeldEntry, ended_at: float | None) -> None:
+        run = held.running
+        book = self._books.get(held.pool)
+        user = (run.workspace_id, held.user_id)
+        if book is not None:
+            book.remove_running(user, run.job_id, _slots(run), held.started_at)
+        if ended_at is None:
+            return
+        end = Ended(
+            held.pool,
+            run.workspace_id,
+            held.user_id,
+            run.job_id,
+            _slots(run),
+            held.started_at,
+            ended_at,
+        )
+        self.ended.append(end)
+        if book is not None:
+            d = book.decay
+            used = fair_share.allocation_usage(
+                end.slots, ended_at - end.started_at, d.half_life_s, d.start_charge_s
+            )
+            book.add_past(user, run.job_id, used, ended_at)
 
     def placed(
         self,
@@ -349,6 +370,11 @@ class ClusterView:
                 started=now,
             )
             self.held[entry.id] = HeldEntry(running, entry.pool, entry.user_id, now)
+            book = self._books.get(entry.pool)
+            if book is not None:
+                book.add_running(
+                    (running.workspace_id, entry.user_id), entry.job_id, _slots(running), now
+                )
         for allocation_id, reason in reasons.items():
             entry = self.pending.get(allocation_id)
             if entry is not None and entry.reason != reason:
@@ -364,3 +390,7 @@ def held_slots_of(running: Iterable[placement.Running], job_ids: Iterable[int]) 
         if run.job_id in wanted:
             held[run.job_id] += sum(len(slot_ids) for _, slot_ids in run.slots)
     return held
+
+
+def _slots(run: placement.Running) -> int:
+    return sum(len(slot_ids) for _, slot_ids in run.slots)

@@ -53,14 +53,96 @@ class Decay:
     start_charge_s: float = 60.0
 
 
+class UsageBook:
+    """Usage sums by user and by job, kept current as allocations start and end, and read
+    at any moment in O(1) per key (a pass reads only the keys its queue names).
+
+    Every amount is kept scaled to one reference moment (`origin`): a past amount `v` as of
+    `at` is stored as v * 2^((at - origin) / h), and reading at `t` multiplies by
+    2^(-(t - origin) / h). A running allocation of s slots placed at t0 contributes, at t,
+    s * (E * d + h / ln 2 * (1 - d)) with d = 2^(-(t - t0) / h): linear in s and in
+    s * 2^((t0 - origin) / h), so two sums per key suffice. Callers rebuild the book when
+    `stale(t)` (the scale factors would grow too large).
+    """
+
+    REBASE_AFTER_HALF_LIVES = 30.0
+
+    def __init__(self, decay: Decay, origin: float) -> None:
+        self.decay = decay
+        self.origin = origin
+        self._past_user: dict[tuple[int, int], float] = {}
+        self._past_job: dict[int, float] = {}
+        # key -> [slots running, slots * 2^((start - origin) / h)]
+        self._run_user: dict[tuple[int, int], list[float]] = {}
+        self._run_job: dict[int, list[float]] = {}
+
+    def _scale(self, at: float) -> float:
+        return math.exp(LN2 * (at - self.origin) / self.decay.half_life_s)
+
+    def stale(self, t: float) -> bool:
+        return abs(t - self.origin) > self.REBASE_AFTER_HALF_LIVES * self.decay.half_life_s
+
+    def add_past(self, user: tuple[int, int], job: int, slot_seconds: float, at: float) -> None:
+        """Usage that ended: `slot_seconds` as of `at` (then decaying)."""
+        scaled = slot_seconds * self._scale(at)
+        self._past_user[user] = self._past_user.get(user, 0.0) + scaled
+        self._past_job[job] = self._past_job.get(job, 0.0) + scaled
+
+    def add_running(self, user: tuple[int, int], job: int, slots: int, started: float) -> None:
+        self._running(user, job, slots, started, 1.0)
+
+    def remove_running(self, user: tuple[int, int], job: int, slots: int, started: float) -> None:
+        self._running(user, job, slots, started, -1.0)
+
+    def _running(
+        self, user: tuple[int, int], job: int, slots: int, started: float, sign: float
+    ) -> None:
+        scaled = slots * self._scale(started)
+        for sums in (
+            self._run_user.setdefault(user, [0.0, 0.0]),
+            self._run_job.setdefault(job, [0.0, 0.0]),
+        ):
+            sums[0] += sign * slots
+            sums[1] += sign * scaled
+
+    def _read(self, past: float, running: list[float] | None, t: float) -> float:
+        d = math.exp(-LN2 * (t - self.origin) / self.decay.half_life_s)
+        value = past * d
+        if running is not None:
+            h_ln2 = self.decay.half_life_s / LN2
+            value += running[0] * h_ln2 + (self.decay.start_charge_s - h_ln2) * running[1] * d
+        return max(value, 0.0)
+
+    def user(self, key: tuple[int, int], t: float) -> float:
+        return self._read(self._past_user.get(key, 0.0), self._run_user.get(key), t)
+
+    def job(self, job: int, t: float) -> float:
+        return self._read(self._past_job.get(job, 0.0), self._run_job.get(job), t)
+
+
 @dataclass(frozen=True)
 class FairShare:
-    """The pool's usage as of the pass, and how much a placement adds to it."""
+    """The pool's usage as of the pass (`now`), and how much a placement adds to it: read
+    from a UsageBook, or given by key (tests; a key given wins over the book)."""
 
     # Decayed slot-seconds by (workspace id, user id) and by job id (ended and running).
     by_user: Mapping[tuple[int, int], float] = field(default_factory=dict)
     by_job: Mapping[int, float] = field(default_factory=dict)
     start_charge_s: float = 60.0
+    book: UsageBook | None = None
+    now: float = 0.0
+
+    def user(self, key: tuple[int, int]) -> float:
+        value = self.by_user.get(key)
+        if value is not None:
+            return value
+        return self.book.user(key, self.now) if self.book is not None else 0.0
+
+    def job(self, job: int) -> float:
+        value = self.by_job.get(job)
+        if value is not None:
+            return value
+        return self.book.job(job, self.now) if self.book is not None else 0.0
 
 
 # --- quotas --------------------------------------------------------------------------------
@@ -115,6 +197,9 @@ class QuotaLedger:
         self.nominal = scaled_nominals(quotas, capacity)
         self.free = free
         self.held: dict[int, int] = dict(held)
+        # Kept by workspace for the hot path (a pass asks per request).
+        self._lend = {w: self._lending_limit(w) for w in quotas}
+        self._borrow = {w: q.borrowing_limit for w, q in quotas.items()}
         self._unlent = {w: self._unlent_of(w) for w in quotas}
         self.unlent_total = sum(self._unlent.values())
 
@@ -128,26 +213,26 @@ class QuotaLedger:
     def nominal_of(self, w: int) -> int:
         return self.nominal.get(w, 0)
 
-    def lending_limit(self, w: int) -> int:
+    def _lending_limit(self, w: int) -> int:
         limit = self.quota(w).lending_limit
         n = self.nominal_of(w)
         return n if limit is None else min(limit, n)
 
     def _unlent_of(self, w: int) -> int:
-        idle = max(0, self.nominal_of(w) - self.held.get(w, 0))
-        return max(0, idle - self.lending_limit(w))
+        idle = self.nominal.get(w, 0) - self.held.get(w, 0)
+        return max(0, idle - self._lend[w]) if idle > 0 else 0
 
     def within_nominal(self, w: int, slots: int) -> bool:
-        return self.held.get(w, 0) + slots <= self.nominal_of(w)
+        return self.held.get(w, 0) + slots <= self.nominal.get(w, 0)
 
     def borrowing(self, w: int) -> int:
         return max(0, self.held.get(w, 0) - self.nominal_of(w))
 
     def over_borrowing_limit(self, w: int, slots: int) -> bool:
-        limit = self.quota(w).borrowing_limit
+        limit = self._borrow.get(w)
         if limit is None:
             return False
-        return self.held.get(w, 0) + slots - self.nominal_of(w) > limit
+        return self.held.get(w, 0) + slots - self.nominal.get(w, 0) > limit
 
     def kept_for_others(self, w: int) -> int:
         """Free slots that other workspaces' unlent idle nominal keeps from `w`."""
@@ -159,9 +244,10 @@ class QuotaLedger:
     def take(self, w: int, slots: int) -> None:
         self.held[w] = self.held.get(w, 0) + slots
         self.free -= slots
-        if w in self._unlent:
+        before = self._unlent.get(w)
+        if before:  # only an idle nominal that is not lent shrinks as the workspace uses it
             after = self._unlent_of(w)
-            self.unlent_total += after - self._unlent[w]
+            self.unlent_total += after - before
             self._unlent[w] = after
 
     def name(self, w: int) -> str:
@@ -212,50 +298,74 @@ class FairOrder(Generic[Request]):
         sort_within_job: Callable[[list[Request]], list[Request]],
     ) -> None:
         self.share = share
-        self.by_user: dict[tuple[int, int], float] = dict(share.by_user)
-        self.by_job: dict[int, float] = dict(share.by_job)
+        # Usage read once per key, plus this pass's start charges.
+        self.by_user: dict[tuple[int, int], float] = {}
+        self.by_job: dict[int, float] = {}
         streams: dict[int, list[Request]] = {}
         for req in requests:
             streams.setdefault(req.job_id, []).append(req)
         self._streams = {job: sort_within_job(reqs) for job, reqs in streams.items()}
         self._next = dict.fromkeys(self._streams, 0)
-        # Bumped by each charge: a key computed at the current version is still fresh.
-        self._version = 0
+        self._unordered = False
         self._heap = [self._key(job) for job in self._streams]
         heapq.heapify(self._heap)
 
-    def _key(self, job: int) -> tuple[int, float, float, float, int, str, int, int]:
+    def _key(self, job: int) -> tuple[int, float, float, float, int, str, int]:
         req = self._streams[job][self._next[job]]
-        user = self.by_user.get((req.workspace_id, req.user_id), 0.0)
-        mine = self.by_job.get(job, 0.0) / req.weight
-        # Request ids are unique, so the comparison never reaches the version or the job.
-        return (req.priority, user, mine, req.order[0], req.order[1], req.id, self._version, job)
+        user_key = (req.workspace_id, req.user_id)
+        user = self.by_user.get(user_key)
+        if user is None:
+            user = self.by_user[user_key] = self.share.user(user_key)
+        mine = self.by_job.get(job)
+        if mine is None:
+            mine = self.by_job[job] = self.share.job(job)
+        # Request ids are unique, so the comparison never reaches the job.
+        return (req.priority, user, mine / req.weight, req.order[0], req.order[1], req.id, job)
+
+    def stop_ordering(self) -> None:
+        """Yield the rest in any order from now on (cheaply): nothing more will be placed."""
+        self._unordered = True
 
     def __iter__(self) -> Iterator[Request]:
-        heap = self._heap
-        while heap:
+        heap, streams, by_user, by_job = self._heap, self._streams, self.by_user, self.by_job
+        while heap and not self._unordered:
             key = heap[0]
             job = key[-1]
-            if key[-2] != self._version:
-                fresh = self._key(job)
-                if fresh[:3] != key[:3]:
-                    heapq.heapreplace(heap, fresh)
-                    continue
-            streams, at = self._streams[job], self._next[job]
-            req = streams[at]
+            jobs_requests, at = streams[job], self._next[job]
+            if at >= len(jobs_requests):  # taken out (take_rest)
+                heapq.heappop(heap)
+                continue
+            req = jobs_requests[at]
+            # A charge since the key was made (to its user or job) makes it stale.
+            user = by_user[(req.workspace_id, req.user_id)]
+            mine = by_job[job] / req.weight
+            if user != key[1] or mine != key[2]:
+                heapq.heapreplace(heap, (key[0], user, mine, *key[3:]))
+                continue
             self._next[job] = at + 1
-            if at + 1 < len(streams):
+            if at + 1 < len(jobs_requests):
                 heapq.heapreplace(heap, self._key(job))
             else:
                 heapq.heappop(heap)
             yield req
+        if self._unordered:
+            for job, reqs in streams.items():
+                at = self._next[job]
+                self._next[job] = len(reqs)
+                yield from reqs[at:]
 
     def charge(self, req: Request) -> None:
         """`req` was placed: its user and job count its start charge from now on."""
         cost = req.slots * self.share.start_charge_s
         if cost <= 0:
             return
-        self._version += 1
         user = (req.workspace_id, req.user_id)
-        self.by_user[user] = self.by_user.get(user, 0.0) + cost
-        self.by_job[req.job_id] = self.by_job.get(req.job_id, 0.0) + cost
+        # Both were read when the request's key was made.
+        self.by_user[user] += cost
+        self.by_job[req.job_id] += cost
+
+    def take_rest(self, job: int) -> list[Request]:
+        """The job's requests not yielded yet, taken out of the order."""
+        reqs, at = self._streams[job], self._next[job]
+        self._next[job] = len(reqs)
+        return reqs[at:]

@@ -215,12 +215,22 @@ def schedule(
             p.consider(req, within=False)
     else:
         borrowers: list[Request] = []
-        for req in p.order(requests):
+        first = p.order(requests)
+        for req in first:
             if req.slots == 0 or ledger.within_nominal(req.workspace_id, req.slots):
                 p.consider(req, within=req.slots > 0)
             else:
                 borrowers.append(req)
-        for req in p.order(borrowers):
+                w = req.workspace_id
+                if isinstance(first, fair_share.FairOrder) and ledger.held.get(
+                    w, 0
+                ) >= ledger.nominal_of(w):
+                    # Its workspace has no nominal slot left: the job's rest all borrow.
+                    borrowers.extend(first.take_rest(req.job_id))
+        # Borrowers in the fair order again, charged as they are placed; when no slot is
+        # left free (a busy pool's usual case) only their reasons remain to be said, in the
+        # order they came.
+        for req in p.order(borrowers) if ledger.free > 0 else borrowers:
             p.consider(req, within=False)
     return p.plan()
 
@@ -327,6 +337,10 @@ class _Pass:
         if self.head is None:
             self._become_head(req, within)
         self.waiting.append(req)
+        if self._fair is not None and self.cap.open_slots <= 0:
+            # Nothing more can be placed (the head holds what it waits for): the rest only
+            # need their reasons, which do not depend on the order.
+            self._fair.stop_ordering()
 
     def _place(self, req: Request) -> tuple[tuple[str, tuple[int, ...]], ...] | None:
         s, cap = req.slots, self.cap
@@ -567,6 +581,8 @@ class _Capacity:
             for u, used, n in zip(self.usable, self.used, self.total, strict=True)
         ]
         self.reserved = [False] * len(agents)
+        # Free slots of usable, unreserved agents: once 0, no slot request can be placed.
+        self.open_slots = sum(f for f, u in zip(self.nfree, self.usable, strict=True) if u)
         self.sizes_desc = summary.sizes_desc
         # Best fit only: (slots, rank) of the last single-agent placement while it was the only
         # change since its pick. The buckets below that agent's old free count were empty then,
@@ -654,6 +670,7 @@ class _Capacity:
         del free[:slots]
         before = self.nfree[r]
         after = self.nfree[r] = before - slots
+        self.open_slots -= slots
         keys = self.key_of[self.total[r]]
         count = self.count
         count[keys[before]] -= 1
@@ -701,6 +718,8 @@ class _Capacity:
         self.reserved[r] = True
         if self.nfree[r] > 0:
             self.count[self.key_of[self.total[r]][self.nfree[r]]] -= 1
+            if self.usable[r]:
+                self.open_slots -= self.nfree[r]
         if self.idle[r]:
             self.idle_count[self.total[r]] -= 1
 

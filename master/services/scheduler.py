@@ -429,7 +429,7 @@ async def _run_pass(
             running.get(pool_name, []),
             held_slots,
             view.quotas.get(pool_name),
-            view.fair_share(pool_name, now, decay),
+            view.share_of(pool_name, now, decay),
         )
         assignments.extend(plan.assignments)
         preempt.extend(plan.preempt)

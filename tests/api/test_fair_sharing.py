@@ -159,7 +159,7 @@ async def test_usage_survives_a_restart(
     before = await loaded()
     assert len(before.ended) == 2 and before.stored_usage == []
     now = time.time() + 1.0
-    old_share = before.fair_share("default", now, decay)
+    old_share = before.share_of("default", now, decay)
     assert old_share.by_job[first] > 2 * decay.start_charge_s * 0.99  # two 1-slot starts
 
     # The leader accounts what ended; a restarted master (or a standby taking over) loads it.
@@ -167,11 +167,11 @@ async def test_usage_survives_a_restart(
         assert await usage.account(session, settings) == 2
     after = await loaded()
     assert after.ended == [] and len(after.stored_usage) == 1
-    new_share = after.fair_share("default", now, decay)
+    new_share = after.share_of("default", now, decay)
     assert new_share.by_job[first] == pytest.approx(old_share.by_job[first], rel=1e-9)
     assert new_share.by_user == pytest.approx(old_share.by_user, rel=1e-9)
     # Accounting again adds nothing twice.
     async with session_scope(app.state.session_factory) as session:
         assert await usage.account(session, settings) == 0
-    again = (await loaded()).fair_share("default", now, decay)
+    again = (await loaded()).share_of("default", now, decay)
     assert again.by_job[first] == pytest.approx(old_share.by_job[first], rel=1e-9)
