@@ -369,3 +369,12 @@ def test_smoke_webhooks_benchmark_delivers_every_event_once() -> None:
     assert live["events_per_s"] > 0 and backlog["drain_events_per_s"] > 0
     assert live["delivery_latency"]["p50_ms"] <= live["delivery_latency"]["p99_ms"]
     assert report["control_no_webhook"]["posts_per_s"] > 0
+
+
+def test_smoke_fair_share_benchmark_places_the_same_in_every_variant() -> None:
+    report = run_smoke("bench_fair_share")
+    assert report["mode"] == "smoke"
+    placed = {name: variant["placed"] for name, variant in report["pass"].items()}
+    # Half of the 16 x 8 slots are free; every variant fills them.
+    assert placed == {"plain": 64, "fair": 64, "quotas": 64}, placed
+    assert report["usage_sums"]["held"] == 64

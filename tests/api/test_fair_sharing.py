@@ -122,13 +122,22 @@ async def test_weights_1_and_3_share_a_contended_workspace_1_to_3(
     light = await submit(api, "team", trials=16, extra=", weight: 1", name="light")
     heavy = await submit(api, "team", trials=16, extra=", weight: 3", name="heavy")
     seen: list[tuple[int, int]] = []
+    started: list[str] = []  # allocation ids in the order they were placed
     for _ in range(12):
         await schedule(app)
         running = {e: placed(await tasks_of(api, e)) for e in (light, heavy)}
         seen.append((len(running[light]), len(running[heavy])))
-        # The longest-running trial of either ends.
-        oldest = min((t for ts in running.values() for t in ts), key=lambda t: t["allocationId"])
-        await release(app, oldest["allocationId"], ReleaseOutcome.COMPLETED)
+        started += sorted(
+            t["allocationId"]
+            for ts in running.values()
+            for t in ts
+            if t["allocationId"] not in started
+        )
+        # The trial that started first ends, so that every trial runs about as long (usage
+        # counts slot-seconds: a trial left running longer would count more).
+        live = {t["allocationId"] for ts in running.values() for t in ts}
+        first = next(a for a in started if a in live)
+        await release(app, first, ReleaseOutcome.COMPLETED)
     assert all(a + b == 4 for a, b in seen), seen
     assert all(abs(a - 1) <= 1 and abs(b - 3) <= 1 for a, b in seen), seen
     assert sum(b for _, b in seen) == pytest.approx(3 * sum(a for a, _ in seen), rel=0.35), seen
@@ -160,7 +169,8 @@ async def test_usage_survives_a_restart(
     assert len(before.ended) == 2 and before.stored_usage == []
     now = time.time() + 1.0
     old_share = before.share_of("default", now, decay)
-    assert old_share.by_job[first] > 2 * decay.start_charge_s * 0.99  # two 1-slot starts
+    assert old_share.job(first) > 2 * decay.start_charge_s * 0.99  # two 1-slot starts
+    user = (before.ended[0].workspace_id, before.ended[0].user_id)
 
     # The leader accounts what ended; a restarted master (or a standby taking over) loads it.
     async with session_scope(app.state.session_factory) as session:
@@ -168,10 +178,11 @@ async def test_usage_survives_a_restart(
     after = await loaded()
     assert after.ended == [] and len(after.stored_usage) == 1
     new_share = after.share_of("default", now, decay)
-    assert new_share.by_job[first] == pytest.approx(old_share.by_job[first], rel=1e-9)
-    assert new_share.by_user == pytest.approx(old_share.by_user, rel=1e-9)
+    assert new_share.job(first) == pytest.approx(old_share.job(first), rel=1e-9)
+    assert new_share.user(user) == pytest.approx(old_share.user(user), rel=1e-9)
+    assert new_share.user(user) == pytest.approx(old_share.job(first), rel=1e-9)
     # Accounting again adds nothing twice.
     async with session_scope(app.state.session_factory) as session:
         assert await usage.account(session, settings) == 0
     again = (await loaded()).share_of("default", now, decay)
-    assert again.by_job[first] == pytest.approx(old_share.by_job[first], rel=1e-9)
+    assert again.job(first) == pytest.approx(old_share.job(first), rel=1e-9)

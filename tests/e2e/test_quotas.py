@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from harness.cluster import AgentProcess
-from tests.e2e.agents import create_experiment, trial_logs, write_experiment
+from tests.e2e.agents import create_experiment, scheduling_passes, trial_logs, write_experiment
 from tests.e2e.conftest import BACKENDS, MasterProcess, running_master, unique
 
 pytestmark = pytest.mark.e2e
@@ -177,3 +177,52 @@ def test_a_workspace_reclaims_its_quota_from_a_borrower(
         found = re.findall(r"PREEMPTED at step=(\d+) checkpoint=(\S+)", logs)
         resumed = re.findall(r"RESUMED (\S+) step=(\d+)", logs)
         assert resumed == [(found[0][1], found[0][0])], logs
+
+
+def test_a_borrowing_limit_of_zero_leaves_slots_idle_and_says_why(
+    master: MasterProcess, agents: list[AgentProcess], tmp_path: Path
+) -> None:
+    project_in_new_workspace(master, VISION)
+    project_in_new_workspace(master, NLP)
+    vision = next(
+        w["id"]
+        for w in master.api("GET", "/api/v1/workspaces")["workspaces"]
+        if w["name"] == VISION
+    )
+    # Admins change the config's quota through the API; it applies at the next pass.
+    admin = {"Authorization": f"Bearer {master.login('admin')}"}
+    master.api(
+        "PUT",
+        f"/api/v1/workspaces/{vision}/quotas/default",
+        json={"nominalSlots": 6, "borrowingLimit": 0},
+        headers=admin,
+    )
+    stop = tmp_path / "stop"
+    a = submit(master, tmp_path, VISION, 10, stop)
+    master.wait_for("A to run 6 trials", lambda: running(master, a) == 6, 180)
+
+    def reasons() -> list[dict[str, Any]]:
+        summaries = master.api("GET", "/api/v1/tasks")["allocationIdToSummary"]
+        return [
+            t["pendingReason"]
+            for t in summaries.values()
+            if t["experimentId"] == a and not t["resources"]
+        ]
+
+    master.wait_for("the waiting trials' reasons", lambda: len(reasons()) == 4, 60)
+    for reason in reasons():
+        assert reason["code"] == "QUOTA_BORROWING_LIMIT", reason
+        assert reason["message"] == (
+            f"workspace {VISION} holds 6 of its 6-slot quota in pool default; 2 idle slots "
+            "are lent to no one because its borrowing limit is 0"
+        )
+    # A later pass (at the latest the periodic full one) still gives A nothing more.
+    passes = scheduling_passes(master)
+    master.wait_for("another pass", lambda: scheduling_passes(master) > passes, 60)
+    assert running(master, a) == 6
+    stop.touch()
+    master.wait_for(
+        "every trial to complete",
+        lambda: {t["state"] for t in trials(master, a)} == {"COMPLETED"},
+        180,
+    )
