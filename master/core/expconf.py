@@ -1547,11 +1547,6 @@ def _unserved_warnings(cfg: ExperimentConfig) -> list[str]:
             "log_policies does not apply: the master does not match a trial's logs against "
             "patterns, so no policy's action is taken"
         )
-    if cfg.resources.weight != 1.0:
-        warnings.append(
-            f"resources.weight ({cfg.resources.weight:g}) does not apply yet: the queue is "
-            "ordered by priority, then by submit time, with no fair share between experiments"
-        )
     if cfg.environment.proxy_ports:
         ports = ", ".join(str(p.proxy_port) for p in cfg.environment.proxy_ports)
         warnings.append(

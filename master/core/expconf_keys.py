@@ -131,8 +131,9 @@ KEYS: tuple[KeyRule, ...] = (
     KeyRule("resources.priority", "applied", "the scheduling priority (1..99)"),
     KeyRule(
         "resources.weight",
-        "warned",
-        "no fair share between experiments yet: the queue is ordered by priority, then submit time",
+        "applied",
+        "at equal priority, the experiment's share of its user's slots (usage divided by "
+        "weight orders the queue; docs/quotas.md)",
         sample=3,
     ),
     KeyRule("resources.resource_pool", "applied", "the pool the trials run in"),

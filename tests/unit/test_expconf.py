@@ -246,7 +246,6 @@ def test_full_realistic_config_validates() -> None:
         "bind_mounts.1.propagation",
         "resources.devices",
         "log_policies",
-        "resources.weight",
         "environment.proxy_ports",
     ]
     # The stored config validates again to the same thing (the master re-reads it).
