@@ -20,6 +20,9 @@ from dataclasses import dataclass, field, replace
 from master.core import fair_share, placement
 from master.core.fair_share import FairShare
 
+# The job_id of a user's stored usage row (master.services.usage.USER_ROW).
+USER_ROW = 0
+
 # (pending code, message, blocking job): a pending allocation's stored reason.
 Reason = tuple[str, str, int | None]
 
@@ -159,6 +162,10 @@ class ClusterView:
     ended: list[Ended] = field(default_factory=list)
     # Usage sums by pool, built on a pass's first read and kept current by the changes.
     _books: dict[str, fair_share.UsageBook] = field(default_factory=dict)
+    # The jobs whose stored usage rows were read, and the newest experiment at the load
+    # (one created since has none).
+    usage_jobs: set[int] = field(default_factory=set)
+    newest_job_at_load: int = 0
     # Changes committed out of turn, kept until the ones before them arrive.
     _early: dict[int, tuple[Change, ...]] = field(default_factory=dict)
 
@@ -174,6 +181,8 @@ class ClusterView:
         project_workspace: Mapping[int, int] | None = None,
         stored_usage: Iterable[StoredUsage] = (),
         ended: Iterable[Ended] = (),
+        usage_jobs: Iterable[int] = (),
+        newest_job: int = 0,
     ) -> None:
         self.epoch = epoch
         self.pending = {p.id: p for p in pending}
@@ -184,6 +193,8 @@ class ClusterView:
         self.stored_usage = list(stored_usage)
         self.ended = list(ended)
         self._books = {}
+        self.usage_jobs = set(usage_jobs)
+        self.newest_job_at_load = newest_job
         self._early = {k: v for k, v in self._early.items() if k > epoch}
         self._catch_up()
 
@@ -300,9 +311,7 @@ class ClusterView:
         book = fair_share.UsageBook(decay, origin)
         for row in self.stored_usage:
             if row.pool == pool:
-                book.add_past(
-                    (row.workspace_id, row.user_id), row.job_id, row.slot_seconds, row.as_of
-                )
+                self._add_stored(book, row)
         for end in self.ended:
             if end.pool == pool:
                 used = fair_share.allocation_usage(
@@ -319,6 +328,31 @@ class ClusterView:
                     (run.workspace_id, held.user_id), run.job_id, _slots(run), held.started_at
                 )
         return book
+
+    @staticmethod
+    def _add_stored(book: fair_share.UsageBook, row: StoredUsage) -> None:
+        # A user's row (job 0) holds the sum over their jobs; a job's row, that job's.
+        if row.job_id == USER_ROW:
+            book.add_past((row.workspace_id, row.user_id), None, row.slot_seconds, row.as_of)
+        else:
+            book.add_past(None, row.job_id, row.slot_seconds, row.as_of)
+
+    def add_stored(self, rows: Iterable[StoredUsage], jobs: Iterable[int]) -> None:
+        """Stored usage of `jobs` read after the load (jobs back in the queue)."""
+        self.usage_jobs.update(jobs)
+        for row in rows:
+            self.stored_usage.append(row)
+            book = self._books.get(row.pool)
+            if book is not None:
+                self._add_stored(book, row)
+
+    def jobs_without_usage(self) -> set[int]:
+        """Queued experiments that existed at the load and whose stored usage is not read."""
+        return {
+            p.job_id
+            for p in self.pending.values()
+            if 0 < p.job_id <= self.newest_job_at_load and p.job_id not in self.usage_jobs
+        }
 
     def _ended(self, held: HeldEntry, ended_at: float | None) -> None:
         run = held.running

@@ -82,11 +82,16 @@ class UsageBook:
     def stale(self, t: float) -> bool:
         return abs(t - self.origin) > self.REBASE_AFTER_HALF_LIVES * self.decay.half_life_s
 
-    def add_past(self, user: tuple[int, int], job: int, slot_seconds: float, at: float) -> None:
-        """Usage that ended: `slot_seconds` as of `at` (then decaying)."""
+    def add_past(
+        self, user: tuple[int, int] | None, job: int | None, slot_seconds: float, at: float
+    ) -> None:
+        """Usage that ended: `slot_seconds` as of `at` (then decaying), the user's and the
+        job's (None: only the other's)."""
         scaled = slot_seconds * self._scale(at)
-        self._past_user[user] = self._past_user.get(user, 0.0) + scaled
-        self._past_job[job] = self._past_job.get(job, 0.0) + scaled
+        if user is not None:
+            self._past_user[user] = self._past_user.get(user, 0.0) + scaled
+        if job is not None:
+            self._past_job[job] = self._past_job.get(job, 0.0) + scaled
 
     def add_running(self, user: tuple[int, int], job: int, slots: int, started: float) -> None:
         self._running(user, job, slots, started, 1.0)

@@ -335,6 +335,9 @@ async def load_view(
     project_workspace = dict(
         (await conn.execute(select(_PROJECTS.c.id, _PROJECTS.c.workspace_id))).all()
     )
+    newest_job = await conn.scalar(select(func.max(_EXPERIMENTS.c.id))) or 0
+    # The usage the fair order reads: the users', and the queued and running jobs'.
+    jobs = {p.job_id for p in pending} | {h.running.job_id for h in held}
     view.load(
         epoch,
         pending,
@@ -353,8 +356,10 @@ async def load_view(
         held,
         quotas=await load_quotas(session, settings),
         project_workspace=project_workspace,
-        stored_usage=await usage.load_stored(session),
+        stored_usage=await usage.load_stored(session, jobs),
         ended=await usage.load_unaccounted(session),
+        usage_jobs=jobs,
+        newest_job=newest_job,
     )
 
 
@@ -388,6 +393,9 @@ async def _run_pass(
     if not view.exact_at(stats.epoch):
         await load_view(session, view, stats.epoch, settings)
         stats.loaded_view = True
+    missing = view.jobs_without_usage()
+    if missing:  # back in the queue since the load (det experiment continue, say)
+        view.add_stored(await usage.load_stored(session, missing, users=False), missing)
     pending = list(view.pending.values())
     stats.pending = len(pending)
     if not pending:

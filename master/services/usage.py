@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Collection
 from datetime import datetime, timedelta
-from typing import cast
+from typing import Any, cast
 
 from sqlalchemy import Table, delete, func, insert, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from master.core import fair_share
+from master.core import cluster_view, fair_share
 from master.core.cluster_view import Ended, StoredUsage
 from master.db.models import (
     AllocationModel,
@@ -41,6 +42,8 @@ ACCOUNT_EVERY_S = 60.0
 IN_FLIGHT_S = 5.0
 # A row whose decayed usage fell below this counts for nothing and is deleted.
 NEGLIGIBLE_SLOT_SECONDS = 0.01
+# The job_id of a user's row: the sum over their jobs (experiments are > 0, tasks < 0).
+USER_ROW = cluster_view.USER_ROW
 
 _USAGE = cast(Table, FairShareUsageModel.__table__)
 _ALLOCATIONS = cast(Table, AllocationModel.__table__)
@@ -50,15 +53,29 @@ _TASKS = cast(Table, TaskModel.__table__)
 _STATE = cast(Table, SchedulerStateModel.__table__)
 
 
-async def load_stored(session: AsyncSession) -> list[StoredUsage]:
+async def load_stored(
+    session: AsyncSession, jobs: Collection[int] | None = None, *, users: bool = True
+) -> list[StoredUsage]:
+    """Stored usage rows: every user's (job_id USER_ROW) with `users`, and those of `jobs`
+    (None: every job's). A pass needs the users' and those of the jobs in its queue, not
+    those of every job that ran in the last months."""
     conn = await session.connection()
     u = _USAGE.c
-    rows = await conn.execute(
-        select(u.resource_pool, u.workspace_id, u.user_id, u.job_id, u.slot_seconds, u.as_of)
-    )
+    query = select(u.resource_pool, u.workspace_id, u.user_id, u.job_id, u.slot_seconds, u.as_of)
+    if jobs is not None:
+        wanted = sorted(set(jobs) - {USER_ROW})
+        found: list[Any] = []
+        if users:
+            found += (await conn.execute(query.where(u.job_id == USER_ROW))).all()
+        for start in range(0, len(wanted), 5000):
+            chunk = wanted[start : start + 5000]
+            found += (await conn.execute(query.where(u.job_id.in_(chunk)))).all()
+        rows: Any = found
+    else:
+        rows = (await conn.execute(query)).all()
     return [
         StoredUsage(pool, ws, user, job, value, as_of.timestamp())
-        for pool, ws, user, job, value, as_of in rows.all()
+        for pool, ws, user, job, value, as_of in rows
     ]
 
 
@@ -132,9 +149,9 @@ async def account(session: AsyncSession, settings: MasterSettings) -> int:
     added: dict[tuple[str, int, int, int], float] = defaultdict(float)
     for e in ended:
         used = fair_share.allocation_usage(e.slots, e.ended_at - e.started_at, half_life, charge)
-        added[(e.pool, e.workspace_id, e.user_id, e.job_id)] += fair_share.decayed(
-            used, at - e.ended_at, half_life
-        )
+        value = fair_share.decayed(used, at - e.ended_at, half_life)
+        added[(e.pool, e.workspace_id, e.user_id, e.job_id)] += value
+        added[(e.pool, e.workspace_id, e.user_id, USER_ROW)] += value
     conn = await session.connection()
     u = _USAGE.c
     negligible: list[tuple[str, int, int, int]] = []
@@ -174,9 +191,10 @@ async def account(session: AsyncSession, settings: MasterSettings) -> int:
     if changed:
         await conn.execute(insert(_USAGE), changed)
     await conn.execute(update(_STATE).where(_STATE.c.id == 1).values(usage_accounted_until=until))
-    # The view counts unaccounted allocations itself: it must load afresh, or it would
-    # count these twice.
-    allocations.request_scheduling(session)
+    if ended:
+        # The view counts unaccounted allocations itself: it must load afresh, or it would
+        # count these twice.
+        allocations.request_scheduling(session)
     if ended:
         log.debug("fair-share usage: %d ended allocations accounted", len(ended))
     return len(ended)
