@@ -193,3 +193,34 @@ async def test_usage_survives_a_restart(
     assert again.share_of("default", now, decay).job(first) == pytest.approx(
         old_share.job(first), rel=1e-9
     )
+
+
+async def test_a_continued_experiment_brings_its_usage_back_to_the_queue(
+    api: httpx.AsyncClient, app: FastAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A view loaded while an experiment was over holds no row of its; continued, it is
+    queued again, and the next pass reads its usage."""
+    monkeypatch.setattr(usage, "IN_FLIGHT_S", 0.0)
+    await register(app, "c-1", 1)
+    await workspace(api, "team")
+    first = await submit(api, "team", trials=1, name="first")
+    await schedule(app)
+    [task] = placed(await tasks_of(api, first))
+    assert (await api.post(f"/api/v1/experiments/{first}/kill")).status_code == 200
+    await release(app, task["allocationId"], ReleaseOutcome.KILLED)  # ended, not completed
+    settings = app.state.settings
+    async with session_scope(app.state.session_factory) as session:
+        assert await usage.account(session, settings) == 1
+    loop = scheduler.SchedulerLoop(app.state.session_factory, settings)
+    loop.wake()
+    await loop.run_once()  # loads the view: nothing queued, so no job's row
+    assert first not in loop.view.usage_jobs
+    reply = await api.post("/api/v1/experiments/continue", json={"id": first})
+    assert reply.status_code == 200, reply.text
+    loop.wake()
+    await loop.run_once()
+    assert first in loop.view.usage_jobs
+    decay = fair_share.Decay(settings.fair_share.half_life_s(), settings.fair_share.start_charge_s)
+    used = loop.view.share_of("default", time.time(), decay).job(first)
+    # Its first run's start charge, and now its second's.
+    assert used >= 2 * decay.start_charge_s * 0.99
