@@ -199,7 +199,9 @@ async def test_a_continued_experiment_brings_its_usage_back_to_the_queue(
     api: httpx.AsyncClient, app: FastAPI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A view loaded while an experiment was over holds no row of its; continued, it is
-    queued again, and the next pass reads its usage."""
+    queued again, and the next pass reads its usage (the view loads afresh after a continue;
+    a job queued again by a change the view is told of reads its rows at the next pass:
+    tests/unit/test_cluster_view.py)."""
     monkeypatch.setattr(usage, "IN_FLIGHT_S", 0.0)
     await register(app, "c-1", 1)
     await workspace(api, "team")
