@@ -349,6 +349,21 @@ async def test_held_and_borrowed_slots_count_experiments_and_tasks(
     assert held[(nlp["id"], "gpu")] == 4
     assert sum(held.values()) == 5
 
+    # The queue and the tasks name the workspace each counts in (`det job|task list`).
+    home = next(w for w in await workspaces_of(api) if w["name"] == "Uncategorized")
+    jobs = (await api.get("/api/v1/job-queues")).json()["jobs"]
+    assert sorted((j["name"], j["workspaceId"], j["workspaceName"]) for j in jobs) == [
+        ("held", nlp["id"], "nlp"),
+        ("other", home["id"], "Uncategorized"),
+    ]
+    summaries = (await api.get("/api/v1/tasks")).json()["allocationIdToSummary"].values()
+    assert sorted((t["taskType"], t["workspaceName"]) for t in summaries) == [
+        ("TASK_TYPE_COMMAND", "nlp"),
+        ("TASK_TYPE_TRIAL", "Uncategorized"),
+        ("TASK_TYPE_TRIAL", "nlp"),
+    ]
+    assert {t["workspaceId"] for t in summaries} == {nlp["id"], home["id"]}
+
 
 # -- Determined's routes ----------------------------------------------------------------
 
