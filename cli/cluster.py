@@ -12,6 +12,7 @@ import typer
 from cli.client import MasterClient
 from cli.errors import CliError
 from cli.output import CsvOpt, JsonOpt, cli_errors, one_format, print_json, print_table, stdout
+from cli.quotas import print_usage
 from cli.state import client
 
 # Like Determined's, each noun alone runs its `list`.
@@ -30,6 +31,7 @@ TASK_HEADERS = [
     "Agent",
     "Priority",
     "Resource Pool",
+    "Workspace",
     "State",
     "Reason",
 ]
@@ -77,6 +79,7 @@ JOB_HEADERS = [
     "ID",
     "Type",
     "Job Name",
+    "Workspace",
     "Priority",
     "Submitted",
     "Slots (acquired/needed)",
@@ -162,11 +165,13 @@ def list_tasks(
     as_json: bool = JsonOpt,
     as_csv: bool = CsvOpt,
 ) -> None:
-    """List tasks with their agent, and for waiting ones the reason they wait (tasks that
-    ended in an error within the last hour are listed too, with the reason)."""
+    """List tasks with their agent and workspace, and for waiting ones the reason they wait
+    (tasks that ended in an error within the last hour are listed too, with the reason);
+    then each workspace's quota per pool: slots held of its nominal, borrowed, limits."""
     with cli_errors():
         one_format(as_json, as_csv)
-        tasks = _tasks(client(ctx), RECENT_FAILURES_S)
+        api = client(ctx)
+        tasks = _tasks(api, RECENT_FAILURES_S)
         if as_json:
             print_json(tasks)
             return
@@ -191,12 +196,15 @@ def list_tasks(
                     agent,
                     priority,
                     task.get("resourcePool"),
+                    task.get("workspaceName") or "",
                     _enum(task.get("state"), "STATE_"),
                     reason.get("message") or task.get("exitReason") or "",
                 ]
             )
         # A gang's agents: a list of ids, never cut.
         print_table(TASK_HEADERS, rows, as_csv=as_csv, whole=("Agent",))
+        if not as_csv:
+            print_usage(api)
 
 
 task_app.command("ls", hidden=True)(list_tasks)
@@ -443,13 +451,14 @@ def list_jobs(
     as_json: bool = JsonOpt,
     as_csv: bool = CsvOpt,
 ) -> None:
-    """List the job queue in scheduling order (lower priority number first)."""
+    """List the job queue in scheduling order (lower priority number first), each job's
+    workspace, then each workspace's quota per pool: slots held of its nominal, borrowed,
+    limits."""
     with cli_errors():
         one_format(as_json, as_csv)
         params = {"resourcePool": resource_pool} if resource_pool else {}
-        jobs: list[dict[str, Any]] = (
-            client(ctx).get("/api/v1/job-queues", params=params).get("jobs") or []
-        )
+        api = client(ctx)
+        jobs: list[dict[str, Any]] = api.get("/api/v1/job-queues", params=params).get("jobs") or []
         if as_json:
             print_json(jobs)
             return
@@ -464,6 +473,7 @@ def list_jobs(
                     j.get("jobId"),
                     _enum(j.get("type"), "TYPE_"),
                     f"{j.get('name')} ({j.get('entityId')})" if is_experiment else j.get("name"),
+                    j.get("workspaceName") or "",
                     j.get("priority"),
                     _time(j.get("submissionTime")),
                     f"{j.get('allocatedSlots', 0)}/{j.get('requestedSlots', 0)}",
@@ -472,6 +482,8 @@ def list_jobs(
                 ]
             )
         print_table(JOB_HEADERS, rows, as_csv=as_csv)
+        if not as_csv:
+            print_usage(api, resource_pool)
 
 
 job_app.command("ls", hidden=True)(list_jobs)

@@ -10,7 +10,7 @@ import typer
 
 from cli.client import MasterClient
 from cli.errors import CliError
-from cli.output import JsonOpt, cli_errors, print_json, print_table, stdout
+from cli.output import JsonOpt, cli_errors, print_json, print_table, stdout, warn
 from cli.state import client
 from cli.workspaces import workspace_by_name
 
@@ -61,6 +61,43 @@ def _row(q: dict[str, Any]) -> list[Any]:
         q["borrowedSlots"],
         q["source"],
     ]
+
+
+def usage_lines(quotas: list[dict[str, Any]], pool: str | None = None) -> list[str]:
+    """The block `det job list` and `det task list` print after their table: per pool, each
+    workspace with a quota there, its held/nominal slots, borrowed slots and limits."""
+    by_pool: dict[str, list[dict[str, Any]]] = {}
+    for q in quotas:
+        if pool is None or q["resourcePool"] == pool:
+            by_pool.setdefault(q["resourcePool"], []).append(q)
+    lines = []
+    for pool_name in sorted(by_pool):
+        rows = sorted(by_pool[pool_name], key=lambda q: q["workspaceName"])
+        name_width = max(len(q["workspaceName"]) for q in rows)
+        held = [f"{q['heldSlots']}/{q['nominalSlots']}" for q in rows]
+        held_width = max(len(h) for h in held)
+        lines.append(f"Quotas in pool {pool_name} (held/nominal slots):")
+        for q, h in zip(rows, held, strict=True):
+            lines.append(
+                f"  {q['workspaceName']:<{name_width}}  {h:>{held_width}}  "
+                f"{q['borrowedSlots']} borrowed; borrowing limit "
+                f"{_limit_text(q['borrowingLimit'])}, lending limit "
+                f"{_limit_text(q['lendingLimit'])}"
+            )
+    return lines
+
+
+def print_usage(api: MasterClient, pool: str | None = None) -> None:
+    """`usage_lines` after a blank line, if any workspace has a quota; a master that cannot
+    say (an older one, Determined's) costs a warning on stderr, not the listing."""
+    try:
+        quotas: list[dict[str, Any]] = api.get("/api/v1/quotas").get("quotas") or []
+    except CliError as exc:
+        warn(f"workspace quotas not shown: {exc}")
+        return
+    lines = usage_lines(quotas, pool)
+    if lines:
+        stdout.print("\n" + "\n".join(lines), markup=False)
 
 
 def _path(workspace_id: int, pool: str | None = None) -> str:

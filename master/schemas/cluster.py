@@ -217,6 +217,9 @@ def task(view: TaskView, slots_by_agent: dict[str, dict[int, SlotModel]]) -> dic
         "experimentId": a.experiment_id,
         "trialId": a.trial_id,
         "taskType": f"TASK_TYPE_{view.task_type}",
+        # Where its slots count against a quota (docs/quotas.md).
+        "workspaceId": view.workspace_id,
+        "workspaceName": view.workspace_name,
         "preemptRequested": a.preempt_requested,
         # How it ended ("unrunnable: /usr/bin/python3 has no determined..."); "" while held.
         "exitReason": a.exit_reason if a.state == AllocationState.TERMINATED else "",
@@ -240,10 +243,11 @@ def job(view: JobView, jobs_ahead: int) -> dict[str, Any]:
         "allocatedSlots": view.allocated_slots,
         "userId": e.owner_id,
         "username": view.username,
-        "workspaceId": 1,
+        "workspaceId": view.workspace_id,
         "progress": e.progress or 0.0,
         "summary": {"state": state, "jobsAhead": jobs_ahead},
         # resolute additions
+        "workspaceName": view.workspace_name,
         "queuedTrials": view.queued,
         "scheduledTrials": view.scheduled,
     }

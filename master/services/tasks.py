@@ -15,11 +15,13 @@ from master.db.models import (
     AllocationSlotModel,
     AllocationState,
     ExperimentModel,
+    ProjectModel,
     SlotModel,
     TaskModel,
     TrialModel,
     TrialState,
     UserModel,
+    WorkspaceModel,
     utcnow,
 )
 from master.services.allocations import HELD_STATES, task_id
@@ -37,6 +39,9 @@ class TaskView:
     # agent id -> slot ids held there
     slots: dict[str, list[int]] = field(default_factory=dict)
     task_type: str = "TRIAL"  # or COMMAND, NOTEBOOK, SHELL, TENSORBOARD
+    # Its experiment's project's, or the task's own: the one its quota counts it in.
+    workspace_id: int | None = None
+    workspace_name: str = ""
 
 
 async def list_tasks(
@@ -59,10 +64,17 @@ async def list_tasks(
             ExperimentModel.name,
             TaskModel,
             func.coalesce(ExperimentModel.priority, TaskModel.priority),
+            WorkspaceModel.id,
+            WorkspaceModel.name,
         )
         .outerjoin(TrialModel, TrialModel.id == AllocationModel.trial_id)
         .outerjoin(ExperimentModel, ExperimentModel.id == AllocationModel.experiment_id)
         .outerjoin(TaskModel, TaskModel.id == AllocationModel.task_id)
+        .outerjoin(ProjectModel, ProjectModel.id == ExperimentModel.project_id)
+        .outerjoin(
+            WorkspaceModel,
+            WorkspaceModel.id == func.coalesce(ProjectModel.workspace_id, TaskModel.workspace_id),
+        )
         .where(wanted)
         .order_by(AllocationModel.registered_at, AllocationModel.id)
     )
@@ -81,7 +93,7 @@ async def list_tasks(
     ).all():
         held[allocation_id][agent_id].append(slot_id)
     views = []
-    for allocation, trial, experiment_name, task, priority in rows:
+    for allocation, trial, experiment_name, task, priority, ws_id, ws_name in rows:
         slots = dict(held.get(allocation.id, {}))
         if allocation.zero_slot_agent_id and not slots:
             slots = {allocation.zero_slot_agent_id: []}
@@ -98,6 +110,8 @@ async def list_tasks(
                 priority=priority,
                 slots=slots,
                 task_type="TRIAL" if trial is not None else task.type,
+                workspace_id=ws_id,
+                workspace_name=ws_name or "",
             )
         )
     return views
@@ -111,6 +125,8 @@ class JobView:
     allocated_slots: int
     queued: int
     scheduled: int
+    workspace_id: int
+    workspace_name: str
 
 
 async def list_jobs(session: AsyncSession, pool: str | None = None) -> list[JobView]:
@@ -130,9 +146,17 @@ async def list_jobs(session: AsyncSession, pool: str | None = None) -> list[JobV
         .subquery()
     )
     query = (
-        select(ExperimentModel, UserModel.username, counts)
+        select(
+            ExperimentModel,
+            UserModel.username,
+            WorkspaceModel.id.label("workspace_id"),
+            WorkspaceModel.name.label("workspace_name"),
+            counts,
+        )
         .join(counts, counts.c.experiment_id == ExperimentModel.id)
         .join(UserModel, UserModel.id == ExperimentModel.owner_id)
+        .join(ProjectModel, ProjectModel.id == ExperimentModel.project_id)
+        .join(WorkspaceModel, WorkspaceModel.id == ProjectModel.workspace_id)
         .order_by(ExperimentModel.priority, ExperimentModel.start_time, ExperimentModel.id)
     )
     if pool is not None:
@@ -145,6 +169,8 @@ async def list_jobs(session: AsyncSession, pool: str | None = None) -> list[JobV
             allocated_slots=int(r.allocated or 0),
             queued=int(r.queued or 0),
             scheduled=int(r.held or 0),
+            workspace_id=r.workspace_id,
+            workspace_name=r.workspace_name,
         )
         for r in (await session.execute(query)).all()
     ]

@@ -1,18 +1,23 @@
 """Liveness, readiness and the Prometheus scrape, on SQLite and Postgres: the figures a
 cluster admin graphs, read after a gang is started, a heartbeat, a fenced run and a
-stale report."""
+stale report; workspaces' quotas and the slots they hold and borrow, and the scrape
+through a database outage that starts while it reads them."""
 
 from __future__ import annotations
 
 import errno
 import re
+from typing import Any
 
 import httpx
 from fastapi import FastAPI
+from sqlalchemy import event
 
 from master.db.session import DatabaseHealth
+from master.settings import ResourcePoolSettings, WorkspaceQuotaSettings
 from resolute_proto.agent.v1 import agent_pb2 as pb
 from tests.api.test_agent_link import exited, started_gang
+from tests.api.test_workspaces import workspaces_of
 
 
 def samples(text: str, name: str) -> dict[str, float]:
@@ -93,3 +98,76 @@ async def test_the_scrape_shows_allocations_agents_slots_and_the_fence(
         '{pool="default",state="disconnected"}': 1,
     }
     assert "# TYPE resolute_scheduler_pass_seconds histogram" in text
+
+
+QUOTA_GAUGES = (
+    "resolute_workspace_quota_nominal_slots",
+    "resolute_workspace_held_slots",
+    "resolute_workspace_borrowed_slots",
+)
+
+
+async def test_the_scrape_shows_each_workspaces_quota_held_and_borrowed_slots(
+    app: FastAPI, api: httpx.AsyncClient, admin: httpx.AsyncClient
+) -> None:
+    # The gang (2 slots, Uncategorized) runs; "vision" has the config's quota in "default"
+    # and holds nothing; Uncategorized gets 1 slot through the API, so it borrows 1.
+    settings = app.state.settings
+    vision_quota = WorkspaceQuotaSettings(workspace="vision", nominal_slots=2, lending_limit=0)
+    app.state.settings = settings.model_copy(
+        update={
+            "resource_pools": [ResourcePoolSettings(pool_name="default", quotas=[vision_quota])]
+        }
+    )
+    try:
+        await started_gang(app, api)
+        assert (await api.post("/api/v1/workspaces", json={"name": "vision"})).status_code == 200
+        [home] = [w["id"] for w in await workspaces_of(api) if w["name"] == "Uncategorized"]
+        reply = await admin.put(
+            f"/api/v1/workspaces/{home}/quotas/default", json={"nominalSlots": 1}
+        )
+        assert reply.status_code == 200, reply.text
+        text = (await api.get("/metrics")).text
+    finally:
+        app.state.settings = settings
+    uncategorized, vision = (
+        f'{{pool="default",workspace="{name}"}}' for name in ("Uncategorized", "vision")
+    )
+    assert samples(text, "resolute_workspace_quota_nominal_slots") == {uncategorized: 1, vision: 2}
+    assert samples(text, "resolute_workspace_held_slots") == {uncategorized: 2, vision: 0}
+    assert samples(text, "resolute_workspace_borrowed_slots") == {uncategorized: 1, vision: 0}
+    for name in QUOTA_GAUGES:
+        assert f"# TYPE {name} gauge" in text
+
+    # Without its quota, all Uncategorized holds is borrowed (the scheduler may reclaim it);
+    # "vision" holds nothing and has no quota any more: not listed.
+    assert (await admin.delete(f"/api/v1/workspaces/{home}/quotas/default")).status_code == 200
+    text = (await api.get("/metrics")).text
+    assert samples(text, "resolute_workspace_quota_nominal_slots") == {}
+    assert samples(text, "resolute_workspace_held_slots") == {uncategorized: 2}
+    assert samples(text, "resolute_workspace_borrowed_slots") == {uncategorized: 2}
+
+
+async def test_an_outage_while_reading_quotas_is_a_scrape_without_the_databases_gauges(
+    app: FastAPI, api: httpx.AsyncClient
+) -> None:
+    """As for every gauge read from the database: a 200 that says resolute_database_up 0,
+    never an error, when the database goes away mid-scrape (here, at the quotas' read)."""
+    engine = app.state.engine.sync_engine
+    health: DatabaseHealth = app.state.db_health
+
+    def refuse(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if "workspace_quotas" in statement:
+            raise ConnectionRefusedError(errno.ECONNREFUSED, "Connect call failed")
+
+    event.listen(engine, "before_cursor_execute", refuse)
+    try:
+        reply = await api.get("/metrics")
+    finally:
+        event.remove(engine, "before_cursor_execute", refuse)
+        health.succeeded()
+    assert reply.status_code == 200, reply.text
+    assert samples(reply.text, "resolute_database_up") == {"": 0}
+    for name in (*QUOTA_GAUGES, "resolute_allocations", "resolute_slots"):
+        assert f"# TYPE {name} " not in reply.text
+    assert "# TYPE resolute_scheduler_pass_seconds histogram" in reply.text

@@ -74,7 +74,8 @@ def rich_table(text: str, headers: list[str]) -> list[dict[str, str]]:
 
     Headers are bottom-aligned, so the header line holding the first header has the last word
     of every header; a column starts where text follows at least two spaces (the padding). A
-    row starts on a line with text in the first column (ids never wrap).
+    row starts on a line with text in the first column (ids never wrap). A blank line ends
+    the table (what follows, such as `det job list`'s quotas, is not a row).
     """
     all_lines = text.splitlines()
     header_at = next(i for i, line in enumerate(all_lines) if line.lstrip().startswith(headers[0]))
@@ -85,6 +86,8 @@ def rich_table(text: str, headers: list[str]) -> list[dict[str, str]]:
     spans = list(zip(starts, [*starts[1:], None], strict=True))
     rows: list[list[list[str]]] = []
     for line in all_lines[header_at + 1 :]:
+        if not line.strip():
+            break
         cells = [line[a:b].strip() for a, b in spans]
         if cells[0]:
             rows.append([[cell] for cell in cells])

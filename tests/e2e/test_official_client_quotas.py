@@ -2,16 +2,19 @@
 resource-quota set`) and ours (`det workspace quota set|show|list|unset`), against a real
 master with 8 slots in its default pool and a quota in its config. Every route and refusal
 is tested on both databases in tests/api/test_quotas.py; this file adds the clients' wire
-and what they print."""
+and what they print, and what `det job list` and `det task list` say of workspaces and
+their quotas."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from cli.cluster import JOB_HEADERS, TASK_HEADERS
 from tests.conftest import require
 from tests.e2e.conftest import (
     BACKENDS,
@@ -23,6 +26,7 @@ from tests.e2e.conftest import (
     running_master,
     unique,
 )
+from tests.e2e.test_cluster_cli import rich_table
 from tests.simulated import register_simulated_agents_sync
 
 pytestmark = [pytest.mark.e2e, pytest.mark.official_client]
@@ -145,3 +149,44 @@ def test_a_config_quota_is_shown_and_listed(master: MasterProcess) -> None:
     assert unset.returncode == 1, describe_run(unset)
     assert "the master config's, changed only there" in unset.stderr, describe_run(unset)
     assert lines(unset.stdout) == []
+
+
+def test_job_and_task_lists_name_each_workspace_and_show_the_quotas(master: MasterProcess) -> None:
+    name = unique("tables")
+    ok(master.det("workspace", "create", name))
+    quota = ("workspace", "quota", "set", name, "--pool", "default", "--nominal", "3")
+    ok(master.det(*quota, "--lending-limit", "1", env=AS_ADMIN))
+    [workspace] = master.api("GET", "/api/v1/workspaces", params={"name": name})["workspaces"]
+    body = {"name": "p", "workspaceId": workspace["id"]}
+    project = master.api("POST", f"/api/v1/workspaces/{workspace['id']}/projects", json=body)
+    config = (
+        f"name: {name}\nentrypoint: python3 train.py\nresources: {{slots_per_trial: 2}}\n"
+        "searcher: {name: single, metric: loss, max_length: 1}\n"
+    )
+    body = {"config": config, "activate": True, "projectId": project["project"]["id"]}
+    experiment = master.api("POST", "/api/v1/experiments", json=body)["experiment"]["id"]
+    # Placed on the simulated agents: it holds 2 of its workspace's 3.
+    block = re.compile(
+        rf"^  {re.escape(name)} +2/3  0 borrowed; borrowing limit none, lending limit 1$", re.M
+    )
+
+    def listed() -> str | None:
+        text = ok(master.det("job", "list")).stdout
+        return text if block.search(text) else None
+
+    text = master.wait_for("the job's 2 slots counted in its quota", listed, 60)
+    [job] = [r for r in rich_table(text, JOB_HEADERS) if r["Job Name"] == f"{name} ({experiment})"]
+    assert job["Workspace"] == name, text
+    assert "\nQuotas in pool default (held/nominal slots):\n" in text, text
+    jobs = json.loads(ok(master.det("job", "list", "--json")).stdout)  # the wire's list, as before
+    [mine] = [j for j in jobs if j["entityId"] == str(experiment)]
+    assert (mine["workspaceId"], mine["workspaceName"]) == (workspace["id"], name)
+    # Another pool's queue: none of default's quotas.
+    assert "Quotas in pool" not in ok(master.det("job", "list", "-p", "gpu")).stdout
+
+    text = ok(master.det("task", "list")).stdout
+    rows = [r for r in rich_table(text, TASK_HEADERS) if f"Experiment {experiment}:" in r["Name"]]
+    assert [r["Workspace"] for r in rows] == [name], text
+    assert block.search(text), text
+    as_csv = ok(master.det("task", "list", "--csv")).stdout
+    assert "Quotas in pool" not in as_csv and ",Workspace," in as_csv.splitlines()[0]

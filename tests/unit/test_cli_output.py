@@ -1,4 +1,5 @@
-"""`det`'s tables, CSV and metric values as a person reads them, at a fixed width."""
+"""`det`'s tables, CSV and metric values as a person reads them, at a fixed width; the
+quota block after `det job list` and `det task list`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from rich.console import Console
 
 from cli import output
 from cli.errors import CliError
+from cli.quotas import usage_lines
 from cli.trials import format_metrics, format_value
 
 UUID = "3f2b8c1e-9a4d-4e7b-8f10-6c5d2e1a0b9f"
@@ -152,3 +154,36 @@ def test_a_reason_wraps_at_spaces_and_keeps_every_word(monkeypatch: pytest.Monke
     words = " ".join(line[column:].strip() for line in lines[1:]).split()
     assert words == reason.split(), lines
     assert "…" not in sink.getvalue()
+
+
+def quota(
+    workspace: str, pool: str, nominal: int, held: int, **limits: int | None
+) -> dict[str, object]:
+    return {
+        "workspaceName": workspace,
+        "resourcePool": pool,
+        "nominalSlots": nominal,
+        "borrowingLimit": limits.get("borrowing"),
+        "lendingLimit": limits.get("lending"),
+        "heldSlots": held,
+        "borrowedSlots": max(0, held - nominal),
+    }
+
+
+def test_the_quota_block_lists_each_pools_workspaces_held_of_nominal_borrowed_and_limits() -> None:
+    quotas = [
+        quota("vision", "gpu", 6, 8, borrowing=2),
+        quota("nlp", "gpu", 2, 0, lending=0),
+        quota("vision", "cpu", 10, 3),
+    ]
+    assert usage_lines(quotas) == [
+        "Quotas in pool cpu (held/nominal slots):",
+        "  vision  3/10  0 borrowed; borrowing limit none, lending limit none",
+        "Quotas in pool gpu (held/nominal slots):",
+        "  nlp     0/2  0 borrowed; borrowing limit none, lending limit 0",
+        "  vision  8/6  2 borrowed; borrowing limit 2, lending limit none",
+    ]
+    # `det job list -p gpu`: that pool's only; no quota at all: no block.
+    assert usage_lines(quotas, "gpu")[0] == "Quotas in pool gpu (held/nominal slots):"
+    assert len(usage_lines(quotas, "gpu")) == 3
+    assert usage_lines(quotas, "tpu") == usage_lines([]) == []

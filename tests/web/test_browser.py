@@ -531,6 +531,29 @@ def test_agent_can_be_drained_and_enabled_from_the_cluster_page(
     assert agent["enabled"] and not agent["draining"]
 
 
+def test_a_workspaces_page_shows_its_quota_and_the_list_its_quota_column(
+    page: Any, cluster: Cluster
+) -> None:
+    from playwright.sync_api import expect
+
+    admin = {"Authorization": f"Bearer {cluster.master.login('admin')}"}
+    name = unique("quota-team")
+    workspace = cluster.master.api("POST", "/api/v1/workspaces", json={"name": name})["workspace"]
+    quota = f"/api/v1/workspaces/{workspace['id']}/quotas/default"
+    # It lends all of it: the other tests' experiments keep the pool's one slot.
+    body = {"nominalSlots": 1, "borrowingLimit": 0}
+    cluster.master.api("PUT", quota, json=body, headers=admin)
+    try:
+        page.goto(f"/ui/workspaces/{workspace['id']}")
+        row = page.locator("#quotas tr[data-pool='default']")
+        expect(row.locator("td")).to_have_text(["default", "1", "0", "no limit", "0", "0", "api"])
+        page.goto("/ui/workspaces")
+        listed = page.locator(f"#workspaces tr[data-workspace='{name}'] td.quota")
+        expect(listed).to_have_text("1 slot in default, holds 0")
+    finally:
+        cluster.master.api("DELETE", quota, headers=admin)
+
+
 SCREENSHOT_PAGES = [
     ("cluster", "/ui/cluster", ".chart[data-chart='agent-util']"),
     ("workspaces", "/ui/workspaces", None),

@@ -1,6 +1,7 @@
 """The workspaces and projects pages, in process on both databases: the workspaces, a
 workspace's projects with their counts, a project's experiments (the experiments list
-filtered to it), and an experiment's page linking back to its project and workspace."""
+filtered to it), and an experiment's page linking back to its project and workspace; a
+workspace's quotas with the slots it holds and borrows, and a trial waiting on its quota."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import re
 from typing import Any
 
 import httpx
+from fastapi import FastAPI
 
+from tests.api.test_scheduling import register, schedule
 from tests.api.test_trial_reports import ok
 from tests.factories import EXPERIMENT_YAML, v1_file
 from tests.web.test_pages import bearer
@@ -96,3 +99,77 @@ async def test_unknown_workspaces_and_projects_are_404_pages_and_bad_ids_400(
         reply = await web.get(bad)
         assert reply.status_code == 400, reply.text
         assert "<nav>" in reply.text  # the site's error page, with its navigation
+
+
+def cells(html: str, table: str, attribute: str, key: str) -> list[str]:
+    """The text of each cell of the row whose data-`attribute` is `key` in table `table`."""
+    body = re.search(rf'<table class="list" id="{table}">(.*?)</table>', html, re.S)
+    assert body is not None, html
+    row = re.search(rf'<tr data-{attribute}="{re.escape(key)}">(.*?)</tr>', body.group(1), re.S)
+    assert row is not None, body.group(1)
+    found = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)
+    return [re.sub(r"<[^>]+>", "", c).strip() for c in found]
+
+
+async def quota_shown(web: httpx.AsyncClient, workspace: dict[str, Any]) -> tuple[str, list[str]]:
+    """The workspace's cell in the list's Quota column, and its quota row in pool default
+    on its own page."""
+    listed = (await web.get("/ui/workspaces")).text
+    page = (await web.get(f"/ui/workspaces/{workspace['id']}")).text
+    return (
+        cells(listed, "workspaces", "workspace", workspace["name"])[3],
+        cells(page, "quotas", "pool", "default"),
+    )
+
+
+async def test_a_workspaces_quota_held_and_borrowed_slots_and_why_a_trial_waits(
+    app: FastAPI, web: httpx.AsyncClient, admin: httpx.AsyncClient
+) -> None:
+    await bearer(web)
+    await register(app, "cpu-1", 4)
+    vision = (await ok(web.post("/api/v1/workspaces", json={"name": "vision"})))["workspace"]
+    body = {"name": "detection", "workspaceId": vision["id"]}
+    project = (await ok(web.post(f"/api/v1/workspaces/{vision['id']}/projects", json=body)))[
+        "project"
+    ]
+    quota = f"/api/v1/workspaces/{vision['id']}/quotas/default"
+    await ok(admin.put(quota, json={"nominalSlots": 2, "borrowingLimit": 0}))
+    # Three one-slot trials; the quota admits two, and 2 slots stay idle, lent to no one.
+    config = EXPERIMENT_YAML.replace("name: mnist-random", "name: yolo")
+    body = {"config": config, "modelDefinition": [v1_file("train.py")], "projectId": project["id"]}
+    body["activate"] = True
+    experiment = (await ok(web.post("/api/v1/experiments", json=body)))["experiment"]["id"]
+    await schedule(app)
+
+    assert await quota_shown(web, vision) == (
+        "2 slots in default, holds 2",
+        ["default", "2", "0", "no limit", "2", "0", "api"],
+    )
+    listed = (await web.get("/ui/workspaces")).text
+    assert cells(listed, "workspaces", "workspace", "Uncategorized")[3] == "—"
+
+    # The waiting trial's reason on its experiment's page: the code, then the words.
+    shown = (await web.get(f"/ui/experiments/{experiment}")).text
+    assert (
+        "<code>QUOTA_BORROWING_LIMIT</code> workspace vision holds 2 of its 2-slot quota " in shown
+    )
+    assert "lent to no one because its borrowing limit is 0" in shown
+
+    # Borrowing allowed: the third runs on a slot above the quota, borrowed.
+    await ok(admin.put(quota, json={"nominalSlots": 2, "borrowingLimit": None, "lendingLimit": 1}))
+    await schedule(app)
+    assert await quota_shown(web, vision) == (
+        "2 slots in default, holds 3 (1 borrowed)",
+        ["default", "2", "no limit", "1", "3", "1", "api"],
+    )
+
+    # Without a quota: a row that says so, and all it holds is borrowed.
+    await ok(admin.delete(quota))
+    summary, row = await quota_shown(web, vision)
+    assert summary == "no quota in default, holds 3"
+    assert row[0] == "default" and row[1].startswith("no quota") and row[2:] == ["3", "3", "—"]
+    # A workspace with neither: the page says how an admin sets one.
+    nlp = (await ok(web.post("/api/v1/workspaces", json={"name": "nlp"})))["workspace"]
+    empty = (await web.get(f"/ui/workspaces/{nlp['id']}")).text
+    assert "No quotas, and no slots held" in empty
+    assert "det workspace quota set nlp --pool POOL --nominal N" in empty

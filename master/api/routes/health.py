@@ -46,6 +46,7 @@ async def metrics(request: Request) -> PlainTextResponse:
         hub=state.agent_hub,
         health=state.db_health,
         scheduler=state.scheduler,
+        settings=state.settings,
     )
     return PlainTextResponse(text, media_type=PROMETHEUS_TEXT)
 
