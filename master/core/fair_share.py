@@ -77,7 +77,9 @@ class UsageBook:
         self._run_job: dict[int, list[float]] = {}
 
     def _scale(self, at: float) -> float:
-        return math.exp(LN2 * (at - self.origin) / self.decay.half_life_s)
+        # Bounded: a moment far from the origin only happens in a book that should have
+        # been rebuilt (stale), and must not overflow meanwhile.
+        return math.exp(min(LN2 * (at - self.origin) / self.decay.half_life_s, 700.0))
 
     def stale(self, t: float) -> bool:
         return abs(t - self.origin) > self.REBASE_AFTER_HALF_LIVES * self.decay.half_life_s
@@ -301,11 +303,12 @@ class FairOrder(Generic[Request]):
         requests: Sequence[Request],
         share: FairShare,
         sort_within_job: Callable[[list[Request]], list[Request]],
+        earlier: FairOrder[Request] | None = None,
     ) -> None:
         self.share = share
-        # Usage read once per key, plus this pass's start charges.
-        self.by_user: dict[tuple[int, int], float] = {}
-        self.by_job: dict[int, float] = {}
+        # Usage read once per key, plus this pass's start charges (an earlier round's too).
+        self.by_user: dict[tuple[int, int], float] = dict(earlier.by_user) if earlier else {}
+        self.by_job: dict[int, float] = dict(earlier.by_job) if earlier else {}
         streams: dict[int, list[Request]] = {}
         for req in requests:
             streams.setdefault(req.job_id, []).append(req)

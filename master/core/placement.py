@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from fractions import Fraction
 from operator import attrgetter
@@ -230,7 +230,7 @@ def schedule(
         # Borrowers in the fair order again, charged as they are placed; when no slot is
         # left free (a busy pool's usual case) only their reasons remain to be said, in the
         # order they came.
-        for req in p.order(borrowers) if ledger.free > 0 else borrowers:
+        for req in p.order(borrowers, seed=first) if cap.open_slots > 0 else borrowers:
             p.consider(req, within=False)
     return p.plan()
 
@@ -270,15 +270,22 @@ class _Pass:
         self.waiting: list[Request] = []
         self.head: Request | None = None
         self.preempt: tuple[str, ...] = ()
-        self.head_note = ""
+        # What a waiting request's reason adds (a reclaim or a preemption it asked for).
+        self.notes: dict[str, str] = {}
+        self.reclaimed_for: set[int] = set()  # workspaces that reclaimed this pass
+        self.reclaim_tried: set[tuple[int, int, bool]] = set()
         self.min_failed_single = summary.max_total + 1  # a single-agent fit this size fails
         self.failed_gangs: set[int] = set()
         self._fair: fair_share.FairOrder[Request] | None = None
 
-    def order(self, requests: Sequence[Request]) -> Iterable[Request]:
+    def order(
+        self, requests: Sequence[Request], seed: Iterable[Request] | None = None
+    ) -> Iterable[Request]:
+        """The queue order; with `seed` (an earlier round's order), its start charges go on."""
         if self.share is None:
             return _queue_order(requests)
-        self._fair = fair_share.FairOrder(requests, self.share, _queue_order)
+        earlier = seed if isinstance(seed, fair_share.FairOrder) else None
+        self._fair = fair_share.FairOrder(requests, self.share, _queue_order, earlier)
         return self._fair
 
     def consider(self, req: Request, *, within: bool) -> None:
@@ -334,9 +341,45 @@ class _Pass:
                 if self._fair is not None:
                     self._fair.charge(req)
                 return
+        if ledger is not None and within and self._reclaim(req, ledger):
+            return
+        if owed and ledger is not None:
+            self.done.append(_owed(req, ledger, self.summary.pool))
+            return
         if self.head is None:
-            self._become_head(req, within)
+            self._become_head(req)
         self.waiting.append(req)
+        self._after_waiting()
+
+    def _reclaim(self, req: Request, ledger: fair_share.QuotaLedger) -> bool:
+        """A request within its nominal quota that is not placed reclaims from borrowers:
+        the first of each workspace in a pass (so one workspace's gang that cannot be
+        helped does not keep another's quota from it). True if it asked for victims."""
+        w = req.workspace_id
+        shape = (w, req.slots, req.single_node)
+        if w in self.reclaimed_for or shape in self.reclaim_tried:
+            return False
+        self.reclaim_tried.add(shape)  # a shape that found nothing finds nothing again
+        # Victims already chosen this pass are someone else's room: not candidates, and
+        # their slots are not counted as coming free for this one.
+        chosen = set(self.preempt)
+        running = [r for r in self.running if r.id not in chosen] if chosen else self.running
+        outcome = _plan_reclaim(self.policy, self.cap, self.summary, req, running, ledger)
+        if outcome is None:
+            return False
+        agents, victims, note = outcome
+        self.reclaimed_for.add(w)
+        self.preempt = tuple(sorted(chosen | set(victims)))
+        self.notes[req.id] = note
+        if self.head is None:
+            self.head = req
+        for r in agents:
+            self.cap.reserve(r)
+        self.waiting.append(req)
+        self._after_waiting()
+        return True
+
+    def _after_waiting(self) -> None:
         if self._fair is not None and self.cap.open_slots <= 0:
             # Nothing more can be placed (the head holds what it waits for): the rest only
             # need their reasons, which do not depend on the order.
@@ -356,17 +399,17 @@ class _Pass:
             self.failed_gangs.add(s)
         return None
 
-    def _become_head(self, req: Request, within: bool) -> None:
+    def _become_head(self, req: Request) -> None:
         self.head = req
-        cap, summary, ledger = self.cap, self.summary, self.ledger
+        cap, summary = self.cap, self.summary
         reserve: list[int] | None = None
-        outcome = None
-        if ledger is not None and within:
-            outcome = _plan_reclaim(self.policy, cap, summary, req, self.running, ledger)
-        if outcome is None and self.policy.preemption:
-            outcome = _plan_preemption(self.policy, cap, summary, req, self.running, ledger)
-        if outcome is not None:
-            reserve, self.preempt, self.head_note = outcome
+        if self.policy.preemption:
+            chosen = set(self.preempt)
+            running = [r for r in self.running if r.id not in chosen] if chosen else self.running
+            outcome = _plan_preemption(self.policy, cap, summary, req, running, self.ledger)
+            if outcome is not None:
+                reserve, victims, self.notes[req.id] = outcome
+                self.preempt = tuple(sorted(chosen | set(victims)))
         if reserve is None:
             reserve = cap.head_reservation(req.slots, summary)
         for r in reserve:
@@ -374,11 +417,18 @@ class _Pass:
 
     def plan(self) -> Plan:
         cap = self.cap
-        self.done.extend(
-            _explain_waiting(
-                self.policy, cap, self.summary, self.waiting, self.head, self.head_note
-            )
-        )
+        explained = _explain_waiting(self.policy, cap, self.summary, self.waiting, self.head, "")
+        head_id = self.head.id if self.head is not None else ""
+        for item in explained:
+            note = self.notes.get(item.request_id)
+            if note and item.request_id != head_id:
+                # It reclaims for itself: it does not wait behind the head.
+                item = Pending(
+                    item.request_id,
+                    PendingCode.WAITING_FOR_SLOTS,
+                    "waiting for its workspace's quota",
+                )
+            self.done.append(replace(item, message=item.message + note) if note else item)
         self.done.sort(key=_PENDING_ID)
         reserved = tuple(cap.ids[r] for r in range(len(cap.ids)) if cap.reserved[r])
         return Plan(tuple(self.assignments), tuple(self.done), self.preempt, reserved)
@@ -788,7 +838,11 @@ class _Release:
         """The agents the head would use once the released work exits."""
         cap, s = self.cap, self.head.slots
         if s <= self.summary.max_total:
-            roomy = [r for r in range(len(cap.ids)) if cap.usable[r] and self.free_of(r) >= s]
+            roomy = [
+                r
+                for r in range(len(cap.ids))
+                if cap.usable[r] and not cap.reserved[r] and self.free_of(r) >= s
+            ]
             if roomy:
                 if self.policy.fitting == FittingPolicy.WORST:
                     return [min(roomy, key=lambda r: (-Fraction(self.free_of(r), cap.total[r]), r))]
@@ -798,7 +852,7 @@ class _Release:
         idle = sorted(
             r
             for r in range(len(cap.ids))
-            if cap.total[r] == n and (cap.idle[r] or r in self.made_idle)
+            if cap.total[r] == n and not cap.reserved[r] and (cap.idle[r] or r in self.made_idle)
         )
         return idle[: s // n]
 
@@ -823,7 +877,8 @@ def _plan_preemption(
     Releases already asked for count first. Then preemptible work of strictly lower priority
     is added, lowest priority and newest first, until the head would fit; only the victims on
     the agents it would use are kept. None when the head cannot fit even then. With quotas,
-    work of another workspace is a candidate only while that workspace borrows.
+    work of another workspace is a candidate only if stopping it leaves that workspace at
+    or above its nominal quota, and the head must be lent what it would take.
     """
     sim = _Release(policy, cap, summary, head)
     stopping = sorted((run for run in running if run.stopping), key=_RUNNING_ID)
@@ -843,17 +898,27 @@ def _plan_preemption(
         key=_victim_order,
     )
     held = dict(ledger.held) if ledger is not None else {}
+    kept = ledger.kept_for_others(head.workspace_id) if ledger is not None else 0
     chosen: list[Running] = []
     for run in candidates:
         w = run.workspace_id
         if ledger is not None and w != head.workspace_id:
-            if held.get(w, 0) <= ledger.nominal_of(w):
-                continue
-            held[w] -= sum(len(ids) for _, ids in run.slots)
+            n = _slots_of(run)
+            if held.get(w, 0) - n < ledger.nominal_of(w):
+                continue  # it would take that workspace below its nominal quota
+            held[w] -= n
         chosen.append(run)
-        if sim.release(run):
+        fits = sim.release(run) or fits
+        # With quotas the head must also be lent what it takes (else it would be refused
+        # next pass and the victims placed again, over and over).
+        if fits and (ledger is None or ledger.free + sim.freed - head.slots >= kept):
             agents = sim.fit_agents()
             victims = sim.touching(chosen, agents)
+            if (
+                ledger is not None
+                and ledger.free + sum(map(_slots_of, victims)) - head.slots < kept
+            ):
+                victims = chosen  # the others' slots are needed to leave what is not lent
             note = f"; asked {_plural(len(victims), 'lower-priority allocation')} to stop"
             return agents, tuple(sorted(v.id for v in victims)), note
     return None
@@ -911,9 +976,10 @@ def _plan_reclaim(
     chosen: list[Running] = []
     for run in candidates:
         v = run.workspace_id
-        if held.get(v, 0) <= ledger.nominal_of(v):
-            continue  # no longer borrowing once the victims chosen so far stop
-        held[v] -= sum(len(ids) for _, ids in run.slots)
+        n = _slots_of(run)
+        if held.get(v, 0) - n < ledger.nominal_of(v):
+            continue  # it would take that workspace below its nominal quota
+        held[v] -= n
         chosen.append(run)
         fits = sim.release(run) or fits
         if fits and counts_ok():
@@ -957,7 +1023,7 @@ def _reclaim_on_one_agent(
     )
     best = None
     for r in range(len(cap.ids)):
-        if not cap.usable[r] or cap.total[r] < s:
+        if not cap.usable[r] or cap.reserved[r] or cap.total[r] < s:
             continue
         sim = _Release(policy, cap, summary, head)
         for run in stopping:
@@ -968,9 +1034,10 @@ def _reclaim_on_one_agent(
             if sim.free_of(r) >= s and ledger.free + sim.freed - s >= kept:
                 break
             v = run.workspace_id
-            if held.get(v, 0) <= ledger.nominal_of(v):
-                continue
-            held[v] -= sum(len(ids) for _, ids in run.slots)
+            n = _slots_of(run)
+            if held.get(v, 0) - n < ledger.nominal_of(v):
+                continue  # it would take that workspace below its nominal quota
+            held[v] -= n
             chosen.append(run)
             sim.release(run)
         if not chosen or sim.free_of(r) < s or ledger.free + sim.freed - s < kept:
@@ -993,6 +1060,10 @@ def _reclaim_on_one_agent(
 
 
 _RUNNING_ID = attrgetter("id")
+
+
+def _slots_of(run: Running) -> int:
+    return sum(len(slot_ids) for _, slot_ids in run.slots)
 
 
 def _victim_order(run: Running) -> tuple[int, float, float, int, str]:
@@ -1121,6 +1192,20 @@ def _borrowing_limit(req: Request, ledger: fair_share.QuotaLedger, pool: str) ->
             f"{_plural(req.slots, 'slot')}"
         )
     return Pending(req.id, PendingCode.QUOTA_BORROWING_LIMIT, message)
+
+
+def _owed(req: Request, ledger: fair_share.QuotaLedger, pool: str) -> Pending:
+    """Within its nominal quota, but the free slots are others' idle quota and no borrower's
+    work could be stopped for it."""
+    w = req.workspace_id
+    message = (
+        f"workspace {ledger.name(w)} holds {ledger.held.get(w, 0)} of its "
+        f"{ledger.nominal_of(w)}-slot quota{_scaled_note(ledger, w)} in pool {pool}, but "
+        f"{ledger.kept_for_others(w)} of the {_plural(ledger.free, 'free slot')} are other "
+        "workspaces' idle quota, which they do not lend, and no borrowed slot can be "
+        "reclaimed for it"
+    )
+    return Pending(req.id, PendingCode.QUOTA_NOT_LENT, message)
 
 
 def _not_lent(req: Request, ledger: fair_share.QuotaLedger, pool: str) -> Pending:

@@ -39,7 +39,7 @@ from master.db.models import (
     TrialState,
     utcnow,
 )
-from master.db.session import session_scope
+from master.db.session import is_outage, session_scope
 from master.services import quotas, states, usage
 from master.services.allocations import (
     HELD_STATES,
@@ -598,10 +598,17 @@ class SchedulerLoop(Loop):
 
     async def run_once(self) -> None:
         if time.monotonic() - self._last_accounted >= usage.ACCOUNT_EVERY_S:
-            # Before the pass: its commit makes the view load the usage afresh.
-            async with session_scope(self.factory) as session:
-                await usage.account(session, self.settings)
             self._last_accounted = time.monotonic()
+            try:
+                # Before the pass: its commit makes the view load the usage afresh.
+                async with session_scope(self.factory) as session:
+                    await usage.account(session, self.settings)
+            except Exception as exc:
+                if is_outage(exc):
+                    raise  # the loop reports it, as for a pass
+                # Usage only orders the queue: scheduling goes on, and the next try adds
+                # what ended meanwhile too.
+                log.exception("fair-share usage could not be accounted; trying again later")
         woken, self._woken = self._woken, False
         due = time.monotonic() - self._last_full >= self.FULL_PASS_S
         if not woken and not due and self.last is not None and not self.last.skipped:

@@ -2,7 +2,8 @@
 user and job (fair_share_usage), so the fair order survives a restart and a takeover.
 
 The release of an allocation writes nothing here (it stays a short transaction): the leader
-adds what ended since it last looked, every ACCOUNT_EVERY_S, in one transaction that also
+adds what ended since it last looked, every ACCOUNT_EVERY_S, in one transaction that holds
+the scheduler's row (as a release does before it sets ended_at, so none is passed over) and
 moves the watermark (scheduler_state.usage_accounted_until). Until then the scheduler's view
 counts those allocations from the allocations table (load_unaccounted) and from the releases
 it is told of, so an ended allocation's usage is counted once, never twice or not at all.
@@ -32,16 +33,14 @@ from master.db.models import (
     utcnow,
 )
 from master.services import allocations
+from master.services.allocations import hold_scheduler_for_pass
 from master.settings import MasterSettings
 
 log = logging.getLogger(__name__)
 
 ACCOUNT_EVERY_S = 60.0
-# A release sets ended_at a moment before it commits: the accounting stops this far short
-# of now, so that no release still committing is passed over by the watermark.
-IN_FLIGHT_S = 5.0
-# A row whose decayed usage fell below this counts for nothing and is deleted.
-NEGLIGIBLE_SLOT_SECONDS = 0.01
+# A row not added to for this many half-lives is deleted (it counts 2^-40 of what it was).
+FORGET_AFTER_HALF_LIVES = 40
 # The job_id of a user's row: the sum over their jobs (experiments are > 0, tasks < 0).
 USER_ROW = cluster_view.USER_ROW
 
@@ -135,13 +134,17 @@ async def load_unaccounted(session: AsyncSession) -> list[Ended]:
 
 
 async def account(session: AsyncSession, settings: MasterSettings) -> int:
-    """Add the usage of allocations that ended since the watermark (up to IN_FLIGHT_S ago)
-    to fair_share_usage, decay every row to the new watermark, and move the watermark; one
-    transaction (the caller's). Returns how many allocations were added."""
+    """Add the usage of allocations that ended since the watermark to fair_share_usage
+    (the rows they add to decayed to the new watermark), forget rows long unused, and move
+    the watermark; one transaction (the caller's), holding the scheduler's row. Returns how
+    many allocations were added."""
     half_life = settings.fair_share.half_life_s()
     charge = settings.fair_share.start_charge_s
+    # The scheduler's row first, as a release takes it before it sets ended_at: a release
+    # still in flight commits before this reads, or sets its ended_at after `until`.
+    await hold_scheduler_for_pass(session)
     after = await _watermark(session)
-    until = utcnow() - timedelta(seconds=IN_FLIGHT_S)
+    until = utcnow()
     if after is not None and until <= after:
         return 0
     ended = await _ended_between(session, after, until)
@@ -154,21 +157,17 @@ async def account(session: AsyncSession, settings: MasterSettings) -> int:
         added[(e.pool, e.workspace_id, e.user_id, USER_ROW)] += value
     conn = await session.connection()
     u = _USAGE.c
-    negligible: list[tuple[str, int, int, int]] = []
-    stored: dict[tuple[str, int, int, int], float] = {}
-    for row in await load_stored(session):
-        key = (row.pool, row.workspace_id, row.user_id, row.job_id)
-        value = fair_share.decayed(row.slot_seconds, at - row.as_of, half_life)
-        if key in added:
-            stored[key] = value
-        elif value < NEGLIGIBLE_SLOT_SECONDS:
-            negligible.append(key)
-    for keys in _batches(negligible):
-        await conn.execute(
-            delete(_USAGE).where(
-                tuple_(u.resource_pool, u.workspace_id, u.user_id, u.job_id).in_(keys)
-            )
+    # Rows that can only count for nothing any more (2^-40 of what they were) go.
+    await conn.execute(
+        delete(_USAGE).where(
+            u.as_of < until - timedelta(seconds=FORGET_AFTER_HALF_LIVES * half_life)
         )
+    )
+    stored: dict[tuple[str, int, int, int], float] = {}
+    for row in await load_stored(session, {key[3] for key in added}):
+        key = (row.pool, row.workspace_id, row.user_id, row.job_id)
+        if key in added:
+            stored[key] = fair_share.decayed(row.slot_seconds, at - row.as_of, half_life)
     # Rows for what ended now: decayed to the watermark, with the new usage added (the
     # other rows keep their own as_of; readers decay each from there).
     changed = [

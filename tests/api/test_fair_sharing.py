@@ -143,12 +143,9 @@ async def test_weights_1_and_3_share_a_contended_workspace_1_to_3(
     assert sum(b for _, b in seen) == pytest.approx(3 * sum(a for a, _ in seen), rel=0.35), seen
 
 
-async def test_usage_survives_a_restart(
-    api: httpx.AsyncClient, app: FastAPI, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_usage_survives_a_restart(api: httpx.AsyncClient, app: FastAPI) -> None:
     """The usage a new leader loads (stored rows) equals what the old one counted (ended
     allocations not yet accounted), and a pass after the restart orders by it."""
-    monkeypatch.setattr(usage, "IN_FLIGHT_S", 0.0)
     await register(app, "u-1", 2)
     await workspace(api, "team")
     first = await submit(api, "team", trials=2, name="first")
@@ -196,13 +193,12 @@ async def test_usage_survives_a_restart(
 
 
 async def test_a_continued_experiment_brings_its_usage_back_to_the_queue(
-    api: httpx.AsyncClient, app: FastAPI, monkeypatch: pytest.MonkeyPatch
+    api: httpx.AsyncClient, app: FastAPI
 ) -> None:
     """A view loaded while an experiment was over holds no row of its; continued, it is
     queued again, and the next pass reads its usage (the view loads afresh after a continue;
     a job queued again by a change the view is told of reads its rows at the next pass:
     tests/unit/test_cluster_view.py)."""
-    monkeypatch.setattr(usage, "IN_FLIGHT_S", 0.0)
     await register(app, "c-1", 1)
     await workspace(api, "team")
     first = await submit(api, "team", trials=1, name="first")
