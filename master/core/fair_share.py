@@ -209,6 +209,7 @@ class QuotaLedger:
         self._borrow = {w: q.borrowing_limit for w, q in quotas.items()}
         self._unlent = {w: self._unlent_of(w) for w in quotas}
         self.unlent_total = sum(self._unlent.values())
+        self._leaving: dict[int, int] = {}
 
     @property
     def scaled(self) -> bool:
@@ -259,6 +260,18 @@ class QuotaLedger:
 
     def name(self, w: int) -> str:
         return self.quota(w).workspace or f"workspace {w}"
+
+    def leave(self, w: int, slots: int) -> None:
+        """Work of `w` holding `slots` was asked to stop in this pass."""
+        self._leaving[w] = self._leaving.get(w, 0) + slots
+
+    def staying(self) -> dict[int, int]:
+        """Slots held by workspace once what this pass asked to stop has stopped (what a
+        further victim must not take below a nominal quota)."""
+        held = dict(self.held)
+        for w, slots in self._leaving.items():
+            held[w] = held.get(w, 0) - slots
+        return held
 
 
 # --- fair order ----------------------------------------------------------------------------

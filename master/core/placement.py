@@ -369,6 +369,7 @@ class _Pass:
             return False
         agents, victims, note = outcome
         self.reclaimed_for.add(w)
+        self._leave(victims)
         self.preempt = tuple(sorted(chosen | set(victims)))
         self.notes[req.id] = note
         if self.head is None:
@@ -378,6 +379,14 @@ class _Pass:
         self.waiting.append(req)
         self._after_waiting()
         return True
+
+    def _leave(self, victims: Iterable[str]) -> None:
+        if self.ledger is None:
+            return
+        wanted = set(victims)
+        for run in self.running:
+            if run.id in wanted:
+                self.ledger.leave(run.workspace_id, _slots_of(run))
 
     def _after_waiting(self) -> None:
         if self._fair is not None and self.cap.open_slots <= 0:
@@ -409,6 +418,7 @@ class _Pass:
             outcome = _plan_preemption(self.policy, cap, summary, req, running, self.ledger)
             if outcome is not None:
                 reserve, victims, self.notes[req.id] = outcome
+                self._leave(victims)
                 self.preempt = tuple(sorted(chosen | set(victims)))
         if reserve is None:
             reserve = cap.head_reservation(req.slots, summary)
@@ -822,6 +832,8 @@ class _Release:
                 if slot in agent.slot_ids:
                     free = self.sim_free[r] = free + 1
                     self.freed += 1
+                if cap.reserved[r]:
+                    continue  # held for an earlier head of this pass: not this one's room
                 fits = fits or (s <= self.summary.max_total and free >= s)
                 if used == 0 and cap.total[r] > 0:
                     self.made_idle.add(r)
@@ -897,7 +909,7 @@ def _plan_preemption(
         ),
         key=_victim_order,
     )
-    held = dict(ledger.held) if ledger is not None else {}
+    held = ledger.staying() if ledger is not None else {}
     kept = ledger.kept_for_others(head.workspace_id) if ledger is not None else 0
     chosen: list[Running] = []
     for run in candidates:
@@ -944,7 +956,7 @@ def _plan_reclaim(
     """
     w, s = head.workspace_id, head.slots
     sim = _Release(policy, cap, summary, head)
-    held = dict(ledger.held)
+    held = ledger.staying()
     kept = ledger.kept_for_others(w)  # borrowers' releases do not change others' idle quota
 
     def counts_ok() -> bool:
@@ -1028,7 +1040,7 @@ def _reclaim_on_one_agent(
         sim = _Release(policy, cap, summary, head)
         for run in stopping:
             sim.release(run)
-        held = dict(ledger.held)
+        held = ledger.staying()
         chosen: list[Running] = []
         for run in on_agent.get(cap.ids[r], ()):
             if sim.free_of(r) >= s and ledger.free + sim.freed - s >= kept:
