@@ -997,18 +997,9 @@ def _plan_reclaim(
         if fits and counts_ok():
             agents = sim.fit_agents()
             victims = sim.touching(chosen, agents)
-            freed_by_touching = sum(len(ids) for v_run in victims for _, ids in v_run.slots)
-            if ledger.free + freed_by_touching - s < kept:
+            if ledger.free + sum(map(_slots_of, victims)) - s < kept:
                 victims = chosen
-            slots = sum(len(ids) for v_run in victims for _, ids in v_run.slots)
-            lenders = sorted({ledger.name(v_run.workspace_id) for v_run in victims})
-            note = (
-                f"; reclaiming {_plural(slots, 'slot')} from {', '.join(lenders)} for "
-                f"{ledger.name(w)} (allocation{'s' if len(victims) > 1 else ''} "
-                f"{', '.join(sorted(v_run.id for v_run in victims))} asked to checkpoint "
-                "and stop)"
-            )
-            return agents, tuple(sorted(v_run.id for v_run in victims)), note
+            return agents, *_reclaimed(victims, ledger, w)
     return None
 
 
@@ -1060,15 +1051,22 @@ def _reclaim_on_one_agent(
     if best is None:
         return None
     _, victims, r = best
-    slots = sum(len(ids) for run in victims for _, ids in run.slots)
+    return [r], *_reclaimed(victims, ledger, w)
+
+
+def _reclaimed(
+    victims: Sequence[Running], ledger: fair_share.QuotaLedger, w: int
+) -> tuple[tuple[str, ...], str]:
+    """The victims' ids, and the note the reclaiming request's reason ends with."""
+    slots = sum(map(_slots_of, victims))
     lenders = sorted({ledger.name(run.workspace_id) for run in victims})
-    ids = sorted(run.id for run in victims)
+    ids = tuple(sorted(run.id for run in victims))
     note = (
         f"; reclaiming {_plural(slots, 'slot')} from {', '.join(lenders)} for "
         f"{ledger.name(w)} (allocation{'s' if len(ids) > 1 else ''} {', '.join(ids)} asked "
         "to checkpoint and stop)"
     )
-    return [r], tuple(ids), note
+    return ids, note
 
 
 _RUNNING_ID = attrgetter("id")
