@@ -198,11 +198,12 @@ def schedule(
     With `quotas` (by workspace id; `running` must then hold every placed allocation of the
     pool), requests within their workspace's nominal quota go first, then the rest, which
     borrow: a borrower waits, holding up no one, while its workspace would pass its borrowing
-    limit or the free slots are others' idle quota they do not lend. A request within its
-    nominal quota that does not fit becomes the head and reclaims: borrowers' preemptible
-    work is asked to stop (lowest priority, then newest, first; never taking a workspace
-    below its nominal quota) until it fits. Priority preemption never takes work of another
-    workspace that is within its nominal quota.
+    limit or the free slots are others' idle quota they do not lend. The first request of
+    each workspace that is within its nominal quota and does not fit reclaims: borrowers'
+    preemptible work is asked to stop (lowest priority, then most recently started, first;
+    never taking a workspace below its nominal quota) until it fits, and the agents it will
+    use are reserved for it. Priority preemption never takes another workspace below its
+    nominal quota either, and a borrower preempts only for slots it may be lent.
 
     Agent, request and running ids must each be unique: they are the final tie-breaks.
     """
