@@ -1090,7 +1090,9 @@ async def s2(admin_dsn: str, base_url: str, scale: Scale, seed: int) -> dict[str
             "placements / summed wall time of the passes (load + core + writes + commits); "
             "releases and checks are excluded. Both variants start from copies of one "
             "database. Past the first pass the workload is release-bound: a pass can only "
-            "place what the releases before it freed."
+            "place what the releases before it freed. The two variants may place in a "
+            "different order: the fair order weighs the usage of running work, which grows "
+            "with the time each variant takes."
         ),
         "seed": seed,
         "setup_seconds": setup,

@@ -67,7 +67,8 @@ def test_smoke_scheduler_benchmark_places_every_gang_whole(postgres: PostgresSer
         assert run["partial_gangs"]["violations"] == 0
         assert run["unplaced"] == 0 and not run["stuck"]
         assert run["gangs_placed"] == report["scale"]["s2_gangs"]
-    assert s2["same_placements_in_both_variants"] is True
+    # Both place every gang whole (above); not necessarily in the same passes: the fair
+    # order weighs the usage of what runs, which grows with the time each variant takes.
 
 
 @pytest.mark.e2e
