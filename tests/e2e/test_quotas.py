@@ -1,7 +1,9 @@
 """Quotas on a real master with real agents: Kueue's basic scenario in slots. Two agents of
 4 slots; workspace A's nominal quota is 6, B's is 2. A runs 8 trials (borrowing 2); when B
 submits 2, A's two most recently started trials checkpoint and requeue, B runs 2, A runs 6;
-once B is done, A's preempted trials resume from their checkpoints."""
+once B is done, A's preempted trials resume from their checkpoints. Then, on the same
+shape: `resources.weight` 1 and 3 share a contended workspace 2:6, and a 4-slot gang is
+admitted only whole, on one agent, when its quota and the free slots allow."""
 
 from __future__ import annotations
 
@@ -14,7 +16,13 @@ from typing import Any
 import pytest
 
 from harness.cluster import AgentProcess
-from tests.e2e.agents import create_experiment, scheduling_passes, trial_logs, write_experiment
+from tests.e2e.agents import (
+    create_experiment,
+    scheduling_passes,
+    trial_logs,
+    wait_scheduling_pass,
+    write_experiment,
+)
 from tests.e2e.conftest import BACKENDS, MasterProcess, running_master, unique
 
 pytestmark = pytest.mark.e2e
@@ -86,12 +94,24 @@ def project_in_new_workspace(master: MasterProcess, name: str) -> int:
     return project_id
 
 
-def submit(master: MasterProcess, tmp_path: Path, workspace: str, trials: int, stop: Path) -> int:
+def submit(
+    master: MasterProcess,
+    tmp_path: Path,
+    workspace: str,
+    trials: int,
+    stop: Path,
+    *,
+    name: str = "search",
+    slots: int = 1,
+    weight: float | None = None,
+) -> int:
     config, model = write_experiment(
-        tmp_path / workspace,
+        tmp_path / f"{workspace}-{name}",
         SCRIPT,
-        name=f"{workspace}-search",
+        slots=slots,
+        name=f"{workspace}-{name}",
         extra={
+            "resources": {} if weight is None else {"weight": weight},
             "workspace": workspace,
             "project": "p",
             "searcher": {
@@ -226,3 +246,79 @@ def test_a_borrowing_limit_of_zero_leaves_slots_idle_and_says_why(
         lambda: {t["state"] for t in trials(master, a)} == {"COMPLETED"},
         180,
     )
+
+
+def placements(master: MasterProcess, experiment_id: int) -> list[dict[str, int]]:
+    """Each placed allocation of the experiment: slots by agent."""
+    summaries = master.api("GET", "/api/v1/tasks")["allocationIdToSummary"]
+    found = []
+    for summary in summaries.values():
+        if summary["experimentId"] != experiment_id or not summary["resources"]:
+            continue
+        by_agent: dict[str, int] = {}
+        for resource in summary["resources"]:
+            for agent, devices in resource["agentDevices"].items():
+                by_agent[agent] = by_agent.get(agent, 0) + len(devices["devices"])
+        found.append(by_agent)
+    return found
+
+
+def completed(master: MasterProcess, *experiment_ids: int) -> bool:
+    states = {t["state"] for e in experiment_ids for t in trials(master, e)}
+    return states == {"COMPLETED"}
+
+
+def test_weights_share_a_workspace_and_a_gang_is_admitted_only_whole(
+    master: MasterProcess, tmp_path: Path
+) -> None:
+    project_in_new_workspace(master, VISION)
+    project_in_new_workspace(master, NLP)
+    # Two experiments of one user in one workspace, weights 1 and 3, 8 trials each for 8
+    # slots, submitted before any agent: the first passes with slots share them 1:3.
+    stop_weights, stop_b, stop_gangs = tmp_path / "stop-w", tmp_path / "stop-b", tmp_path / "stop-g"
+    light = submit(master, tmp_path, VISION, 8, stop_weights, name="light", weight=1)
+    heavy = submit(master, tmp_path, VISION, 8, stop_weights, name="heavy", weight=3)
+    agents = [
+        AgentProcess(master, f"quota-{i}", tmp_path / f"quota-{i}", slots=4).start()
+        for i in range(2)
+    ]
+    try:
+        for agent in agents:
+            agent.wait_connected()
+        master.wait_for(
+            "the two experiments to hold all 8 slots",
+            lambda: running(master, light) + running(master, heavy) == 8,
+            180,
+        )
+        assert (running(master, light), running(master, heavy)) == (2, 6)
+        stop_weights.touch()
+        master.wait_for("both to complete", lambda: completed(master, light, heavy), 180)
+
+        # B holds 1 slot on one agent; A's 4-slot gangs: the first fits on the other agent
+        # within A's nominal 6; the second would borrow 2 and needs 4 free on one agent,
+        # which only 3 are: it waits, holding nothing.
+        b = submit(master, tmp_path, NLP, 1, stop_b)
+        master.wait_for("B's trial to run", lambda: running(master, b) == 1, 120)
+        gangs = submit(master, tmp_path, VISION, 2, stop_gangs, name="gangs", slots=4)
+        master.wait_for("A's first gang to run", lambda: running(master, gangs) == 1, 120)
+        wait_scheduling_pass(master)
+        assert running(master, gangs) == 1
+        [placed] = placements(master, gangs)
+        assert list(placed.values()) == [4], placed  # whole, on one agent
+        waiting = [t for t in trials(master, gangs) if t["state"] == "QUEUED"]
+        assert len(waiting) == 1
+
+        # B's trial ends: 4 slots are free on one agent, 2 of them B's idle quota, which
+        # it lends; A borrows them and its second gang runs whole there.
+        stop_b.touch()
+        master.wait_for("A's second gang to run", lambda: running(master, gangs) == 2, 120)
+        assert sorted(list(p.values()) for p in placements(master, gangs)) == [[4], [4]]
+        assert {agent for p in placements(master, gangs) for agent in p} == {
+            "quota-0",
+            "quota-1",
+        }
+        stop_gangs.touch()
+        master.wait_for("every trial to complete", lambda: completed(master, gangs, b), 180)
+    finally:
+        for agent in agents:
+            agent.stop()
