@@ -14,7 +14,6 @@ from master.db.models import (
     AllocationSlotModel,
     AllocationState,
     SlotModel,
-    WorkspaceModel,
 )
 from master.db.session import DatabaseHealth, is_outage
 from master.services import counters, quotas
@@ -140,52 +139,32 @@ async def _database_metrics(out: Exposition, session: AsyncSession) -> None:
 
 
 async def _quota_metrics(out: Exposition, session: AsyncSession, settings: MasterSettings) -> None:
-    """Each workspace's quota and the slots it holds, per pool: for every quota in force
-    (as `GET /api/v1/quotas` shows them) and every workspace holding slots, quota or not
-    (without one, all it holds is borrowed: the scheduler may reclaim it). A few plain
-    selects, as for the other gauges."""
-    in_force = await quotas.effective_quotas(session, settings)
-    held = await quotas.held_slots_by_workspace(session)
-    nominal = {(q.workspace_id, q.pool): q.nominal_slots for q in in_force}
-    names = {q.workspace_id: q.workspace_name for q in in_force}
-    unnamed = {ws for ws, _ in held} - names.keys()
-    if unnamed:
-        names.update(
-            (
-                await session.execute(
-                    select(WorkspaceModel.id, WorkspaceModel.name).where(
-                        WorkspaceModel.id.in_(sorted(unnamed))
-                    )
-                )
-            ).all()
-        )
-    # By pool, then workspace name; a workspace deleted meanwhile has no name and no row.
-    keys = sorted(
-        (key for key in nominal.keys() | held.keys() if key[0] in names),
-        key=lambda k: (k[1], names[k[0]]),
-    )
+    """Each workspace's quota and the slots it holds, per pool (quotas.pool_shares): for
+    every quota in force and every workspace holding slots, quota or not (without one, all
+    it holds is borrowed: the scheduler may reclaim it)."""
+    shares = await quotas.pool_shares(session, settings)
 
-    def labels(key: tuple[int, str]) -> dict[str, str]:
-        return {"workspace": names[key[0]], "pool": key[1]}
+    def labels(share: quotas.PoolShare) -> dict[str, str]:
+        return {"workspace": share.workspace_name, "pool": share.pool}
 
     out.metric(
         "resolute_workspace_quota_nominal_slots",
         "gauge",
         "Slots a workspace is guaranteed in a pool (its nominal quota), by workspace and pool.",
-        ((labels(k), nominal[k]) for k in keys if k in nominal),
+        ((labels(s), s.quota.nominal_slots) for s in shares if s.quota),
     )
     out.metric(
         "resolute_workspace_held_slots",
         "gauge",
         "Slots a workspace's allocations hold now, by workspace and pool.",
-        ((labels(k), held.get(k, 0)) for k in keys),
+        ((labels(s), s.held_slots) for s in shares),
     )
     out.metric(
         "resolute_workspace_borrowed_slots",
         "gauge",
         "Slots a workspace holds above its nominal quota (all it holds where it has none), "
         "by workspace and pool.",
-        ((labels(k), max(0, held.get(k, 0) - nominal.get(k, 0))) for k in keys),
+        ((labels(s), s.borrowed) for s in shares),
     )
 
 

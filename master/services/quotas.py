@@ -8,6 +8,7 @@ for that load (allocations.request_scheduling), so it applies at the next pass."
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from sqlalchemy import and_, delete, func, select
@@ -64,6 +65,25 @@ class QuotaUsage:
     @property
     def borrowed_slots(self) -> int:
         return max(0, self.held_slots - self.quota.nominal_slots)
+
+
+@dataclass(frozen=True)
+class PoolShare:
+    """A workspace in one pool where it has a quota in force or holds slots: what the
+    dashboard's workspace pages and the metrics' quota gauges show."""
+
+    pool: str
+    workspace_id: int
+    workspace_name: str
+    quota: EffectiveQuota | None  # None: no quota there
+    held_slots: int
+
+    @property
+    def borrowed(self) -> int:
+        """Held above the nominal; without a quota, all it holds (the scheduler may
+        reclaim it)."""
+        nominal = self.quota.nominal_slots if self.quota else 0
+        return max(0, self.held_slots - nominal)
 
 
 @dataclass(frozen=True)
@@ -177,6 +197,46 @@ async def quota_usage(
     ]
     held = await held_slots_by_workspace(session) if quotas else {}
     return [QuotaUsage(q, held.get((q.workspace_id, q.pool), 0)) for q in quotas]
+
+
+async def pool_shares(
+    session: AsyncSession,
+    settings: MasterSettings,
+    workspace_ids: Collection[int] | None = None,
+) -> list[PoolShare]:
+    """Every quota in force (as `GET /api/v1/quotas` shows them) and every workspace
+    holding slots, quota or not, with what it holds: these workspaces' only, or every
+    one's. By pool, then workspace name; a workspace deleted meanwhile has no name and is
+    left out. A few plain selects."""
+    wanted = None if workspace_ids is None else set(workspace_ids)
+    in_force = {
+        (q.workspace_id, q.pool): q
+        for q in await effective_quotas(session, settings)
+        if wanted is None or q.workspace_id in wanted
+    }
+    held = {
+        key: n
+        for key, n in (await held_slots_by_workspace(session)).items()
+        if wanted is None or key[0] in wanted
+    }
+    names = {q.workspace_id: q.workspace_name for q in in_force.values()}
+    unnamed = {ws for ws, _ in held} - names.keys()
+    if unnamed:
+        names.update(
+            (
+                await session.execute(
+                    select(WorkspaceModel.id, WorkspaceModel.name).where(
+                        WorkspaceModel.id.in_(sorted(unnamed))
+                    )
+                )
+            ).all()
+        )
+    shares = [
+        PoolShare(pool, ws, names[ws], in_force.get((ws, pool)), held.get((ws, pool), 0))
+        for ws, pool in in_force.keys() | held.keys()
+        if ws in names
+    ]
+    return sorted(shares, key=lambda s: (s.pool, s.workspace_name))
 
 
 async def pool_slots(session: AsyncSession, pool_name: str) -> tuple[int, int]:
