@@ -275,8 +275,7 @@ async def _load_held(session: AsyncSession) -> list[cluster_view.HeldEntry]:
             workspace_id=workspace_id or 0,
             started=(assigned_at or registered).timestamp(),
         )
-        started = running.started
-        entries.append(cluster_view.HeldEntry(running, pool, user_id or 0, started))
+        entries.append(cluster_view.HeldEntry(running, pool, user_id or 0, running.started))
     return entries
 
 
