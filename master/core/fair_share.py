@@ -247,7 +247,8 @@ class QuotaLedger:
         return self.unlent_total - self._unlent.get(w, 0)
 
     def lendable(self, w: int, slots: int) -> bool:
-        return self.free - slots >= self.kept_for_others(w)
+        # kept_for_others, inline: asked for every request a pass places.
+        return self.free - slots >= self.unlent_total - self._unlent.get(w, 0)
 
     def take(self, w: int, slots: int) -> None:
         self.held[w] = self.held.get(w, 0) + slots

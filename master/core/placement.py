@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from fractions import Fraction
@@ -230,8 +230,9 @@ def schedule(
                     borrowers.extend(first.take_rest(req.job_id))
         # Borrowers in the fair order again, charged as they are placed; when no slot is
         # left free (a busy pool's usual case) only their reasons remain to be said, in the
-        # order they came.
-        for req in p.order(borrowers, seed=first) if cap.open_slots > 0 else borrowers:
+        # order they came. Each job's borrowers came in its queue order: not sorted again.
+        again = p.order(borrowers, seed=first, in_order=True) if cap.open_slots > 0 else borrowers
+        for req in again:
             p.consider(req, within=False)
     return p.plan()
 
@@ -243,7 +244,11 @@ def _ledger(
     free = sum(f for f, u in zip(cap.nfree, cap.usable, strict=True) if u)
     held: dict[int, int] = {}
     for run in running:
-        n = sum(len(ids) for _, ids in run.slots)
+        slots = run.slots
+        if not slots:
+            continue
+        # Most hold slots on one agent: counted without a generator (a pass's hot loop).
+        n = len(slots[0][1]) if len(slots) == 1 else sum(len(ids) for _, ids in slots)
         if n:
             held[run.workspace_id] = held.get(run.workspace_id, 0) + n
     return fair_share.QuotaLedger(quotas, capacity, free, held)
@@ -275,18 +280,24 @@ class _Pass:
         self.notes: dict[str, str] = {}
         self.reclaimed_for: set[int] = set()  # workspaces that reclaimed this pass
         self.reclaim_tried: set[tuple[int, int, bool]] = set()
+        self.quota_reasons: dict[tuple[object, int, int, int, int, int], Pending] = {}
         self.min_failed_single = summary.max_total + 1  # a single-agent fit this size fails
         self.failed_gangs: set[int] = set()
         self._fair: fair_share.FairOrder[Request] | None = None
 
     def order(
-        self, requests: Sequence[Request], seed: Iterable[Request] | None = None
+        self,
+        requests: Sequence[Request],
+        seed: Iterable[Request] | None = None,
+        in_order: bool = False,
     ) -> Iterable[Request]:
-        """The queue order; with `seed` (an earlier round's order), its start charges go on."""
+        """The queue order; with `seed` (an earlier round's order), its start charges go on.
+        `in_order`: the requests already are in queue order (an earlier round's rest)."""
         if self.share is None:
-            return _queue_order(requests)
+            return requests if in_order else _queue_order(requests)
         earlier = seed if isinstance(seed, fair_share.FairOrder) else None
-        self._fair = fair_share.FairOrder(requests, self.share, _queue_order, earlier)
+        within_job = list if in_order else _queue_order
+        self._fair = fair_share.FairOrder(requests, self.share, within_job, earlier)
         return self._fair
 
     def consider(self, req: Request, *, within: bool) -> None:
@@ -321,14 +332,14 @@ class _Pass:
         if ledger is not None:
             w = req.workspace_id
             if not within and ledger.over_borrowing_limit(w, s):
-                self.done.append(_borrowing_limit(req, ledger, self.summary.pool))
+                self.done.append(self._quota_reason(_borrowing_limit, req, ledger))
                 return
             # Short of free slots, it waits like any request; with enough free slots that
             # are others' idle quota, a borrower waits for quota and one within its nominal
             # quota reclaims from borrowers.
             if ledger.free >= s and not ledger.lendable(w, s):
                 if not within:
-                    self.done.append(_not_lent(req, ledger, self.summary.pool))
+                    self.done.append(self._quota_reason(_not_lent, req, ledger))
                     return
                 owed = True
         if not owed:
@@ -351,6 +362,21 @@ class _Pass:
             self._become_head(req)
         self.waiting.append(req)
         self._after_waiting()
+
+    def _quota_reason(
+        self,
+        explain: Callable[[Request, fair_share.QuotaLedger, str], Pending],
+        req: Request,
+        ledger: fair_share.QuotaLedger,
+    ) -> Pending:
+        """explain()'s reason, written once per workspace, size and ledger state: a busy
+        pool's borrowers wait by the thousand with the same few reasons."""
+        w = req.workspace_id
+        key = (explain, w, req.slots, ledger.held.get(w, 0), ledger.free, ledger.unlent_total)
+        reason = self.quota_reasons.get(key)
+        if reason is None:
+            reason = self.quota_reasons[key] = explain(req, ledger, self.summary.pool)
+        return Pending(req.id, reason.code, reason.message)
 
     def _reclaim(self, req: Request, ledger: fair_share.QuotaLedger) -> bool:
         """A request within its nominal quota that is not placed reclaims from borrowers:
