@@ -2,17 +2,22 @@
 4 slots; workspace A's nominal quota is 6, B's is 2. A runs 8 trials (borrowing 2); when B
 submits 2, A's two most recently started trials checkpoint and requeue, B runs 2, A runs 6;
 once B is done, A's preempted trials resume from their checkpoints. Then, on the same
-shape: `resources.weight` 1 and 3 share a contended workspace 2:6, and a 4-slot gang is
-admitted only whole, on one agent, when its quota and the free slots allow."""
+shape: `resources.weight` 1 and 3 share a contended workspace 2:6, a 4-slot gang is
+admitted only whole, on one agent, when its quota and the free slots allow, and
+`resources.max_slots` 4 keeps a 16-trial search to 4 slots at every moment of its history."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 
 from harness.cluster import AgentProcess
@@ -102,8 +107,9 @@ def submit(
     stop: Path,
     *,
     name: str = "search",
+    project: str = "p",
     slots: int = 1,
-    weight: float | None = None,
+    resources: dict[str, Any] | None = None,
 ) -> int:
     config, model = write_experiment(
         tmp_path / f"{workspace}-{name}",
@@ -111,9 +117,9 @@ def submit(
         slots=slots,
         name=f"{workspace}-{name}",
         extra={
-            "resources": {} if weight is None else {"weight": weight},
+            "resources": resources or {},
             "workspace": workspace,
-            "project": "p",
+            "project": project,
             "searcher": {
                 "name": "grid",
                 "metric": "loss",
@@ -276,8 +282,8 @@ def test_weights_share_a_workspace_and_a_gang_is_admitted_only_whole(
     # Two experiments of one user in one workspace, weights 1 and 3, 8 trials each for 8
     # slots, submitted before any agent: the first passes with slots share them 1:3.
     stop_weights, stop_b, stop_gangs = tmp_path / "stop-w", tmp_path / "stop-b", tmp_path / "stop-g"
-    light = submit(master, tmp_path, VISION, 8, stop_weights, name="light", weight=1)
-    heavy = submit(master, tmp_path, VISION, 8, stop_weights, name="heavy", weight=3)
+    light = submit(master, tmp_path, VISION, 8, stop_weights, name="light", resources={"weight": 1})
+    heavy = submit(master, tmp_path, VISION, 8, stop_weights, name="heavy", resources={"weight": 3})
     agents = [
         AgentProcess(master, f"quota-{i}", tmp_path / f"quota-{i}", slots=4).start()
         for i in range(2)
@@ -322,3 +328,55 @@ def test_weights_share_a_workspace_and_a_gang_is_admitted_only_whole(
     finally:
         for agent in agents:
             agent.stop()
+
+
+def slot_history(master: MasterProcess, experiment_id: int) -> list[tuple[datetime, datetime, int]]:
+    """Each allocation the experiment held, from the master's database: assigned, ended,
+    slots."""
+
+    async def read() -> list[tuple[datetime, datetime, int]]:
+        conn = await asyncpg.connect(master.db_url, timeout=10)
+        try:
+            rows = await conn.fetch(
+                "SELECT assigned_at, ended_at, slots_needed FROM allocations "
+                "WHERE experiment_id = $1 AND assigned_at IS NOT NULL",
+                experiment_id,
+            )
+        finally:
+            await conn.close()
+        return [(r["assigned_at"], r["ended_at"], r["slots_needed"]) for r in rows]
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, read()).result()
+
+
+def test_max_slots_keeps_a_search_to_its_cap_at_every_moment(
+    master: MasterProcess, agents: list[AgentProcess], tmp_path: Path
+) -> None:
+    # 16 one-slot trials that end at once (their stop file exists) on 8 free slots.
+    stop = tmp_path / "stop"
+    stop.touch()
+    search = submit(
+        master,
+        tmp_path,
+        "Uncategorized",
+        16,
+        stop,
+        project="Uncategorized",
+        resources={"max_slots": 4},
+    )
+    master.wait_for("the search to complete", lambda: completed(master, search), 240)
+    history = slot_history(master, search)
+    assert len(history) == 16
+    # Slots held just after each allocation starts, counting every one not yet ended.
+    for assigned, _, _ in history:
+        held = sum(n for start, end, n in history if start <= assigned and end > assigned)
+        assert held <= 4, (assigned, history)
+    # It did use its cap: 4 at once at some moment (8 slots were free).
+    assert (
+        max(
+            sum(n for start, end, n in history if start <= assigned and end > assigned)
+            for assigned, _, _ in history
+        )
+        == 4
+    )
