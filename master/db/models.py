@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    CheckConstraint,
     DateTime,
     Float,
     ForeignKey,
@@ -278,7 +279,7 @@ class WorkspacePinModel(Base):
 
 
 class UserGroupModel(Base):
-    """A named set of users (`det user-group`); roles will be granted to groups later."""
+    """A named set of users (`det user-group`); roles may be given to a group."""
 
     __tablename__ = "user_groups"
 
@@ -299,6 +300,31 @@ class UserGroupMemberModel(Base):
     user_id: Mapped[int] = mapped_column(
         ForeignKey("users.id", ondelete="CASCADE"), primary_key=True, index=True
     )
+
+
+class RoleAssignmentModel(Base):
+    """A role (master.core.roles) given to a user or to a group, in one workspace or (no
+    workspace) across the cluster. ClusterAdmin given to a user is not a row: it is the
+    user's admin flag (master.services.roles)."""
+
+    __tablename__ = "role_assignments"
+    __table_args__ = (
+        CheckConstraint("(user_id IS NULL) <> (group_id IS NULL)", name="user_or_group"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    role_id: Mapped[int] = mapped_column(Integer)
+    # NULL: the whole cluster.
+    workspace_id: Mapped[int | None] = mapped_column(
+        ForeignKey("workspaces.id", ondelete="CASCADE"), index=True
+    )
+    user_id: Mapped[int | None] = mapped_column(
+        ForeignKey("users.id", ondelete="CASCADE"), index=True
+    )
+    group_id: Mapped[int | None] = mapped_column(
+        ForeignKey("user_groups.id", ondelete="CASCADE"), index=True
+    )
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class ProjectModel(Base):

@@ -1,27 +1,33 @@
 """Who may do what: admins everything, users their own experiments, templates and jobs, a
-run's task token only its own trial's routes.
+run's task token only its own trial's routes, and a user holding a role in a workspace
+(master.core.roles, `det rbac assign-role`) what the role's permissions give there: an
+Editor changes anyone's experiments in it, a WorkspaceAdmin the workspace and its projects.
 
 Reading is open to every signed-in user (Determined's open-source rule: anyone may look at
 anyone's experiments and logs); changing something is not. The checks raise PermissionDenied
-(403) naming the owner, so a refused user knows whom to ask. They are called by the API
-routes and the dashboard's forms alike, before the service that changes anything.
+(403) naming the owner and the permission, so a refused user knows whom to ask. They are
+called by the API routes and the dashboard's forms alike, before the service that changes
+anything. The owner's and the admin's cases are decided without reading roles.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from master.core import roles
 from master.db.models import (
     AllocationModel,
     CheckpointModel,
     ExperimentModel,
     ProjectModel,
+    RoleAssignmentModel,
     TaskModel,
     TemplateModel,
     TrialModel,
+    UserGroupMemberModel,
     UserModel,
     WorkspaceModel,
 )
@@ -63,6 +69,49 @@ class Actor:
         return cls(user_id=user.id, username=user.username, admin=user.admin)
 
 
+_GRANTS = "role_grants"  # session.info: users' grants, read once per request
+
+
+async def grants_of(session: AsyncSession, user_id: int) -> list[roles.Grant]:
+    """The roles a user holds, directly or through their groups (not ClusterAdmin, which is
+    the admin flag: callers check it first). Read once per request."""
+    cached: dict[int, list[roles.Grant]] = session.info.setdefault(_GRANTS, {})
+    if user_id not in cached:
+        groups = select(UserGroupMemberModel.group_id).where(
+            UserGroupMemberModel.user_id == user_id
+        )
+        rows = await session.execute(
+            select(RoleAssignmentModel.role_id, RoleAssignmentModel.workspace_id).where(
+                or_(
+                    RoleAssignmentModel.user_id == user_id,
+                    RoleAssignmentModel.group_id.in_(groups),
+                )
+            )
+        )
+        cached[user_id] = [roles.Grant(role_id, ws) for role_id, ws in rows.all()]
+    return cached[user_id]
+
+
+def forget_grants(session: AsyncSession) -> None:
+    """After a change of assignments, the next check reads them again."""
+    session.info.pop(_GRANTS, None)
+
+
+async def may(
+    session: AsyncSession, actor: Actor, permission: int, workspace_id: int | None
+) -> bool:
+    """Whether the actor holds `permission` in the workspace (admins hold every one)."""
+    if actor.admin:
+        return True
+    return roles.holds(await grants_of(session, actor.user_id), permission, workspace_id)
+
+
+async def may_anywhere(session: AsyncSession, actor: Actor, permission: int) -> bool:
+    if actor.admin:
+        return True
+    return roles.holds_anywhere(await grants_of(session, actor.user_id), permission)
+
+
 def require_admin(actor: Actor, what: str) -> None:
     if not actor.admin:
         raise PermissionDenied(f"{what} is for admins; user {actor.username} is not one")
@@ -81,19 +130,41 @@ async def _owner_name(session: AsyncSession, owner_id: int | None) -> str:
     return name or f"user {owner_id}"
 
 
+def _holders(permission: int, where: str = "in its workspace") -> str:
+    """Who else may, for refusals: the permission's wire name and the roles holding it."""
+    names = [
+        r.name
+        for r in roles.ROLES.values()
+        if permission in r.permission_ids and not r.cluster_only
+    ]
+    return f", or whoever holds {roles.PERMISSIONS[permission].enum} {where} ({', '.join(names)})"
+
+
 async def require_experiment_owner(
-    session: AsyncSession, actor: Actor, experiment_id: int, what: str
+    session: AsyncSession,
+    actor: Actor,
+    experiment_id: int,
+    what: str,
+    permission: int = roles.UPDATE_EXPERIMENT,
 ) -> None:
-    owner_id = await session.scalar(
-        select(ExperimentModel.owner_id).where(ExperimentModel.id == experiment_id)
-    )
-    if owner_id is None and not await session.get(ExperimentModel, experiment_id):
+    found = (
+        await session.execute(
+            select(ExperimentModel.owner_id, ProjectModel.workspace_id)
+            .outerjoin(ProjectModel, ProjectModel.id == ExperimentModel.project_id)
+            .where(ExperimentModel.id == experiment_id)
+        )
+    ).first()
+    if found is None:
         raise NotFound(f"experiment {experiment_id} not found")
+    owner_id, workspace_id = found
     if actor.admin or owner_id == actor.user_id:
+        return
+    if await may(session, actor, permission, workspace_id):
         return
     owner = await _owner_name(session, owner_id)
     raise PermissionDenied(
         f"experiment {experiment_id} belongs to {owner}; only its owner or an admin may {what}"
+        + _holders(permission)
     )
 
 
@@ -104,14 +175,21 @@ async def require_allocation_owner(
     if allocation.experiment_id is not None:
         await require_experiment_owner(session, actor, allocation.experiment_id, what)
         return
-    owner_id = await session.scalar(
-        select(TaskModel.owner_id).where(TaskModel.id == allocation.task_id)
-    )
+    found = (
+        await session.execute(
+            select(TaskModel.owner_id, TaskModel.workspace_id).where(
+                TaskModel.id == allocation.task_id
+            )
+        )
+    ).first()
+    owner_id, workspace_id = found if found is not None else (None, None)
     if actor.admin or owner_id == actor.user_id:
+        return
+    if workspace_id is not None and await may(session, actor, roles.UPDATE_NSC, workspace_id):
         return
     raise PermissionDenied(
         f"allocation {allocation.id} belongs to {await _owner_name(session, owner_id)}; only "
-        f"its owner or an admin may {what}"
+        f"its owner or an admin may {what}" + _holders(roles.UPDATE_NSC)
     )
 
 
@@ -144,39 +222,60 @@ async def require_job_owner(session: AsyncSession, actor: Actor, job_id: str, wh
     await require_experiment_owner(session, actor, experiment_id, what)
 
 
-async def require_template_owner(session: AsyncSession, actor: Actor, name: str, what: str) -> None:
+async def require_template_owner(
+    session: AsyncSession,
+    actor: Actor,
+    name: str,
+    what: str,
+    permission: int = roles.UPDATE_TEMPLATES,
+) -> None:
     """A template without an owner (made before owners were recorded) is the admins'."""
     row = await session.scalar(select(TemplateModel).where(TemplateModel.name == name))
     if row is None:
         raise NotFound(f"template {name} not found")
     if actor.admin or (row.owner_id is not None and row.owner_id == actor.user_id):
         return
+    if await may(session, actor, permission, row.workspace_id):
+        return
     owner = await _owner_name(session, row.owner_id)
     raise PermissionDenied(
         f"template {name!r} belongs to {owner}; only its owner or an admin may {what}"
+        + _holders(permission)
     )
 
 
 async def require_workspace_owner(
-    session: AsyncSession, actor: Actor, workspace_id: int, what: str
+    session: AsyncSession,
+    actor: Actor,
+    workspace_id: int,
+    what: str,
+    permission: int = roles.UPDATE_WORKSPACE,
 ) -> None:
-    """Its creator or an admin; the built-in workspace has no owner (and the service
-    refuses changes to it for everyone)."""
+    """Its creator, its WorkspaceAdmins or an admin; the built-in workspace has no owner
+    (and the service refuses changes to it for everyone)."""
     ws = await session.get(WorkspaceModel, workspace_id)
     if ws is None:
         raise NotFound(f"workspace {workspace_id} not found")
     if actor.admin or ws.immutable or (ws.user_id is not None and ws.user_id == actor.user_id):
         return
+    if await may(session, actor, permission, workspace_id):
+        return
     owner = await _owner_name(session, ws.user_id)
     raise PermissionDenied(
         f"workspace {ws.name!r} belongs to {owner}; only its owner or an admin may {what}"
+        + _holders(permission, "there")
     )
 
 
 async def require_project_owner(
-    session: AsyncSession, actor: Actor, project_id: int, what: str
+    session: AsyncSession,
+    actor: Actor,
+    project_id: int,
+    what: str,
+    permission: int = roles.UPDATE_PROJECT,
 ) -> None:
-    """Its creator, its workspace's owner or an admin."""
+    """Its creator, its workspace's owner, a holder of the permission in its workspace, or
+    an admin."""
     project = await session.get(ProjectModel, project_id)
     if project is None:
         raise NotFound(f"project {project_id} not found")
@@ -187,22 +286,34 @@ async def require_project_owner(
     )
     if ws_owner is not None and ws_owner == actor.user_id:
         return
+    if await may(session, actor, permission, project.workspace_id):
+        return
     owner = await _owner_name(session, project.user_id)
     raise PermissionDenied(
         f"project {project.name!r} belongs to {owner}; only its owner, its workspace's owner "
-        f"or an admin may {what}"
+        f"or an admin may {what}" + _holders(permission)
     )
 
 
 async def require_model_owner(
-    session: AsyncSession, actor: Actor, name: str, owner_id: int | None, what: str
+    session: AsyncSession,
+    actor: Actor,
+    name: str,
+    owner_id: int | None,
+    what: str,
+    workspace_id: int | None = None,
+    permission: int = roles.EDIT_MODEL_REGISTRY,
 ) -> None:
-    """A registry model is its creator's; one whose creator is gone is the admins'."""
+    """A registry model is its creator's; one whose creator is gone is the admins'. In its
+    workspace, a holder of the permission may change it too."""
     if actor.admin or (owner_id is not None and owner_id == actor.user_id):
+        return
+    if workspace_id is not None and await may(session, actor, permission, workspace_id):
         return
     owner = await _owner_name(session, owner_id)
     raise PermissionDenied(
         f"model {name!r} belongs to {owner}; only its owner or an admin may {what}"
+        + _holders(permission)
     )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from master.core import roles
 from master.core.text import any_unstorable, unstorable
 from master.db.models import (
     MAX_INT,
@@ -438,10 +439,18 @@ async def create_model(
 
 
 async def _owned_model(
-    session: AsyncSession, actor: Actor, identifier: str, what: str
+    session: AsyncSession,
+    actor: Actor,
+    identifier: str,
+    what: str,
+    permission: int = roles.EDIT_MODEL_REGISTRY,
 ) -> ModelModel:
+    """The model, if the actor may change it. Deleting someone else's model or versions
+    takes permissions of their own (WorkspaceAdmin holds them, Editor does not)."""
     row = await find_model(session, identifier)
-    await access.require_model_owner(session, actor, row.name, row.owner_id, what)
+    await access.require_model_owner(
+        session, actor, row.name, row.owner_id, what, row.workspace_id, permission
+    )
     return row
 
 
@@ -509,7 +518,9 @@ async def set_archived(
 
 async def delete_model(session: AsyncSession, actor: Actor, identifier: str) -> None:
     """The model and its versions; their checkpoints stay, no longer held by them."""
-    row = await _owned_model(session, actor, identifier, "delete it")
+    row = await _owned_model(
+        session, actor, identifier, "delete it", roles.DELETE_OTHER_USER_MODEL_REGISTRY
+    )
     # Explicitly, not left to the foreign key's cascade: SQLite connections may have it off.
     removed = await session.execute(
         delete(ModelVersionModel).where(ModelVersionModel.model_id == row.id)
@@ -639,7 +650,9 @@ async def patch_version(
 
 async def delete_version(session: AsyncSession, actor: Actor, identifier: str, number: int) -> None:
     """The version goes; its checkpoint stays, and is the retention's and users' again."""
-    model = await _owned_model(session, actor, identifier, "delete its versions")
+    model = await _owned_model(
+        session, actor, identifier, "delete its versions", roles.DELETE_OTHER_USER_MODEL_VERSION
+    )
     row = await _find_version(session, model, number)
     await session.delete(row)
     model.last_updated_time = utcnow()

@@ -10,6 +10,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Query, Request, Response
 
 from master.api.deps import MAX_INT, SessionDep
+from master.core import roles
 from master.core.expconf import parse_yaml
 from master.errors import AlreadyExists, InvalidArgument, MasterError
 from master.services import access, templates
@@ -244,6 +245,8 @@ async def delete_template(
     request: Request, name: str, session: SessionDep, web: WebSessionDep
 ) -> Response:
     await checked_form(request, web)
-    await access.require_template_owner(session, web.actor, name, "delete it")
+    await access.require_template_owner(
+        session, web.actor, name, "delete it", roles.DELETE_TEMPLATES
+    )
     await templates.delete_template(session, name)
     return redirect("/ui/templates?notice=deleted")

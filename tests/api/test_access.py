@@ -31,6 +31,12 @@ searcher: {name: single, metric: loss, max_length: {batches: 10}}
 resources: {slots_per_trial: 1}
 """
 
+# What a refusal adds: who else may change someone's experiment (master.core.roles).
+EDITORS = (
+    ", or whoever holds PERMISSION_TYPE_UPDATE_EXPERIMENT in its workspace (WorkspaceAdmin, "
+    "Editor, EditorRestricted, EditorProjectRestricted)"
+)
+
 
 @contextlib.asynccontextmanager
 async def sign_in(
@@ -144,12 +150,12 @@ async def test_users_change_only_their_own_experiments(
         message = refusal(await alice.post(f"{path}/{verb}"), 403)
         assert message == (
             f"experiment {experiment['id']} belongs to determined; only its owner or an "
-            f"admin may {verb} it"
+            f"admin may {verb} it{EDITORS}"
         )
     assert "belongs to determined" in refusal(await alice.delete(path), 403)
     trials = (await api.get(f"{path}/trials")).json()["trials"]
     refused = refusal(await alice.post(f"/api/v1/trials/{trials[0]['id']}/kill"), 403)
-    assert refused.endswith("only its owner or an admin may kill its trials"), refused
+    assert refused.endswith(f"only its owner or an admin may kill its trials{EDITORS}"), refused
     jobs = {"updates": [{"jobId": experiment["jobId"], "priority": 5}]}
     assert "belongs to determined" in refusal(
         await alice.post("/api/v1/job-queues", json=jobs), 403
@@ -169,7 +175,11 @@ async def test_templates_belong_to_whoever_made_them(
     assert (await alice.post("/api/v1/templates/hers", json=body)).status_code == 200
     theirs = {"config": {"description": "changed"}}
     message = refusal(await api.put("/api/v1/templates/hers", json=theirs), 403)
-    assert message == "template 'hers' belongs to alice; only its owner or an admin may replace it"
+    assert message == (
+        "template 'hers' belongs to alice; only its owner or an admin may replace it, or "
+        "whoever holds PERMISSION_TYPE_UPDATE_TEMPLATES in its workspace (WorkspaceAdmin, "
+        "Editor, EditorRestricted, EditorProjectRestricted)"
+    )
     assert refusal(await api.patch("/api/v1/templates/hers", json={"x": 1}), 403)
     assert refusal(await api.delete("/api/v1/templates/hers"), 403)
     rename = {"oldName": "hers", "newName": "mine"}

@@ -215,7 +215,8 @@ async def test_another_users_experiment_is_refused(
     message = refusal(await alice.patch(path, json={"labels": ["hers"]}), 403)
     assert message == (
         f"experiment {experiment['id']} belongs to determined; only its owner or an admin "
-        "may change it"
+        "may change it, or whoever holds PERMISSION_TYPE_UPDATE_EXPERIMENT in its workspace "
+        "(WorkspaceAdmin, Editor, EditorRestricted, EditorProjectRestricted)"
     )
     assert "may label it" in refusal(await alice.put(f"{path}/labels/hers"), 403)
     assert "may label it" in refusal(await alice.delete(f"{path}/labels/mine"), 403)

@@ -219,7 +219,9 @@ def test_a_new_user_logs_in_and_may_change_only_their_own_work(
     # Someone else's experiment, and the cluster, are refused with whom to ask.
     theirs = create_experiment(Person(master, tmp_path / "determined-home"))
     assert refused(alice.det("experiment", "kill", str(theirs))) == (
-        f"Error: experiment {theirs} belongs to determined; only its owner or an admin may kill it"
+        f"Error: experiment {theirs} belongs to determined; only its owner or an admin may kill "
+        "it, or whoever holds PERMISSION_TYPE_UPDATE_EXPERIMENT in its workspace (WorkspaceAdmin, "
+        "Editor, EditorRestricted, EditorProjectRestricted)"
     )
     assert refused(alice.det("agent", "disable", "any-agent")) == (
         f"Error: disabling an agent is for admins; user {name} is not one"

@@ -14,6 +14,7 @@ from pydantic import Field
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from master.api.deps import MAX_INT, CurrentUser, ObjectId, SessionDep, SettingsDep
+from master.core import roles
 from master.core.retention import Retention
 from master.db.models import ExperimentState, TrialMetricModel
 from master.errors import InvalidArgument
@@ -330,7 +331,9 @@ async def delete_experiment(
 ) -> Empty:
     """Determined's delete: the experiment becomes DELETING, its checkpoints are deleted
     from the store, then the experiment is gone."""
-    await access.require_experiment_owner(session, Actor.of(user), experiment_id, "delete it")
+    await access.require_experiment_owner(
+        session, Actor.of(user), experiment_id, "delete it", roles.DELETE_EXPERIMENT
+    )
     await allocations.hold_scheduler(session)
     experiment = (await experiments.get_experiment(session, experiment_id)).experiment
     await checkpoint_gc.delete_experiment(session, experiment, user.username)

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Query
 
 from master.api.deps import MAX_INT, CurrentUser, SessionDep
+from master.core import roles
 from master.errors import InvalidArgument
 from master.schemas.common import DbInt, Pagination
 from master.schemas.experiments import Empty
@@ -106,6 +107,8 @@ async def rename_template(
 
 @router.delete("/templates/{name}")
 async def delete_template(name: str, session: SessionDep, user: CurrentUser) -> Empty:
-    await access.require_template_owner(session, Actor.of(user), name, "delete it")
+    await access.require_template_owner(
+        session, Actor.of(user), name, "delete it", roles.DELETE_TEMPLATES
+    )
     await templates.delete_template(session, name)
     return Empty()

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from master.api.deps import MAX_INT, CurrentActor, CurrentUser, ObjectId, SessionDep, SettingsDep
+from master.core import roles
 from master.errors import InvalidArgument
 from master.schemas.common import Pagination
 from master.schemas.workspaces import (
@@ -204,7 +205,9 @@ async def unpin_workspace(
 async def delete_workspace(
     workspace_id: ObjectId, session: SessionDep, actor: CurrentActor
 ) -> DeleteResponse:
-    await access.require_workspace_owner(session, actor, workspace_id, "delete it")
+    await access.require_workspace_owner(
+        session, actor, workspace_id, "delete it", roles.DELETE_WORKSPACE
+    )
     completed = await workspaces.delete_workspace(session, workspace_id, actor.username)
     return DeleteResponse(completed=completed)
 
@@ -408,7 +411,9 @@ async def move_project(
 async def delete_project(
     project_id: ObjectId, session: SessionDep, actor: CurrentActor
 ) -> DeleteResponse:
-    await access.require_project_owner(session, actor, project_id, "delete it")
+    await access.require_project_owner(
+        session, actor, project_id, "delete it", roles.DELETE_PROJECT
+    )
     completed = await workspaces.delete_project(session, project_id, actor.username)
     return DeleteResponse(completed=completed)
 

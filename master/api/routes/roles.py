@@ -1,0 +1,157 @@
+"""Roles, on Determined's routes (`det rbac ...`): anyone signed in may list the roles and
+their own permissions; who holds what is for those who assign roles (ClusterAdmins, and
+WorkspaceAdmins for their workspaces); assigning needs ASSIGN_ROLES where it applies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from master.api.deps import CurrentActor, ObjectId, SessionDep
+from master.core import roles
+from master.errors import InvalidArgument, NotFound, PermissionDenied
+from master.schemas.common import Pagination
+from master.schemas.roles import (
+    AssignmentsRequest,
+    GroupRoles,
+    PermissionsSummary,
+    Role,
+    RoleAssignmentInput,
+    RoleAssignmentSummary,
+    RoleList,
+    RolesById,
+    RoleSearch,
+    RolesWithAssignments,
+    RoleWithAssignments,
+)
+from master.services import access, user_groups
+from master.services import roles as role_service
+from master.services.access import Actor
+
+router = APIRouter(prefix="/api/v1", tags=["Roles"])
+
+DEFAULT_LIMIT = 500
+
+
+def _listed(body: RoleSearch) -> RoleList:
+    """The roles by name; with a workspace, those that may be assigned in one."""
+    found = sorted(roles.ROLES.values(), key=lambda r: r.name)
+    if body.workspace_id is not None:
+        found = [r for r in found if not r.cluster_only]
+    limit = body.limit or DEFAULT_LIMIT
+    page = found[body.offset : body.offset + limit]
+    return RoleList(
+        roles=[Role.of(r) for r in page],
+        pagination=Pagination.of(body.offset, limit, len(page), len(found)),
+    )
+
+
+@router.post("/roles/search")
+async def list_roles(body: RoleSearch, _actor: CurrentActor) -> RoleList:
+    return _listed(body)
+
+
+@router.post("/roles/search/by-assignability")
+async def roles_assignable(body: RoleSearch, _actor: CurrentActor) -> RoleList:
+    return _listed(body)
+
+
+async def _require_role_reader(session: SessionDep, actor: Actor, what: str) -> None:
+    if not await access.may_anywhere(session, actor, roles.ASSIGN_ROLES):
+        raise PermissionDenied(
+            f"{what} is for those who assign roles (ClusterAdmin, WorkspaceAdmin); user "
+            f"{actor.username} holds {roles.PERMISSIONS[roles.ASSIGN_ROLES].enum} nowhere"
+        )
+
+
+@router.post("/roles/search/by-ids")
+async def roles_by_id(
+    body: RolesById, session: SessionDep, actor: CurrentActor
+) -> RolesWithAssignments:
+    await _require_role_reader(session, actor, "seeing who holds a role")
+    found = []
+    for i, role_id in enumerate(body.role_ids or []):
+        role = roles.ROLES.get(role_id)
+        if role is None:
+            raise NotFound(f"roleIds[{i}]: role {role_id} not found")
+        held = await role_service.assignments_of_role(session, role)
+        found.append(RoleWithAssignments.of(role, held))
+    return RolesWithAssignments(roles=found)
+
+
+@router.get("/roles/search/by-user/{user_id}")
+async def roles_of_user(
+    user_id: ObjectId, session: SessionDep, actor: CurrentActor
+) -> RolesWithAssignments:
+    if user_id != actor.user_id:
+        await _require_role_reader(session, actor, "seeing another user's roles")
+    held = await role_service.held_by_user(session, user_id)
+    return RolesWithAssignments(roles=RoleWithAssignments.each(held))
+
+
+@router.get("/roles/search/by-group/{group_id}")
+async def roles_of_group(
+    group_id: ObjectId, session: SessionDep, actor: CurrentActor
+) -> GroupRoles:
+    await user_groups.get_group(session, group_id)  # 404 for an unknown group
+    if not await role_service.is_group_member(session, actor.user_id, group_id):
+        await _require_role_reader(session, actor, "seeing the roles of a group one is not in")
+    found, summaries = RoleAssignmentSummary.each(
+        await role_service.held_by_group(session, group_id)
+    )
+    return GroupRoles(roles=found, assignments=summaries)
+
+
+@router.get("/permissions/summary")
+async def my_permissions(session: SessionDep, actor: CurrentActor) -> PermissionsSummary:
+    found, summaries = RoleAssignmentSummary.each(
+        await role_service.held_by_user(session, actor.user_id)
+    )
+    return PermissionsSummary(roles=found, assignments=summaries)
+
+
+def _scope(given: RoleAssignmentInput, field: str) -> int | None:
+    if given.scope_cluster and given.scope_workspace_id is not None:
+        raise InvalidArgument(
+            f"{field}.roleAssignment: scopeCluster and scopeWorkspaceId name two scopes; give one"
+        )
+    return given.scope_workspace_id
+
+
+def _assignments(body: AssignmentsRequest) -> list[role_service.Assignment]:
+    items = [
+        role_service.Assignment(
+            role_id=a.role_assignment.role.role_id,
+            workspace_id=_scope(a.role_assignment, f"userRoleAssignments[{i}]"),
+            user_id=a.user_id,
+            field=f"userRoleAssignments[{i}]",
+        )
+        for i, a in enumerate(body.user_role_assignments or [])
+    ]
+    items += [
+        role_service.Assignment(
+            role_id=a.role_assignment.role.role_id,
+            workspace_id=_scope(a.role_assignment, f"groupRoleAssignments[{i}]"),
+            group_id=a.group_id,
+            field=f"groupRoleAssignments[{i}]",
+        )
+        for i, a in enumerate(body.group_role_assignments or [])
+    ]
+    return items
+
+
+@router.post("/roles/add-assignments")
+async def assign_roles(
+    body: AssignmentsRequest, session: SessionDep, actor: CurrentActor
+) -> dict[str, Any]:
+    await role_service.assign(session, actor, _assignments(body))
+    return {}
+
+
+@router.post("/roles/remove-assignments")
+async def remove_assignments(
+    body: AssignmentsRequest, session: SessionDep, actor: CurrentActor
+) -> dict[str, Any]:
+    await role_service.remove(session, actor, _assignments(body))
+    return {}

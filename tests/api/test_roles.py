@@ -1,0 +1,455 @@
+"""Roles (issue 29, item 3): Determined's roles listed, assigned and removed on its routes,
+bad assignments refused naming the field and changing nothing, and what each role lets a
+user change, from the table README.md shows."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from tests.api.test_access import create_user, refusal, sign_in
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+PASSWORD = "Sekret-Passw0rd"
+ROLE_IDS = {
+    "ClusterAdmin": 1,
+    "WorkspaceAdmin": 2,
+    "WorkspaceCreator": 3,
+    "Viewer": 4,
+    "Editor": 5,
+    "ModelRegistryViewer": 6,
+    "EditorRestricted": 7,
+    "GenAIUser": 8,
+    "EditorProjectRestricted": 9,
+    "TokenCreator": 10,
+}
+
+
+def readme_table() -> tuple[list[str], dict[str, dict[str, bool]]]:
+    """The roles table of README.md: its role columns, and for each action who may."""
+    text = README.read_text(encoding="utf-8")
+    found = re.search(r"<!-- roles table[^>]*-->\n(.*?)<!-- end of roles table -->", text, re.S)
+    assert found, "README.md has no roles table"
+    rows = [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line in found.group(1).strip().splitlines()
+    ]
+    header, body = rows[0], rows[2:]
+    columns = header[1:]
+    table = {row[0]: {c: v == "yes" for c, v in zip(columns, row[1:], strict=True)} for row in body}
+    return columns, table
+
+
+COLUMNS, TABLE = readme_table()
+
+
+def assignment(
+    role: str, *, user: int | None = None, group: int | None = None, ws: int | None = None
+) -> dict[str, Any]:
+    scope = {"role": {"roleId": ROLE_IDS[role]}, "scopeWorkspaceId": ws}
+    if user is not None:
+        return {"userRoleAssignments": [{"userId": user, "roleAssignment": scope}]}
+    return {"groupRoleAssignments": [{"groupId": group, "roleAssignment": scope}]}
+
+
+async def user_id(client: httpx.AsyncClient) -> int:
+    return int((await ok(await client.get("/api/v1/me")))["user"]["id"])
+
+
+async def ok(reply: httpx.Response) -> dict[str, Any]:
+    assert reply.status_code == 200, reply.text
+    body: dict[str, Any] = reply.json()
+    return body
+
+
+class Scene:
+    """alice's workspaces vision and nlp, each with a project p; bob acts."""
+
+    def __init__(
+        self, alice: httpx.AsyncClient, alice_id: int, bob: httpx.AsyncClient, bob_id: int
+    ) -> None:
+        self.alice, self.alice_id, self.bob, self.bob_id = alice, alice_id, bob, bob_id
+        self.workspaces: dict[str, int] = {}
+        self.projects: dict[str, int] = {}
+
+    async def build(self, suffix: str) -> None:
+        for name in ("vision", "nlp"):
+            ws = await ok(
+                await self.alice.post("/api/v1/workspaces", json={"name": f"{name}-{suffix}"})
+            )
+            self.workspaces[name] = ws["workspace"]["id"]
+            project = await ok(
+                await self.alice.post(
+                    f"/api/v1/workspaces/{ws['workspace']['id']}/projects", json={"name": "p"}
+                )
+            )
+            self.projects[name] = project["project"]["id"]
+
+    async def experiment(self, workspace: str = "vision") -> int:
+        config = (
+            "name: hers\nentrypoint: python3 train.py\n"
+            "searcher: {name: single, metric: loss, max_length: {batches: 10}}\n"
+        )
+        reply = await self.alice.post(
+            "/api/v1/experiments", json={"config": config, "projectId": self.projects[workspace]}
+        )
+        return int((await ok(reply))["experiment"]["id"])
+
+
+async def kill(s: Scene) -> httpx.Response:
+    return await s.bob.post(f"/api/v1/experiments/{await s.experiment()}/kill")
+
+
+async def label(s: Scene) -> httpx.Response:
+    return await s.bob.put(f"/api/v1/experiments/{await s.experiment()}/labels/bobs")
+
+
+async def delete_experiment(s: Scene) -> httpx.Response:
+    experiment = await s.experiment()
+    await ok(await s.alice.post(f"/api/v1/experiments/{experiment}/kill"))
+    return await s.bob.delete(f"/api/v1/experiments/{experiment}")
+
+
+async def rename_project(s: Scene) -> httpx.Response:
+    return await s.bob.patch(f"/api/v1/projects/{s.projects['vision']}", json={"name": "renamed"})
+
+
+async def delete_project(s: Scene) -> httpx.Response:
+    ws = s.workspaces["vision"]
+    empty = await ok(
+        await s.alice.post(f"/api/v1/workspaces/{ws}/projects", json={"name": "empty"})
+    )
+    return await s.bob.delete(f"/api/v1/projects/{empty['project']['id']}")
+
+
+async def rename_workspace(s: Scene) -> httpx.Response:
+    ws = s.workspaces["vision"]
+    return await s.bob.patch(f"/api/v1/workspaces/{ws}", json={"name": f"renamed-{ws}"})
+
+
+async def give_role(s: Scene) -> httpx.Response:
+    body = assignment("Viewer", user=s.alice_id, ws=s.workspaces["vision"])
+    return await s.bob.post("/api/v1/roles/add-assignments", json=body)
+
+
+async def kill_elsewhere(s: Scene) -> httpx.Response:
+    return await s.bob.post(f"/api/v1/experiments/{await s.experiment('nlp')}/kill")
+
+
+ACTIONS: dict[str, Callable[[Scene], Awaitable[httpx.Response]]] = {
+    "kill an experiment": kill,
+    "label an experiment": label,
+    "delete an experiment": delete_experiment,
+    "rename a project": rename_project,
+    "delete a project": delete_project,
+    "rename the workspace": rename_workspace,
+    "give a role in the workspace": give_role,
+    "kill an experiment in another workspace": kill_elsewhere,
+}
+
+
+def test_the_readme_table_names_each_action_this_test_performs() -> None:
+    assert set(TABLE) == set(ACTIONS)
+    assert COLUMNS == [
+        "no role",
+        "Viewer",
+        "EditorRestricted",
+        "Editor",
+        "WorkspaceAdmin",
+        "ClusterAdmin",
+    ]
+
+
+@pytest.mark.parametrize("role", COLUMNS)
+async def test_what_each_role_lets_a_user_change(
+    app: FastAPI, admin: httpx.AsyncClient, role: str
+) -> None:
+    suffix = re.sub(r"\W", "", role).lower()
+    alice_id = await create_user(admin, f"alice-{suffix}")
+    bob_id = await create_user(admin, f"bob-{suffix}")
+    async with (
+        sign_in(app, f"alice-{suffix}", PASSWORD) as alice,
+        sign_in(app, f"bob-{suffix}", PASSWORD) as bob,
+    ):
+        scene = Scene(alice, alice_id, bob, bob_id)
+        await scene.build(suffix)
+        if role == "ClusterAdmin":
+            await ok(
+                await admin.post(
+                    "/api/v1/roles/add-assignments", json=assignment(role, user=bob_id)
+                )
+            )
+        elif role != "no role":
+            body = assignment(role, user=bob_id, ws=scene.workspaces["vision"])
+            await ok(await admin.post("/api/v1/roles/add-assignments", json=body))
+        seen = {}
+        for action, perform in ACTIONS.items():
+            reply = await perform(scene)
+            assert reply.status_code in (200, 403), (action, reply.text)
+            seen[action] = reply.status_code == 200
+        assert seen == {action: TABLE[action][role] for action in ACTIONS}
+
+
+async def test_roles_are_listed_with_their_permissions(api: httpx.AsyncClient) -> None:
+    listed = await ok(await api.post("/api/v1/roles/search", json={"limit": 0, "offset": 0}))
+    names = [r["name"] for r in listed["roles"]]
+    assert names == sorted(ROLE_IDS)
+    assert {r["name"]: r["roleId"] for r in listed["roles"]} == ROLE_IDS
+    assert listed["pagination"]["total"] == 10
+    editor = next(r for r in listed["roles"] if r["name"] == "Editor")
+    assert len(editor["permissions"]) == 27
+    assert {
+        "id": "PERMISSION_TYPE_UPDATE_EXPERIMENT",
+        "name": "update experiment",
+        "scopeTypeMask": {"cluster": True, "workspace": True},
+    } in editor["permissions"]
+    assert editor["scopeTypeMask"] == {"cluster": True, "workspace": True}
+    admin_role = next(r for r in listed["roles"] if r["name"] == "ClusterAdmin")
+    assert admin_role["scopeTypeMask"] == {"cluster": True, "workspace": False}
+    # With a workspace: only the roles that may be assigned in one.
+    in_ws = await ok(
+        await api.post("/api/v1/roles/search/by-assignability", json={"workspaceId": 1})
+    )
+    assert [r["name"] for r in in_ws["roles"]] == [
+        "Editor",
+        "EditorProjectRestricted",
+        "EditorRestricted",
+        "ModelRegistryViewer",
+        "Viewer",
+        "WorkspaceAdmin",
+    ]
+
+
+async def test_assignments_are_listed_for_users_groups_and_roles(
+    app: FastAPI, admin: httpx.AsyncClient, api: httpx.AsyncClient
+) -> None:
+    bob = await create_user(admin, "bob")
+    group = (
+        await ok(await admin.post("/api/v1/groups", json={"name": "team", "addUsers": [bob]}))
+    )["group"]["groupId"]
+    ws = (await ok(await admin.post("/api/v1/workspaces", json={"name": "vision"})))["workspace"][
+        "id"
+    ]
+    await ok(
+        await admin.post(
+            "/api/v1/roles/add-assignments",
+            json={
+                **assignment("Editor", user=bob, ws=ws),
+                **assignment("Viewer", group=group),
+            },
+        )
+    )
+    described = await ok(await admin.post("/api/v1/roles/search/by-ids", json={"roleIds": [5, 4]}))
+    editor, viewer = described["roles"]
+    assert editor["role"]["name"] == "Editor"
+    assert editor["userRoleAssignments"] == [
+        {
+            "userId": bob,
+            "roleAssignment": {
+                "role": {
+                    "roleId": 5,
+                    "name": "Editor",
+                    "permissions": [],
+                    "scopeTypeMask": {"cluster": True, "workspace": True},
+                },
+                "scopeWorkspaceId": ws,
+                "scopeCluster": False,
+            },
+        }
+    ]
+    assert viewer["groupRoleAssignments"][0]["groupId"] == group
+    assert viewer["groupRoleAssignments"][0]["roleAssignment"]["scopeCluster"] is True
+
+    of_bob = await ok(await admin.get(f"/api/v1/roles/search/by-user/{bob}"))
+    assert [
+        (r["role"]["name"], len(r["userRoleAssignments"]), len(r["groupRoleAssignments"]))
+        for r in of_bob["roles"]
+    ] == [("Editor", 1, 0), ("Viewer", 0, 1)]
+    of_group = await ok(await admin.get(f"/api/v1/roles/search/by-group/{group}"))
+    assert [r["name"] for r in of_group["roles"]] == ["Viewer"]
+    assert of_group["assignments"] == [{"roleId": 4, "scopeWorkspaceIds": [], "scopeCluster": True}]
+    # An admin's ClusterAdmin is its admin flag.
+    admins = await ok(await admin.post("/api/v1/roles/search/by-ids", json={"roleIds": [1]}))
+    admin_ids = [a["userId"] for a in admins["roles"][0]["userRoleAssignments"]]
+    assert admin_ids == [await user_id(admin)]
+
+    # Bob's own permissions; another user's roles are for those who assign roles.
+    async with sign_in(app, "bob", PASSWORD) as as_bob:
+        mine = await ok(await as_bob.get("/api/v1/permissions/summary"))
+        assert [r["name"] for r in mine["roles"]] == ["Editor", "Viewer"]
+        assert mine["assignments"] == [
+            {"roleId": 5, "scopeWorkspaceIds": [ws], "scopeCluster": False},
+            {"roleId": 4, "scopeWorkspaceIds": [], "scopeCluster": True},
+        ]
+        assert (await as_bob.get(f"/api/v1/roles/search/by-user/{bob}")).status_code == 200
+        assert (await as_bob.get(f"/api/v1/roles/search/by-group/{group}")).status_code == 200
+    nobody = await ok(await api.get("/api/v1/permissions/summary"))
+    assert nobody == {"roles": [], "assignments": []}
+    assert "holds PERMISSION_TYPE_ASSIGN_ROLES nowhere" in refusal(
+        await api.get(f"/api/v1/roles/search/by-user/{bob}"), 403
+    )
+    assert refusal(await api.post("/api/v1/roles/search/by-ids", json={"roleIds": [5]}), 403)
+    assert refusal(await api.get(f"/api/v1/roles/search/by-group/{group}"), 403)
+
+
+async def assignments_now(admin: httpx.AsyncClient) -> list[Any]:
+    """Every role's assignments, to show that a refused request changed nothing."""
+    found = await ok(
+        await admin.post("/api/v1/roles/search/by-ids", json={"roleIds": list(ROLE_IDS.values())})
+    )
+    return found["roles"]
+
+
+async def test_bad_assignments_are_refused_naming_the_field_and_change_nothing(
+    app: FastAPI, admin: httpx.AsyncClient, api: httpx.AsyncClient
+) -> None:
+    bob = await create_user(admin, "bob")
+    group = (await ok(await admin.post("/api/v1/groups", json={"name": "team"})))["group"][
+        "groupId"
+    ]
+    ws = (await ok(await admin.post("/api/v1/workspaces", json={"name": "vision"})))["workspace"][
+        "id"
+    ]
+    await ok(
+        await admin.post(
+            "/api/v1/roles/add-assignments", json=assignment("Viewer", user=bob, ws=ws)
+        )
+    )
+    before = await assignments_now(admin)
+    good = assignment("Editor", user=bob, ws=ws)["userRoleAssignments"][0]
+    cases: list[tuple[dict[str, Any], int, str]] = [
+        ({}, 400, "userRoleAssignments, groupRoleAssignments: name at least one assignment"),
+        (
+            {
+                "userRoleAssignments": [
+                    good,
+                    {"userId": bob, "roleAssignment": {"role": {"roleId": 99}}},
+                ]
+            },
+            404,
+            "userRoleAssignments[1].roleAssignment.role.roleId: role 99 not found",
+        ),
+        (
+            assignment("Editor", user=4242, ws=ws),
+            404,
+            "userRoleAssignments[0].userId: user 4242 not found",
+        ),
+        (
+            assignment("Editor", group=4242, ws=ws),
+            404,
+            "groupRoleAssignments[0].groupId: group 4242 not found",
+        ),
+        (
+            assignment("Editor", user=bob, ws=4242),
+            404,
+            "userRoleAssignments[0].roleAssignment.scopeWorkspaceId: workspace 4242 not found",
+        ),
+        (
+            assignment("ClusterAdmin", user=bob, ws=ws),
+            400,
+            "userRoleAssignments[0].roleAssignment.scopeWorkspaceId: role ClusterAdmin holds "
+            "permissions that exist only across the cluster, so it is assigned without a workspace",
+        ),
+        (
+            assignment("ClusterAdmin", group=group),
+            400,
+            "groupRoleAssignments[0].roleAssignment.role.roleId: ClusterAdmin is given to users "
+            "(it is their admin flag), not to groups",
+        ),
+        (
+            assignment("Viewer", user=bob, ws=ws),
+            409,
+            f"userRoleAssignments[0]: user {bob} already holds Viewer in workspace 'vision'",
+        ),
+        (
+            {"userRoleAssignments": [good, good]},
+            409,
+            f"userRoleAssignments[1]: user {bob} already holds Editor in workspace 'vision'",
+        ),
+        (
+            {
+                "userRoleAssignments": [
+                    {**good, "roleAssignment": {**good["roleAssignment"], "scopeCluster": True}}
+                ]
+            },
+            400,
+            "userRoleAssignments[0].roleAssignment: scopeCluster and scopeWorkspaceId name two "
+            "scopes; give one",
+        ),
+    ]
+    for body, status, message in cases:
+        reply = await admin.post("/api/v1/roles/add-assignments", json=body)
+        assert refusal(reply, status) == message, body
+    for body, status, message in [
+        (
+            assignment("Editor", user=bob, ws=ws),
+            404,
+            f"userRoleAssignments[0]: user {bob} does not hold Editor in workspace 'vision'",
+        ),
+        (
+            assignment("ClusterAdmin", user=bob),
+            404,
+            f"userRoleAssignments[0]: user {bob} does not hold ClusterAdmin across the cluster",
+        ),
+        (
+            assignment("ClusterAdmin", user=await user_id(admin)),
+            400,
+            "userRoleAssignments[0]: an admin cannot remove their own ClusterAdmin; ask another "
+            "admin",
+        ),
+    ]:
+        reply = await admin.post("/api/v1/roles/remove-assignments", json=body)
+        assert refusal(reply, status) == message, body
+    # Not theirs to give: across the cluster only ClusterAdmins, in a workspace its admins.
+    assert (
+        refusal(
+            await api.post("/api/v1/roles/add-assignments", json=assignment("Editor", user=bob)),
+            403,
+        )
+        == "assigning roles across the cluster is for ClusterAdmins; user determined is not one"
+    )
+    assert "needs PERMISSION_TYPE_ASSIGN_ROLES there" in refusal(
+        await api.post("/api/v1/roles/add-assignments", json=assignment("Editor", user=bob, ws=ws)),
+        403,
+    )
+    assert await assignments_now(admin) == before
+
+
+async def test_cluster_admin_is_the_admin_flag_and_a_removal_takes_it_back(
+    app: FastAPI, admin: httpx.AsyncClient
+) -> None:
+    bob = await create_user(admin, "bob")
+    admin_id = await user_id(admin)
+    await ok(
+        await admin.post("/api/v1/roles/add-assignments", json=assignment("ClusterAdmin", user=bob))
+    )
+    assert (await ok(await admin.get(f"/api/v1/users/{bob}")))["user"]["admin"] is True
+    async with sign_in(app, "bob", PASSWORD) as as_bob:
+        # Now bob may do what admins do, and the last admin cannot remove their own role.
+        assert (await as_bob.post("/api/v1/groups", json={"name": "bobs"})).status_code == 200
+        await ok(
+            await as_bob.post(
+                "/api/v1/roles/remove-assignments", json=assignment("ClusterAdmin", user=admin_id)
+            )
+        )
+        refused = await as_bob.post(
+            "/api/v1/roles/remove-assignments", json=assignment("ClusterAdmin", user=bob)
+        )
+        assert "cannot remove their own ClusterAdmin" in refusal(refused, 400)
+        await ok(
+            await as_bob.post(
+                "/api/v1/roles/add-assignments", json=assignment("ClusterAdmin", user=admin_id)
+            )
+        )
+    await ok(
+        await admin.post(
+            "/api/v1/roles/remove-assignments", json=assignment("ClusterAdmin", user=bob)
+        )
+    )
+    assert (await ok(await admin.get(f"/api/v1/users/{bob}")))["user"]["admin"] is False
