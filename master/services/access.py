@@ -130,7 +130,7 @@ async def _owner_name(session: AsyncSession, owner_id: int | None) -> str:
     return name or f"user {owner_id}"
 
 
-def _holders(permission: int, where: str = "in its workspace") -> str:
+def holders(permission: int, where: str = "in its workspace") -> str:
     """Who else may, for refusals: the permission's wire name and the roles holding it."""
     names = [
         r.name
@@ -164,7 +164,7 @@ async def require_experiment_owner(
     owner = await _owner_name(session, owner_id)
     raise PermissionDenied(
         f"experiment {experiment_id} belongs to {owner}; only its owner or an admin may {what}"
-        + _holders(permission)
+        + holders(permission)
     )
 
 
@@ -189,7 +189,7 @@ async def require_allocation_owner(
         return
     raise PermissionDenied(
         f"allocation {allocation.id} belongs to {await _owner_name(session, owner_id)}; only "
-        f"its owner or an admin may {what}" + _holders(roles.UPDATE_NSC)
+        f"its owner or an admin may {what}" + holders(roles.UPDATE_NSC)
     )
 
 
@@ -240,7 +240,7 @@ async def require_template_owner(
     owner = await _owner_name(session, row.owner_id)
     raise PermissionDenied(
         f"template {name!r} belongs to {owner}; only its owner or an admin may {what}"
-        + _holders(permission)
+        + holders(permission)
     )
 
 
@@ -263,7 +263,7 @@ async def require_workspace_owner(
     owner = await _owner_name(session, ws.user_id)
     raise PermissionDenied(
         f"workspace {ws.name!r} belongs to {owner}; only its owner or an admin may {what}"
-        + _holders(permission, "there")
+        + holders(permission, "there")
     )
 
 
@@ -291,7 +291,7 @@ async def require_project_owner(
     owner = await _owner_name(session, project.user_id)
     raise PermissionDenied(
         f"project {project.name!r} belongs to {owner}; only its owner, its workspace's owner "
-        f"or an admin may {what}" + _holders(permission)
+        f"or an admin may {what}" + holders(permission)
     )
 
 
@@ -313,7 +313,7 @@ async def require_model_owner(
     owner = await _owner_name(session, owner_id)
     raise PermissionDenied(
         f"model {name!r} belongs to {owner}; only its owner or an admin may {what}"
-        + _holders(permission)
+        + holders(permission)
     )
 
 

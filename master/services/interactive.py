@@ -22,7 +22,7 @@ import httpx
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from master.core import task_config
+from master.core import roles, task_config
 from master.core.credentials import new_token
 from master.core.expconf import parse_yaml
 from master.core.merge import merge_template
@@ -40,7 +40,7 @@ from master.db.models import (
 )
 from master.db.session import session_scope
 from master.errors import Conflict, InvalidArgument, NotFound, PermissionDenied, Unauthenticated
-from master.services import allocations, bind_mounts, pool_bindings, workspaces
+from master.services import access, allocations, bind_mounts, pool_bindings, workspaces
 from master.services.access import Actor
 from master.services.configs import config_errors_as_invalid_argument
 from master.services.loops import Loop
@@ -259,12 +259,16 @@ async def list_tasks(
     return [TaskRow(*row) for row in (await session.execute(query)).all()]
 
 
-def require_owner(actor: Actor, row: TaskRow, what: str) -> None:
-    if not actor.admin and actor.user_id != row.task.owner_id:
-        raise PermissionDenied(
-            f"{row.task.type.lower()} {row.task.uuid} belongs to {row.username}; only its "
-            f"owner or an admin may {what}"
-        )
+async def require_owner(session: AsyncSession, actor: Actor, row: TaskRow, what: str) -> None:
+    """Its owner, an admin, or whoever holds UPDATE_NSC in its workspace (an Editor)."""
+    if actor.admin or actor.user_id == row.task.owner_id:
+        return
+    if await access.may(session, actor, roles.UPDATE_NSC, row.task.workspace_id):
+        return
+    raise PermissionDenied(
+        f"{row.task.type.lower()} {row.task.uuid} belongs to {row.username}; only its "
+        f"owner or an admin may {what}" + access.holders(roles.UPDATE_NSC)
+    )
 
 
 async def kill_task(
@@ -274,7 +278,7 @@ async def kill_task(
     (the agent's exit releases it). Killing an ended task changes nothing."""
     await allocations.hold_scheduler(session)
     row = await get_task(session, task_uuid)
-    require_owner(actor, row, "kill it")
+    await require_owner(session, actor, row, "kill it")
     await _stop(session, row, reason or f"killed by {actor.username}")
     return row
 

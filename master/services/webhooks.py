@@ -32,6 +32,7 @@ from sqlalchemy import event as orm_events
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from master.core import roles
 from master.core import webhooks as core
 from master.db.models import (
     ExperimentModel,
@@ -47,6 +48,7 @@ from master.db.models import (
 )
 from master.db.session import session_scope
 from master.errors import InvalidArgument, NotFound, PermissionDenied
+from master.services import access
 from master.services.access import Actor
 from master.services.loops import Loop
 from master.settings import MasterSettings
@@ -91,7 +93,8 @@ def _input(fn: Any, *args: Any) -> Any:
 
 
 async def _require_editor(session: AsyncSession, actor: Actor, workspace_id: int | None) -> None:
-    """Determined's open edition: an admin, or for a workspace's webhook its owner."""
+    """An admin, or for a workspace's webhook its owner or a holder of EDIT_WEBHOOKS there
+    (Editor, WorkspaceAdmin)."""
     if actor.admin:
         return
     if workspace_id is None:
@@ -99,10 +102,14 @@ async def _require_editor(session: AsyncSession, actor: Actor, workspace_id: int
             f"webhooks for every workspace are for admins; user {actor.username} is not one"
         )
     ws = await session.get(WorkspaceModel, workspace_id)
-    if ws is None or ws.user_id != actor.user_id:
-        raise PermissionDenied(
-            f"only workspace {workspace_id}'s owner or an admin may manage its webhooks"
-        )
+    if ws is not None and ws.user_id == actor.user_id:
+        return
+    if ws is not None and await access.may(session, actor, roles.EDIT_WEBHOOKS, workspace_id):
+        return
+    raise PermissionDenied(
+        f"only workspace {workspace_id}'s owner or an admin may manage its webhooks"
+        + access.holders(roles.EDIT_WEBHOOKS, "there")
+    )
 
 
 async def create_webhook(

@@ -138,6 +138,29 @@ async def give_role(s: Scene) -> httpx.Response:
     return await s.bob.post("/api/v1/roles/add-assignments", json=body)
 
 
+async def kill_command(s: Scene) -> httpx.Response:
+    body = {"config": {"entrypoint": "true"}, "workspaceId": s.workspaces["vision"]}
+    command = await ok(await s.alice.post("/api/v1/commands", json=body))
+    return await s.bob.post(f"/api/v1/commands/{command['command']['id']}/kill")
+
+
+async def add_webhook(s: Scene) -> httpx.Response:
+    body = {
+        "name": "bobs",
+        "url": "http://127.0.0.1:9/hook",
+        "webhookType": "WEBHOOK_TYPE_DEFAULT",
+        "mode": "WEBHOOK_MODE_WORKSPACE",
+        "workspaceId": s.workspaces["vision"],
+        "triggers": [
+            {
+                "triggerType": "TRIGGER_TYPE_EXPERIMENT_STATE_CHANGE",
+                "condition": {"state": "COMPLETED"},
+            }
+        ],
+    }
+    return await s.bob.post("/api/v1/webhooks", json=body)
+
+
 async def kill_elsewhere(s: Scene) -> httpx.Response:
     return await s.bob.post(f"/api/v1/experiments/{await s.experiment('nlp')}/kill")
 
@@ -150,6 +173,8 @@ ACTIONS: dict[str, Callable[[Scene], Awaitable[httpx.Response]]] = {
     "delete a project": delete_project,
     "rename the workspace": rename_workspace,
     "give a role in the workspace": give_role,
+    "kill a command": kill_command,
+    "add a webhook to the workspace": add_webhook,
     "kill an experiment in another workspace": kill_elsewhere,
 }
 
