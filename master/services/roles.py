@@ -128,6 +128,31 @@ async def held_by_group(session: AsyncSession, group_id: int) -> list[Held]:
     return sorted(held, key=lambda h: h.role.name)
 
 
+@dataclass(frozen=True)
+class Member:
+    """Someone holding a role in a workspace, as the dashboard lists them."""
+
+    name: str
+    kind: str  # "user" or "group"
+    role: str
+
+
+async def members_of_workspace(session: AsyncSession, workspace_id: int) -> list[Member]:
+    """The users and groups holding a role in the workspace, by name then role."""
+    rows = await session.execute(
+        select(RoleAssignmentModel.role_id, UserModel.username, UserGroupModel.name)
+        .outerjoin(UserModel, UserModel.id == RoleAssignmentModel.user_id)
+        .outerjoin(UserGroupModel, UserGroupModel.id == RoleAssignmentModel.group_id)
+        .where(RoleAssignmentModel.workspace_id == workspace_id)
+    )
+    members = [
+        Member(user or group or "", "user" if user else "group", roles.ROLES[role_id].name)
+        for role_id, user, group in rows.all()
+        if role_id in roles.ROLES
+    ]
+    return sorted(members, key=lambda m: (m.name, m.kind, m.role))
+
+
 async def is_group_member(session: AsyncSession, user_id: int, group_id: int) -> bool:
     found = await session.scalar(
         select(UserGroupMemberModel.user_id).where(

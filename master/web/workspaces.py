@@ -10,7 +10,7 @@ from collections import defaultdict
 from fastapi import APIRouter, Request, Response
 
 from master.api.deps import ObjectId, SessionDep, SettingsDep
-from master.services import quotas, workspaces
+from master.services import quotas, roles, workspaces
 from master.web.common import PagingDep, WebRoute, WebSessionDep, page_links, page_response
 from resolute.storage import mask_secrets
 
@@ -82,6 +82,7 @@ async def workspace_page(
         "workspace": workspace,
         "storage": mask_secrets(stored) if stored else None,  # never a secret on a page
         "shares": await quotas.pool_shares(session, settings, [workspace_id]),
+        "members": await roles.members_of_workspace(session, workspace_id),
         "rows": projects,
         "archived": archived,
         "pager": page_links(f"/ui/workspaces/{workspace_id}", paged, total, len(projects), params),

@@ -1,7 +1,8 @@
 """The workspaces and projects pages, in process on both databases: the workspaces, a
 workspace's projects with their counts, a project's experiments (the experiments list
 filtered to it), and an experiment's page linking back to its project and workspace; a
-workspace's quotas with the slots it holds and borrows, and a trial waiting on its quota."""
+workspace's quotas with the slots it holds and borrows, and a trial waiting on its quota;
+a workspace's members and the roles given them there."""
 
 from __future__ import annotations
 
@@ -173,3 +174,38 @@ async def test_a_workspaces_quota_held_and_borrowed_slots_and_why_a_trial_waits(
     empty = (await web.get(f"/ui/workspaces/{nlp['id']}")).text
     assert "No quotas, and no slots held" in empty
     assert "det workspace quota set nlp --pool POOL --nominal N" in empty
+
+
+async def test_a_workspaces_members_and_their_roles(web: httpx.AsyncClient) -> None:
+    signed_in = await ok(web.post("/api/v1/auth/login", json={"username": "admin"}))
+    as_admin = {"Authorization": f"Bearer {signed_in['token']}"}
+    await bearer(web)  # determined, who creates the workspace and so may give roles in it
+    ws = (await ok(web.post("/api/v1/workspaces", json={"name": "vision"})))["workspace"]["id"]
+    body = {"user": {"username": "bob"}, "password": ""}
+    bob = (await ok(web.post("/api/v1/users", json=body, headers=as_admin)))["user"]["id"]
+    group = await ok(web.post("/api/v1/groups", json={"name": "team"}, headers=as_admin))
+    page = await web.get(f"/ui/workspaces/{ws}")
+    assert rows_of(page.text, "member") == ["determined"]
+    assert "No roles given here" in page.text
+    assignments = {
+        "userRoleAssignments": [
+            {"userId": bob, "roleAssignment": {"role": {"roleId": 5}, "scopeWorkspaceId": ws}}
+        ],
+        "groupRoleAssignments": [
+            {
+                "groupId": group["group"]["groupId"],
+                "roleAssignment": {"role": {"roleId": 4}, "scopeWorkspaceId": ws},
+            }
+        ],
+    }
+    await ok(web.post("/api/v1/roles/add-assignments", json=assignments))
+    page = await web.get(f"/ui/workspaces/{ws}")
+    assert page.status_code == 200, page.text
+    cells = re.findall(
+        r'<tr data-member="[^"]*"><td>([^<]*)</td><td>([^<]*)</td><td>([^<]*)</td>', page.text
+    )
+    assert cells == [
+        ("determined", "user", "owner (created it)"),
+        ("bob", "user", "Editor"),
+        ("team", "group", "Viewer"),
+    ]
