@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 import pytest
 import yaml
+from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.api.test_access import PASSWORD, create_user, sign_in
 from tests.factories import row_counts
 
 keys = st.sampled_from(
@@ -104,7 +107,7 @@ async def test_an_integer_python_cannot_read_is_a_config_error(api: httpx.AsyncC
         assert reply.json()["code"] == 3
 
 
-# -- every route, as a user and as an admin (issue 15) ---------------------------------------
+# -- every route, as a user, as a user with a role and as an admin (issues 15 and 29) --------
 
 # Long polls and streams wait for events that never come here; they have their own tests.
 _WAITING_ROUTES = {
@@ -136,15 +139,31 @@ def _routes() -> list[tuple[str, str]]:
 ROUTES = _routes()
 
 
-@pytest.mark.parametrize("who", ["user", "admin"])
+@pytest.fixture
+async def editor(app: FastAPI, admin: httpx.AsyncClient) -> AsyncIterator[httpx.AsyncClient]:
+    """A third user, holding a role (Editor in the built-in workspace)."""
+    user_id = await create_user(admin, "fuzz-editor")
+    workspaces = (await admin.get("/api/v1/workspaces?name=Uncategorized")).json()["workspaces"]
+    role = {"role": {"roleId": 5}, "scopeWorkspaceId": workspaces[0]["id"]}
+    body = {"userRoleAssignments": [{"userId": user_id, "roleAssignment": role}]}
+    assert (await admin.post("/api/v1/roles/add-assignments", json=body)).status_code == 200
+    async with sign_in(app, "fuzz-editor", PASSWORD) as client:
+        yield client
+
+
+@pytest.mark.parametrize("who", ["user", "editor", "admin"])
 @settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(data=st.data())
 async def test_every_route_answers_random_input_without_a_server_error(
-    api: httpx.AsyncClient, admin: httpx.AsyncClient, who: str, data: st.DataObject
+    api: httpx.AsyncClient,
+    admin: httpx.AsyncClient,
+    editor: httpx.AsyncClient,
+    who: str,
+    data: st.DataObject,
 ) -> None:
-    client = admin if who == "admin" else api
+    client = {"admin": admin, "editor": editor}.get(who, api)
     method, template = data.draw(st.sampled_from(ROUTES))
     path = template
     for name in [p.strip("{}") for p in template.split("/") if p.startswith("{")]:
