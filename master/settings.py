@@ -116,9 +116,10 @@ class AuthzSettings(BaseModel):
         default=False,
         description=(
             "Tell Determined's official client that RBAC is on (`rbacEnabled` in "
-            "GET /api/v1/master), the switch its `det user-group` verbs need. Its cost: that "
-            "client's `det user list` then leaves out the Admin column. Access rules do not "
-            "change; our own `det` serves user groups either way."
+            "GET /api/v1/master), the switch its `det user-group` and `det rbac` verbs need. "
+            "Its cost: that client's `det user list` then leaves out the Admin column. Access "
+            "rules do not change; roles apply and our own `det` serves user groups and roles "
+            "either way."
         ),
     )
 
