@@ -183,13 +183,27 @@ async def require_allocation_owner(
         )
     ).first()
     owner_id, workspace_id = found if found is not None else (None, None)
-    if actor.admin or owner_id == actor.user_id:
+    label = f"allocation {allocation.id}"
+    await require_task_owner(session, actor, owner_id, workspace_id, label, what)
+
+
+async def require_task_owner(
+    session: AsyncSession,
+    actor: Actor,
+    owner_id: int | None,
+    workspace_id: int | None,
+    label: str,
+    what: str,
+) -> None:
+    """A command, notebook, shell or TensorBoard: its owner, an admin, or whoever holds
+    UPDATE_NSC in its workspace (an Editor)."""
+    if actor.admin or (owner_id is not None and owner_id == actor.user_id):
         return
     if workspace_id is not None and await may(session, actor, roles.UPDATE_NSC, workspace_id):
         return
     raise PermissionDenied(
-        f"allocation {allocation.id} belongs to {await _owner_name(session, owner_id)}; only "
-        f"its owner or an admin may {what}" + holders(roles.UPDATE_NSC)
+        f"{label} belongs to {await _owner_name(session, owner_id)}; only its owner or an "
+        f"admin may {what}" + holders(roles.UPDATE_NSC)
     )
 
 

@@ -22,7 +22,7 @@ import httpx
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from master.core import roles, task_config
+from master.core import task_config
 from master.core.credentials import new_token
 from master.core.expconf import parse_yaml
 from master.core.merge import merge_template
@@ -259,18 +259,6 @@ async def list_tasks(
     return [TaskRow(*row) for row in (await session.execute(query)).all()]
 
 
-async def require_owner(session: AsyncSession, actor: Actor, row: TaskRow, what: str) -> None:
-    """Its owner, an admin, or whoever holds UPDATE_NSC in its workspace (an Editor)."""
-    if actor.admin or actor.user_id == row.task.owner_id:
-        return
-    if await access.may(session, actor, roles.UPDATE_NSC, row.task.workspace_id):
-        return
-    raise PermissionDenied(
-        f"{row.task.type.lower()} {row.task.uuid} belongs to {row.username}; only its "
-        f"owner or an admin may {what}" + access.holders(roles.UPDATE_NSC)
-    )
-
-
 async def kill_task(
     session: AsyncSession, actor: Actor, task_uuid: str, reason: str = ""
 ) -> TaskRow:
@@ -278,7 +266,10 @@ async def kill_task(
     (the agent's exit releases it). Killing an ended task changes nothing."""
     await allocations.hold_scheduler(session)
     row = await get_task(session, task_uuid)
-    await require_owner(session, actor, row, "kill it")
+    label = f"{row.task.type.lower()} {row.task.uuid}"
+    await access.require_task_owner(
+        session, actor, row.task.owner_id, row.task.workspace_id, label, "kill it"
+    )
     await _stop(session, row, reason or f"killed by {actor.username}")
     return row
 

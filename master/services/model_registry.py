@@ -458,7 +458,10 @@ async def patch_model(
     session: AsyncSession, actor: Actor, identifier: str, changes: dict[str, Any]
 ) -> ModelView:
     """Only the keys present in `changes` (a request's non-null fields) change."""
-    row = await _owned_model(session, actor, identifier, "change it")
+    moving = bool(changes.get("workspace_id") or changes.get("workspace_name"))
+    # Taking someone else's model out of its workspace is deleting it there (WorkspaceAdmin).
+    permission = roles.DELETE_OTHER_USER_MODEL_REGISTRY if moving else roles.EDIT_MODEL_REGISTRY
+    row = await _owned_model(session, actor, identifier, "change it", permission)
     updates: dict[str, Any] = {}
     if changes.get("name") is not None and changes["name"] != row.name:
         updates["name"] = check_model_name(changes["name"])
@@ -471,7 +474,7 @@ async def patch_model(
         updates["labels"] = check_labels(changes["labels"])
     if changes.get("metadata") is not None:
         updates["metadata_"] = check_metadata(changes["metadata"])
-    if changes.get("workspace_id") or changes.get("workspace_name"):
+    if moving:
         updates["workspace_id"] = (
             await _workspace(session, changes.get("workspace_id"), changes.get("workspace_name"))
         ).id
@@ -488,7 +491,9 @@ async def move_model(
 ) -> ModelView:
     """Determined's MoveModel: the model (with its versions) now belongs to another workspace,
     which must exist and take new things (not archived, not being deleted)."""
-    row = await _owned_model(session, actor, identifier, "move it")
+    row = await _owned_model(
+        session, actor, identifier, "move it", roles.DELETE_OTHER_USER_MODEL_REGISTRY
+    )
     destination = await session.get(WorkspaceModel, workspace_id) if workspace_id else None
     if destination is None:
         raise NotFound(f"destinationWorkspaceId: no workspace {workspace_id}")

@@ -209,13 +209,14 @@ async def _check(session: AsyncSession, actor: Actor, item: Assignment) -> tuple
         owner = ws.user_id is not None and ws.user_id == actor.user_id
         if not owner and not await may(session, actor, roles.ASSIGN_ROLES, item.workspace_id):
             raise PermissionDenied(
-                f"assigning roles in workspace {ws.name!r} needs {_enum(roles.ASSIGN_ROLES)} "
-                f"there (WorkspaceAdmin or ClusterAdmin); user {actor.username} does not hold it"
+                f"{item.field}: assigning roles in workspace {ws.name!r} needs "
+                f"{_enum(roles.ASSIGN_ROLES)} there (WorkspaceAdmin or ClusterAdmin); user "
+                f"{actor.username} does not hold it"
             )
     elif not actor.admin:
         raise PermissionDenied(
-            f"assigning roles across the cluster is for ClusterAdmins; user {actor.username} is "
-            "not one"
+            f"{item.field}: assigning roles across the cluster is for ClusterAdmins; user "
+            f"{actor.username} is not one"
         )
     if item.user_id is not None:
         if await session.get(UserModel, item.user_id) is None:
@@ -289,7 +290,12 @@ async def remove(session: AsyncSession, actor: Actor, items: Sequence[Assignment
     last one cannot be removed."""
     _refuse_too_many(items)
     checked = [(item, *await _check(session, actor, item)) for item in items]
+    seen: set[tuple[int, int | None, int | None, int | None]] = set()
     for item, role, where in checked:
+        key = (item.role_id, item.workspace_id, item.user_id, item.group_id)
+        if key in seen:  # named twice: the second finds nothing left to remove
+            raise NotFound(f"{item.field}: {_holder(item)} does not hold {role.name} {where}")
+        seen.add(key)
         if role.id == roles.CLUSTER_ADMIN:
             user = await session.get(UserModel, item.user_id)
             if user is None or not user.admin:

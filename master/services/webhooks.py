@@ -27,7 +27,7 @@ from typing import Any, cast
 
 import httpx
 import re2
-from sqlalchemy import Table, bindparam, delete, func, select, update
+from sqlalchemy import Table, bindparam, delete, func, or_, select, update
 from sqlalchemy import event as orm_events
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -168,13 +168,27 @@ async def _views(session: AsyncSession, rows: Sequence[WebhookModel]) -> list[We
 
 
 async def list_webhooks(session: AsyncSession, actor: Actor) -> list[WebhookView]:
-    """Admins see all; others only those of workspaces they own, which they manage. A
-    webhook's URL is often its credential (a Slack incoming webhook's is), so the global
-    ones, which only admins manage, are not shown to everyone."""
+    """Admins see all; others those of workspaces they own or hold VIEW_WEBHOOKS in (a
+    Viewer, an Editor). A webhook's URL is often its credential (a Slack incoming webhook's
+    is), so the global ones, which only admins manage, are not shown to everyone."""
     query = select(WebhookModel).order_by(WebhookModel.id)
     if not actor.admin:
-        owned = select(WorkspaceModel.id).where(WorkspaceModel.user_id == actor.user_id)
-        query = query.where(WebhookModel.workspace_id.in_(owned))
+        grants = await access.grants_of(session, actor.user_id)
+        if roles.holds(grants, roles.VIEW_WEBHOOKS, None):  # held across the cluster
+            query = query.where(WebhookModel.workspace_id.is_not(None))
+        else:
+            viewed = {
+                g.workspace_id
+                for g in grants
+                if roles.holds([g], roles.VIEW_WEBHOOKS, g.workspace_id)
+            }
+            owned = select(WorkspaceModel.id).where(WorkspaceModel.user_id == actor.user_id)
+            query = query.where(
+                or_(
+                    WebhookModel.workspace_id.in_(owned),
+                    WebhookModel.workspace_id.in_(sorted(w for w in viewed if w is not None)),
+                )
+            )
     return await _views(session, (await session.scalars(query)).all())
 
 

@@ -144,13 +144,13 @@ async def kill_command(s: Scene) -> httpx.Response:
     return await s.bob.post(f"/api/v1/commands/{command['command']['id']}/kill")
 
 
-async def add_webhook(s: Scene) -> httpx.Response:
-    body = {
-        "name": "bobs",
+def webhook(workspace_id: int) -> dict[str, Any]:
+    return {
+        "name": "team",
         "url": "http://127.0.0.1:9/hook",
         "webhookType": "WEBHOOK_TYPE_DEFAULT",
         "mode": "WEBHOOK_MODE_WORKSPACE",
-        "workspaceId": s.workspaces["vision"],
+        "workspaceId": workspace_id,
         "triggers": [
             {
                 "triggerType": "TRIGGER_TYPE_EXPERIMENT_STATE_CHANGE",
@@ -158,14 +158,34 @@ async def add_webhook(s: Scene) -> httpx.Response:
             }
         ],
     }
-    return await s.bob.post("/api/v1/webhooks", json=body)
+
+
+async def add_webhook(s: Scene) -> httpx.Response:
+    return await s.bob.post("/api/v1/webhooks", json=webhook(s.workspaces["vision"]))
 
 
 async def kill_elsewhere(s: Scene) -> httpx.Response:
     return await s.bob.post(f"/api/v1/experiments/{await s.experiment('nlp')}/kill")
 
 
-ACTIONS: dict[str, Callable[[Scene], Awaitable[httpx.Response]]] = {
+async def move_project(s: Scene) -> httpx.Response:
+    mine = await ok(await s.bob.post("/api/v1/workspaces", json={"name": f"bobs-{s.bob_id}"}))
+    body = {"destinationWorkspaceId": mine["workspace"]["id"]}
+    return await s.bob.post(f"/api/v1/projects/{s.projects['vision']}/move", json=body)
+
+
+async def list_webhooks(s: Scene) -> bool:
+    made = await ok(await s.alice.post("/api/v1/webhooks", json=webhook(s.workspaces["vision"])))
+    listed = await ok(await s.bob.get("/api/v1/webhooks"))
+    return made["webhook"]["id"] in [w["id"] for w in listed["webhooks"]]
+
+
+async def give_role_elsewhere(s: Scene) -> httpx.Response:
+    body = assignment("Viewer", user=s.alice_id, ws=s.workspaces["nlp"])
+    return await s.bob.post("/api/v1/roles/add-assignments", json=body)
+
+
+ACTIONS: dict[str, Callable[[Scene], Awaitable[httpx.Response | bool]]] = {
     "kill an experiment": kill,
     "label an experiment": label,
     "delete an experiment": delete_experiment,
@@ -175,7 +195,10 @@ ACTIONS: dict[str, Callable[[Scene], Awaitable[httpx.Response]]] = {
     "give a role in the workspace": give_role,
     "kill a command": kill_command,
     "add a webhook to the workspace": add_webhook,
+    "move a project to a workspace of one's own": move_project,
+    "list the workspace's webhooks": list_webhooks,
     "kill an experiment in another workspace": kill_elsewhere,
+    "give a role in another workspace": give_role_elsewhere,
 }
 
 
@@ -216,6 +239,9 @@ async def test_what_each_role_lets_a_user_change(
         seen = {}
         for action, perform in ACTIONS.items():
             reply = await perform(scene)
+            if isinstance(reply, bool):  # a list: whether it shows alice's
+                seen[action] = reply
+                continue
             assert reply.status_code in (200, 403), (action, reply.text)
             seen[action] = reply.status_code == 200
         assert seen == {action: TABLE[action][role] for action in ACTIONS}
@@ -320,7 +346,10 @@ async def test_assignments_are_listed_for_users_groups_and_roles(
         await api.get(f"/api/v1/roles/search/by-user/{bob}"), 403
     )
     assert refusal(await api.post("/api/v1/roles/search/by-ids", json={"roleIds": [5]}), 403)
-    assert refusal(await api.get(f"/api/v1/roles/search/by-group/{group}"), 403)
+    # A group one is not in is answered as one that does not exist.
+    hidden = refusal(await api.get(f"/api/v1/roles/search/by-group/{group}"), 404)
+    unknown = refusal(await api.get("/api/v1/roles/search/by-group/4242"), 404)
+    assert (hidden, unknown) == (f"user group {group} not found", "user group 4242 not found")
 
 
 async def assignments_now(admin: httpx.AsyncClient) -> list[Any]:
@@ -432,12 +461,12 @@ async def test_bad_assignments_are_refused_naming_the_field_and_change_nothing(
         reply = await admin.post("/api/v1/roles/remove-assignments", json=body)
         assert refusal(reply, status) == message, body
     # Not theirs to give: across the cluster only ClusterAdmins, in a workspace its admins.
-    assert (
-        refusal(
-            await api.post("/api/v1/roles/add-assignments", json=assignment("Editor", user=bob)),
-            403,
-        )
-        == "assigning roles across the cluster is for ClusterAdmins; user determined is not one"
+    assert refusal(
+        await api.post("/api/v1/roles/add-assignments", json=assignment("Editor", user=bob)),
+        403,
+    ) == (
+        "userRoleAssignments[0]: assigning roles across the cluster is for ClusterAdmins; "
+        "user determined is not one"
     )
     assert "needs PERMISSION_TYPE_ASSIGN_ROLES there" in refusal(
         await api.post("/api/v1/roles/add-assignments", json=assignment("Editor", user=bob, ws=ws)),
@@ -478,3 +507,101 @@ async def test_cluster_admin_is_the_admin_flag_and_a_removal_takes_it_back(
         )
     )
     assert (await ok(await admin.get(f"/api/v1/users/{bob}")))["user"]["admin"] is False
+
+
+async def test_a_role_through_a_group_or_across_the_cluster_applies(
+    app: FastAPI, admin: httpx.AsyncClient
+) -> None:
+    alice_id = await create_user(admin, "alice")
+    bob = await create_user(admin, "bob")
+    carol = await create_user(admin, "carol")
+    group = await ok(await admin.post("/api/v1/groups", json={"name": "team", "addUsers": [bob]}))
+    async with (
+        sign_in(app, "alice", PASSWORD) as alice,
+        sign_in(app, "bob", PASSWORD) as as_bob,
+        sign_in(app, "carol", PASSWORD) as as_carol,
+    ):
+        scene = Scene(alice, alice_id, as_bob, bob)
+        await scene.build("groups")
+        ws = scene.workspaces["vision"]
+        assert (await kill(scene)).status_code == 403
+        # Editor given to bob's group in vision: bob may now kill there, not in nlp.
+        body = assignment("Editor", group=group["group"]["groupId"], ws=ws)
+        await ok(await admin.post("/api/v1/roles/add-assignments", json=body))
+        assert (await kill(scene)).status_code == 200
+        assert (await kill_elsewhere(scene)).status_code == 403
+        # Removing bob from the group takes it away.
+        update = {"groupId": group["group"]["groupId"], "removeUsers": [bob]}
+        await ok(await admin.put(f"/api/v1/groups/{group['group']['groupId']}", json=update))
+        assert (await kill(scene)).status_code == 403
+        # Editor across the cluster: carol may kill in every workspace.
+        carols = Scene(alice, alice_id, as_carol, carol)
+        carols.workspaces, carols.projects = scene.workspaces, scene.projects
+        await ok(
+            await admin.post("/api/v1/roles/add-assignments", json=assignment("Editor", user=carol))
+        )
+        assert (await kill(carols)).status_code == 200
+        assert (await kill_elsewhere(carols)).status_code == 200
+
+
+async def test_moving_someone_elses_model_takes_the_workspace_admin(
+    app: FastAPI, admin: httpx.AsyncClient
+) -> None:
+    alice_id = await create_user(admin, "alice")
+    bob = await create_user(admin, "bob")
+    async with sign_in(app, "alice", PASSWORD) as alice, sign_in(app, "bob", PASSWORD) as as_bob:
+        scene = Scene(alice, alice_id, as_bob, bob)
+        await scene.build("models")
+        vision = scene.workspaces["vision"]
+        await ok(await alice.post("/api/v1/models", json={"name": "hers", "workspaceId": vision}))
+        mine = await ok(await as_bob.post("/api/v1/workspaces", json={"name": "bobs"}))
+        move = {"destinationWorkspaceId": mine["workspace"]["id"]}
+        await ok(
+            await admin.post(
+                "/api/v1/roles/add-assignments", json=assignment("Editor", user=bob, ws=vision)
+            )
+        )
+        # An Editor may change it, not take it out of its workspace (into one of his own,
+        # where he could delete it).
+        assert (
+            await as_bob.patch("/api/v1/models/hers", json={"description": "x"})
+        ).status_code == 200
+        refused = refusal(await as_bob.post("/api/v1/models/hers/move", json=move), 403)
+        assert "PERMISSION_TYPE_DELETE_OTHER_USER_MODEL_REGISTRY" in refused
+        patch = {"workspaceId": mine["workspace"]["id"]}
+        assert refusal(await as_bob.patch("/api/v1/models/hers", json=patch), 403)
+        model = await ok(await alice.get("/api/v1/models/hers"))
+        assert model["model"]["workspaceId"] == vision
+        await ok(
+            await admin.post(
+                "/api/v1/roles/add-assignments",
+                json=assignment("WorkspaceAdmin", user=bob, ws=vision),
+            )
+        )
+        await ok(await as_bob.post("/api/v1/models/hers/move", json=move))
+
+
+async def test_describing_a_role_one_holds_and_a_refused_removal(
+    app: FastAPI, admin: httpx.AsyncClient
+) -> None:
+    bob = await create_user(admin, "bob")
+    await create_user(admin, "carol")
+    ws = (await ok(await admin.post("/api/v1/workspaces", json={"name": "vision"})))["workspace"][
+        "id"
+    ]
+    editor = assignment("Editor", user=bob, ws=ws)
+    await ok(await admin.post("/api/v1/roles/add-assignments", json=editor))
+    async with sign_in(app, "bob", PASSWORD) as as_bob:
+        # A role bob holds: described with his own assignment; one he does not: refused.
+        described = await ok(
+            await as_bob.post("/api/v1/roles/search/by-ids", json={"roleIds": [5]})
+        )
+        assert [a["userId"] for a in described["roles"][0]["userRoleAssignments"]] == [bob]
+        assert refusal(await as_bob.post("/api/v1/roles/search/by-ids", json={"roleIds": [2]}), 403)
+    before = await assignments_now(admin)
+    twice = {"userRoleAssignments": editor["userRoleAssignments"] * 2}
+    message = refusal(await admin.post("/api/v1/roles/remove-assignments", json=twice), 404)
+    assert (
+        message == f"userRoleAssignments[1]: user {bob} does not hold Editor in workspace 'vision'"
+    )
+    assert await assignments_now(admin) == before

@@ -69,13 +69,22 @@ async def _require_role_reader(session: SessionDep, actor: Actor, what: str) -> 
 async def roles_by_id(
     body: RolesById, session: SessionDep, actor: CurrentActor
 ) -> RolesWithAssignments:
-    await _require_role_reader(session, actor, "seeing who holds a role")
+    """Each role with everyone holding it; for those who do not assign roles, only roles
+    they hold themselves, with their own assignments (`det rbac describe-role` of a role
+    one holds)."""
+    reader = await access.may_anywhere(session, actor, roles.ASSIGN_ROLES)
+    mine = [] if reader else await role_service.held_by_user(session, actor.user_id)
     found = []
     for i, role_id in enumerate(body.role_ids or []):
         role = roles.ROLES.get(role_id)
         if role is None:
             raise NotFound(f"roleIds[{i}]: role {role_id} not found")
-        held = await role_service.assignments_of_role(session, role)
+        if reader:
+            held = await role_service.assignments_of_role(session, role)
+        else:
+            held = [h for h in mine if h.role.id == role_id]
+            if not held:
+                await _require_role_reader(session, actor, f"seeing who holds role {role.name}")
         found.append(RoleWithAssignments.of(role, held))
     return RolesWithAssignments(roles=found)
 
@@ -94,9 +103,11 @@ async def roles_of_user(
 async def roles_of_group(
     group_id: ObjectId, session: SessionDep, actor: CurrentActor
 ) -> GroupRoles:
+    # A group one may not see is answered as one that does not exist.
+    member = await role_service.is_group_member(session, actor.user_id, group_id)
+    if not member and not await access.may_anywhere(session, actor, roles.ASSIGN_ROLES):
+        raise NotFound(f"user group {group_id} not found")
     await user_groups.get_group(session, group_id)  # 404 for an unknown group
-    if not await role_service.is_group_member(session, actor.user_id, group_id):
-        await _require_role_reader(session, actor, "seeing the roles of a group one is not in")
     found, summaries = RoleAssignmentSummary.each(
         await role_service.held_by_group(session, group_id)
     )

@@ -476,7 +476,8 @@ async def preemption_signal(
 ) -> PreemptionSignal:
     """Long-poll: true at once when the master wants the allocation to stop, else false
     after up to `timeout_seconds` (60 at most). Polling counts as the trial listening, so
-    only the experiment's owner (its ranks' token) or an admin may poll."""
+    only those who may stop the experiment may poll: its owner (its ranks' token), an admin,
+    or an Editor of its workspace."""
     allocation = await allocations.get_allocation(session, allocation_id)
     await access.require_allocation_owner(
         session, Actor.of(_user), allocation, "poll its preemption signal"

@@ -402,7 +402,9 @@ async def move_project(
         )
     if body.destination_workspace_id is None:
         raise InvalidArgument("destinationWorkspaceId: required")
-    await access.require_project_owner(session, actor, project_id, "move it")
+    # Taking someone else's project out of its workspace is deleting it there (WorkspaceAdmin):
+    # the destination may be a workspace of the mover's own.
+    await access.require_project_owner(session, actor, project_id, "move it", roles.DELETE_PROJECT)
     await experiments.move_project(session, project_id, body.destination_workspace_id)
     return {}
 
@@ -429,6 +431,8 @@ async def move_experiment(
         )
     if body.destination_project_id is None:
         raise InvalidArgument("destinationProjectId: required")
-    await access.require_experiment_owner(session, actor, experiment_id, "move it")
+    await access.require_experiment_owner(
+        session, actor, experiment_id, "move it", roles.DELETE_EXPERIMENT
+    )
     await experiments.move_experiment(session, experiment_id, body.destination_project_id)
     return {}
