@@ -286,9 +286,14 @@ async def assign(session: AsyncSession, actor: Actor, items: Sequence[Assignment
 
 
 async def remove(session: AsyncSession, actor: Actor, items: Sequence[Assignment]) -> None:
-    """Removing ClusterAdmin needs a ClusterAdmin and never takes the caller's own, so the
-    last one cannot be removed."""
+    """Removing ClusterAdmin needs a ClusterAdmin and never takes the caller's own; the
+    admins' rows are locked first, so two admins removing each other at once cannot leave
+    none (the second waits, then sees the first's change)."""
     _refuse_too_many(items)
+    if any(item.role_id == roles.CLUSTER_ADMIN for item in items):
+        await session.execute(
+            select(UserModel.id).where(UserModel.admin.is_(True)).with_for_update()
+        )
     checked = [(item, *await _check(session, actor, item)) for item in items]
     seen: set[tuple[int, int | None, int | None, int | None]] = set()
     for item, role, where in checked:
@@ -297,7 +302,8 @@ async def remove(session: AsyncSession, actor: Actor, items: Sequence[Assignment
             raise NotFound(f"{item.field}: {_holder(item)} does not hold {role.name} {where}")
         seen.add(key)
         if role.id == roles.CLUSTER_ADMIN:
-            user = await session.get(UserModel, item.user_id)
+            # Read again: a change the lock waited for is committed now.
+            user = await session.get(UserModel, item.user_id, populate_existing=True)
             if user is None or not user.admin:
                 raise NotFound(f"{item.field}: {_holder(item)} does not hold {role.name} {where}")
             if user.id == actor.user_id:
@@ -307,6 +313,12 @@ async def remove(session: AsyncSession, actor: Actor, items: Sequence[Assignment
                 )
         elif not await _existing(session, item):
             raise NotFound(f"{item.field}: {_holder(item)} does not hold {role.name} {where}")
+    actor_row = await session.get(UserModel, actor.user_id, populate_existing=True)
+    if any(role.id == roles.CLUSTER_ADMIN for _, role, _ in checked) and not (
+        actor_row is not None and actor_row.admin and actor_row.active
+    ):
+        # The caller's own ClusterAdmin went while this request waited for the lock.
+        raise PermissionDenied(f"user {actor.username} is no longer a ClusterAdmin")
     for item, role, where in checked:
         if role.id == roles.CLUSTER_ADMIN:
             user = await session.get(UserModel, item.user_id)

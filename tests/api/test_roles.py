@@ -4,6 +4,7 @@ user change, from the table README.md shows."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -605,3 +606,36 @@ async def test_describing_a_role_one_holds_and_a_refused_removal(
         message == f"userRoleAssignments[1]: user {bob} does not hold Editor in workspace 'vision'"
     )
     assert await assignments_now(admin) == before
+
+
+@pytest.mark.parametrize(
+    "backend", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+async def test_two_admins_removing_each_other_at_once_leave_one(
+    app: FastAPI, admin: httpx.AsyncClient, backend: str
+) -> None:
+    """On PostgreSQL, where two requests' transactions overlap (SQLite runs one writer at a
+    time): the second waits for the first's lock, then finds itself no longer an admin."""
+    ann, ben = await create_user(admin, "ann"), await create_user(admin, "ben")
+    for who in (ann, ben):
+        body = assignment("ClusterAdmin", user=who)
+        await ok(await admin.post("/api/v1/roles/add-assignments", json=body))
+    admin_id = await user_id(admin)
+    async with sign_in(app, "ann", PASSWORD) as as_ann, sign_in(app, "ben", PASSWORD) as as_ben:
+        body = assignment("ClusterAdmin", user=admin_id)
+        await ok(await as_ann.post("/api/v1/roles/remove-assignments", json=body))
+        replies = await asyncio.gather(
+            as_ann.post(
+                "/api/v1/roles/remove-assignments", json=assignment("ClusterAdmin", user=ben)
+            ),
+            as_ben.post(
+                "/api/v1/roles/remove-assignments", json=assignment("ClusterAdmin", user=ann)
+            ),
+        )
+        assert sorted(r.status_code for r in replies) == [200, 403], [r.text for r in replies]
+        refused = next(r for r in replies if r.status_code == 403)
+        assert "is no longer a ClusterAdmin" in refused.json()["message"]
+        flags = []
+        for who in (ann, ben):
+            flags.append((await ok(await as_ann.get(f"/api/v1/users/{who}")))["user"]["admin"])
+        assert sorted(flags) == [False, True]
