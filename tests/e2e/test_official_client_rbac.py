@@ -255,8 +255,8 @@ def test_assigning_roles(master: MasterProcess) -> None:
     )
     refused(
         as_user(master, carol, "rbac", "assign-role", "Viewer", "-u", dave),
-        f"Forbidden(assigning roles across the cluster is for ClusterAdmins; user {carol} is "
-        "not one): Please contact your administrator",
+        "Forbidden(userRoleAssignments[0]: assigning roles across the cluster is for "
+        f"ClusterAdmins; user {carol} is not one): Please contact your administrator",
     )
     refused(
         as_user(master, "admin", "rbac", "assign-role", "ClusterAdmin", "-w", ws, "-u", dave),
