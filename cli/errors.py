@@ -4,3 +4,8 @@ apart from cli.client so that modules the client itself uses (the token store) c
 
 class CliError(Exception):
     """One line for stderr; the command exits 1."""
+
+
+class NameNotFound(CliError):
+    """No workspace, group, user or role has the name given; a command may say which of its
+    arguments gave it."""

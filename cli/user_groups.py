@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from cli.client import MasterClient
-from cli.errors import CliError
+from cli.errors import CliError, NameNotFound
 from cli.output import CsvOpt, JsonOpt, cli_errors, one_format, print_json, print_table, stdout
 from cli.state import client
 from cli.users import user_by_name
@@ -24,7 +24,7 @@ def group_by_name(api: MasterClient, name: str) -> dict[str, Any]:
     """The group's id and name."""
     found = api.post("/api/v1/groups/search", json={"name": name, "limit": 1})["groups"]
     if not found:
-        raise CliError(f"user group '{name}' not found")
+        raise NameNotFound(f"user group '{name}' not found")
     group: dict[str, Any] = found[0]["group"]
     return group
 

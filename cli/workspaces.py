@@ -15,7 +15,7 @@ import typer
 import yaml
 
 from cli.client import MasterClient
-from cli.errors import CliError
+from cli.errors import CliError, NameNotFound
 from cli.output import (
     CsvOpt,
     JsonOpt,
@@ -49,7 +49,7 @@ PROJECT_HEADERS = ["ID", "Key", "Name", "Description", "# Experiments", "# Activ
 def workspace_by_name(api: MasterClient, name: str) -> dict[str, Any]:
     found = api.get("/api/v1/workspaces", params={"nameCaseSensitive": name})["workspaces"]
     if not found:
-        raise CliError(f"workspace '{name}' not found")
+        raise NameNotFound(f"workspace '{name}' not found")
     workspace: dict[str, Any] = found[0]
     return workspace
 
