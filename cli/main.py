@@ -120,6 +120,7 @@ _GROUPS = (
     _Group(("resource-pool", "rp"), _pools),
     _Group(("user", "u"), _module("users", "user_app")),
     _Group(("user-group",), _module("user_groups", "group_app")),
+    _Group(("rbac",), _module("rbac", "rbac_app")),
     _Group(("dev",), _module("users", "dev_app"), hidden=True),
     _Group(("command", "cmd"), _module("tasks", "command_app")),
     _Group(("notebook",), _module("tasks", "notebook_app")),
