@@ -89,7 +89,7 @@ async def held_by_user(session: AsyncSession, user_id: int) -> list[Held]:
     """The user's assignments, direct and through groups, by role name."""
     user = await session.get(UserModel, user_id)
     if user is None:
-        return []
+        raise NotFound(f"user {user_id} not found")
     found: list[Held] = []
     if user.admin:
         found.append(Held(roles.ROLES[roles.CLUSTER_ADMIN], None, user_id, None))

@@ -341,6 +341,9 @@ async def test_assignments_are_listed_for_users_groups_and_roles(
         ]
         assert (await as_bob.get(f"/api/v1/roles/search/by-user/{bob}")).status_code == 200
         assert (await as_bob.get(f"/api/v1/roles/search/by-group/{group}")).status_code == 200
+    assert refusal(await admin.get("/api/v1/roles/search/by-user/4242"), 404) == (
+        "user 4242 not found"
+    )
     nobody = await ok(await api.get("/api/v1/permissions/summary"))
     assert nobody == {"roles": [], "assignments": []}
     assert "holds PERMISSION_TYPE_ASSIGN_ROLES nowhere" in refusal(

@@ -103,7 +103,7 @@ def test_roles_are_listed_and_described(master: MasterProcess) -> None:
     # Who holds a role is for those who assign roles: `determined` sees the permissions only.
     plain = ok(master.det("rbac", "describe-role", "Viewer"))
     assert "VIEW_EXPERIMENT_METADATA" in plain.stdout
-    assert "who holds the role is not shown: seeing who holds a role is for" in plain.stderr
+    assert "who holds the role is not shown: seeing who holds role Viewer is for" in plain.stderr
     refused(master.det("rbac", "describe-role", "Edtor"), "ROLE: role 'Edtor' not found (the")
 
 
