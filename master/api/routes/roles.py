@@ -122,34 +122,32 @@ async def my_permissions(session: SessionDep, actor: CurrentActor) -> Permission
     return PermissionsSummary(roles=found, assignments=summaries)
 
 
-def _scope(given: RoleAssignmentInput, field: str) -> int | None:
+def _item(
+    field: str, given: RoleAssignmentInput, user_id: int | None = None, group_id: int | None = None
+) -> role_service.Assignment:
     if given.scope_cluster and given.scope_workspace_id is not None:
         raise InvalidArgument(
             f"{field}.roleAssignment: scopeCluster and scopeWorkspaceId name two scopes; give one"
         )
-    return given.scope_workspace_id
+    return role_service.Assignment(
+        role_id=given.role.role_id,
+        workspace_id=given.scope_workspace_id,
+        user_id=user_id,
+        group_id=group_id,
+        field=field,
+    )
 
 
 def _assignments(body: AssignmentsRequest) -> list[role_service.Assignment]:
-    items = [
-        role_service.Assignment(
-            role_id=a.role_assignment.role.role_id,
-            workspace_id=_scope(a.role_assignment, f"userRoleAssignments[{i}]"),
-            user_id=a.user_id,
-            field=f"userRoleAssignments[{i}]",
-        )
-        for i, a in enumerate(body.user_role_assignments or [])
+    users = body.user_role_assignments or []
+    groups = body.group_role_assignments or []
+    return [
+        _item(f"userRoleAssignments[{i}]", a.role_assignment, user_id=a.user_id)
+        for i, a in enumerate(users)
+    ] + [
+        _item(f"groupRoleAssignments[{i}]", a.role_assignment, group_id=a.group_id)
+        for i, a in enumerate(groups)
     ]
-    items += [
-        role_service.Assignment(
-            role_id=a.role_assignment.role.role_id,
-            workspace_id=_scope(a.role_assignment, f"groupRoleAssignments[{i}]"),
-            group_id=a.group_id,
-            field=f"groupRoleAssignments[{i}]",
-        )
-        for i, a in enumerate(body.group_role_assignments or [])
-    ]
-    return items
 
 
 @router.post("/roles/add-assignments")
