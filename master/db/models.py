@@ -302,6 +302,13 @@ class UserGroupMemberModel(Base):
     )
 
 
+_ROLE_SCOPE = {
+    (holder, scope): f"{holder}_id IS NOT NULL AND workspace_id IS {neg}NULL"
+    for holder in ("user", "group")
+    for scope, neg in (("cluster", ""), ("workspace", "NOT "))
+}
+
+
 class RoleAssignmentModel(Base):
     """A role (master.core.roles) given to a user or to a group, in one workspace or (no
     workspace) across the cluster. ClusterAdmin given to a user is not a row: it is the
@@ -310,6 +317,21 @@ class RoleAssignmentModel(Base):
     __tablename__ = "role_assignments"
     __table_args__ = (
         CheckConstraint("(user_id IS NULL) <> (group_id IS NULL)", name="user_or_group"),
+        # Each assignment at most once (two requests giving it at the same moment): one
+        # partial index per kind of holder and scope, since NULLs never clash in a plain one.
+        *(
+            Index(
+                f"uq_role_assignments_{holder}_{scope}",
+                "role_id",
+                *(["workspace_id"] if scope == "workspace" else []),
+                f"{holder}_id",
+                unique=True,
+                sqlite_where=text(_ROLE_SCOPE[holder, scope]),
+                postgresql_where=text(_ROLE_SCOPE[holder, scope]),
+            )
+            for holder in ("user", "group")
+            for scope in ("cluster", "workspace")
+        ),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -53,9 +53,24 @@ def upgrade() -> None:
         op.create_index(
             op.f(f"ix_role_assignments_{column}"), "role_assignments", [column], unique=False
         )
+    # Each assignment at most once: a partial unique index per kind of holder and scope.
+    for holder in ("user", "group"):
+        for scope, neg in (("cluster", ""), ("workspace", "NOT ")):
+            where = sa.text(f"{holder}_id IS NOT NULL AND workspace_id IS {neg}NULL")
+            op.create_index(
+                f"uq_role_assignments_{holder}_{scope}",
+                "role_assignments",
+                ["role_id", *(["workspace_id"] if scope == "workspace" else []), f"{holder}_id"],
+                unique=True,
+                sqlite_where=where,
+                postgresql_where=where,
+            )
 
 
 def downgrade() -> None:
+    for holder in ("user", "group"):
+        for scope in ("cluster", "workspace"):
+            op.drop_index(f"uq_role_assignments_{holder}_{scope}", table_name="role_assignments")
     for column in ("group_id", "user_id", "workspace_id"):
         op.drop_index(op.f(f"ix_role_assignments_{column}"), table_name="role_assignments")
     op.drop_table("role_assignments")

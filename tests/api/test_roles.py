@@ -13,7 +13,10 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
+from sqlalchemy.exc import IntegrityError
 
+from master.db.models import RoleAssignmentModel
+from master.db.session import session_scope
 from tests.api.test_access import create_user, refusal, sign_in
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -643,3 +646,29 @@ async def test_two_admins_removing_each_other_at_once_leave_one(
         for who in (ann, ben):
             flags.append((await ok(await as_ann.get(f"/api/v1/users/{who}")))["user"]["admin"])
         assert sorted(flags) == [False, True]
+
+
+async def test_the_database_keeps_each_assignment_once(
+    app: FastAPI, admin: httpx.AsyncClient
+) -> None:
+    """What two requests giving one assignment at the same moment would store (both past
+    the service's check before either commits): the second row is refused by the
+    database's unique indexes, one per kind of holder and scope. A refused insert surfaces
+    as the API's 409."""
+    bob = await create_user(admin, "bob")
+    group = (await ok(await admin.post("/api/v1/groups", json={"name": "team"})))["group"]
+    ws = (await ok(await admin.post("/api/v1/workspaces", json={"name": "vision"})))["workspace"]
+    for held in (
+        {"user_id": bob, "workspace_id": None},
+        {"user_id": bob, "workspace_id": ws["id"]},
+        {"group_id": group["groupId"], "workspace_id": None},
+        {"group_id": group["groupId"], "workspace_id": ws["id"]},
+    ):
+        async with session_scope(app.state.session_factory) as session:
+            session.add(RoleAssignmentModel(role_id=5, **held))
+        with pytest.raises(IntegrityError):
+            async with session_scope(app.state.session_factory) as session:
+                session.add(RoleAssignmentModel(role_id=5, **held))
+        # The same holder with another role, or in another scope, is another assignment.
+        async with session_scope(app.state.session_factory) as session:
+            session.add(RoleAssignmentModel(role_id=4, **held))
