@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import or_, select
+from sqlalchemy import Select, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.core import roles
@@ -72,23 +72,31 @@ class Actor:
 _GRANTS = "role_grants"  # session.info: users' grants, read once per request
 
 
+def assigned_to(user_id: int) -> Select[int, int | None, int | None, int | None]:
+    """The role assignments a user holds, directly or through their groups: role id,
+    workspace id, and the user's or the group's id, in the order they were made."""
+    groups = select(UserGroupMemberModel.group_id).where(UserGroupMemberModel.user_id == user_id)
+    return (
+        select(
+            RoleAssignmentModel.role_id,
+            RoleAssignmentModel.workspace_id,
+            RoleAssignmentModel.user_id,
+            RoleAssignmentModel.group_id,
+        )
+        .where(
+            or_(RoleAssignmentModel.user_id == user_id, RoleAssignmentModel.group_id.in_(groups))
+        )
+        .order_by(RoleAssignmentModel.id)
+    )
+
+
 async def grants_of(session: AsyncSession, user_id: int) -> list[roles.Grant]:
     """The roles a user holds, directly or through their groups (not ClusterAdmin, which is
     the admin flag: callers check it first). Read once per request."""
     cached: dict[int, list[roles.Grant]] = session.info.setdefault(_GRANTS, {})
     if user_id not in cached:
-        groups = select(UserGroupMemberModel.group_id).where(
-            UserGroupMemberModel.user_id == user_id
-        )
-        rows = await session.execute(
-            select(RoleAssignmentModel.role_id, RoleAssignmentModel.workspace_id).where(
-                or_(
-                    RoleAssignmentModel.user_id == user_id,
-                    RoleAssignmentModel.group_id.in_(groups),
-                )
-            )
-        )
-        cached[user_id] = [roles.Grant(role_id, ws) for role_id, ws in rows.all()]
+        rows = await session.execute(assigned_to(user_id))
+        cached[user_id] = [roles.Grant(role_id, ws) for role_id, ws, _, _ in rows.all()]
     return cached[user_id]
 
 

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import delete, or_, select
+from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.core import roles
@@ -27,7 +27,7 @@ from master.db.models import (
     WorkspaceModel,
 )
 from master.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
-from master.services.access import Actor, forget_grants, may
+from master.services.access import Actor, assigned_to, forget_grants, may
 
 log = logging.getLogger(__name__)
 
@@ -93,19 +93,7 @@ async def held_by_user(session: AsyncSession, user_id: int) -> list[Held]:
     found: list[Held] = []
     if user.admin:
         found.append(Held(roles.ROLES[roles.CLUSTER_ADMIN], None, user_id, None))
-    groups = select(UserGroupMemberModel.group_id).where(UserGroupMemberModel.user_id == user_id)
-    rows = await session.execute(
-        select(
-            RoleAssignmentModel.role_id,
-            RoleAssignmentModel.workspace_id,
-            RoleAssignmentModel.user_id,
-            RoleAssignmentModel.group_id,
-        )
-        .where(
-            or_(RoleAssignmentModel.user_id == user_id, RoleAssignmentModel.group_id.in_(groups))
-        )
-        .order_by(RoleAssignmentModel.id)
-    )
+    rows = await session.execute(assigned_to(user_id))
     found += [
         Held(roles.ROLES[role_id], ws, uid, gid)
         for role_id, ws, uid, gid in rows.all()
@@ -296,6 +284,7 @@ async def remove(session: AsyncSession, actor: Actor, items: Sequence[Assignment
         )
     checked = [(item, *await _check(session, actor, item)) for item in items]
     seen: set[tuple[int, int | None, int | None, int | None]] = set()
+    rows: list[int] = []  # the role_assignments rows to delete
     for item, role, where in checked:
         key = (item.role_id, item.workspace_id, item.user_id, item.group_id)
         if key in seen:  # named twice: the second finds nothing left to remove
@@ -311,25 +300,23 @@ async def remove(session: AsyncSession, actor: Actor, items: Sequence[Assignment
                     f"{item.field}: an admin cannot remove their own ClusterAdmin; ask another "
                     "admin"
                 )
-        elif not await _existing(session, item):
-            raise NotFound(f"{item.field}: {_holder(item)} does not hold {role.name} {where}")
-    actor_row = await session.get(UserModel, actor.user_id, populate_existing=True)
-    if any(role.id == roles.CLUSTER_ADMIN for _, role, _ in checked) and not (
-        actor_row is not None and actor_row.admin and actor_row.active
-    ):
-        # The caller's own ClusterAdmin went while this request waited for the lock.
-        raise PermissionDenied(f"user {actor.username} is no longer a ClusterAdmin")
+        else:
+            existing = await _existing(session, item)
+            if not existing:
+                raise NotFound(f"{item.field}: {_holder(item)} does not hold {role.name} {where}")
+            rows += existing
+    if any(role.id == roles.CLUSTER_ADMIN for _, role, _ in checked):
+        actor_row = await session.get(UserModel, actor.user_id, populate_existing=True)
+        if actor_row is None or not (actor_row.admin and actor_row.active):
+            # The caller's own ClusterAdmin went while this request waited for the lock.
+            raise PermissionDenied(f"user {actor.username} is no longer a ClusterAdmin")
+    if rows:
+        await session.execute(delete(RoleAssignmentModel).where(RoleAssignmentModel.id.in_(rows)))
     for item, role, where in checked:
         if role.id == roles.CLUSTER_ADMIN:
             user = await session.get(UserModel, item.user_id)
             assert user is not None  # checked above
             user.admin = False
-        else:
-            await session.execute(
-                delete(RoleAssignmentModel).where(
-                    RoleAssignmentModel.id.in_(await _existing(session, item))
-                )
-            )
         log.info(
             "role %s removed from %s %s by %s", role.name, _holder(item), where, actor.username
         )

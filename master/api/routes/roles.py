@@ -57,12 +57,16 @@ async def roles_assignable(body: RoleSearch, _actor: CurrentActor) -> RoleList:
     return _listed(body)
 
 
+def _not_a_role_reader(actor: Actor, what: str) -> PermissionDenied:
+    return PermissionDenied(
+        f"{what} is for those who assign roles (ClusterAdmin, WorkspaceAdmin); user "
+        f"{actor.username} holds {roles.PERMISSIONS[roles.ASSIGN_ROLES].enum} nowhere"
+    )
+
+
 async def _require_role_reader(session: SessionDep, actor: Actor, what: str) -> None:
     if not await access.may_anywhere(session, actor, roles.ASSIGN_ROLES):
-        raise PermissionDenied(
-            f"{what} is for those who assign roles (ClusterAdmin, WorkspaceAdmin); user "
-            f"{actor.username} holds {roles.PERMISSIONS[roles.ASSIGN_ROLES].enum} nowhere"
-        )
+        raise _not_a_role_reader(actor, what)
 
 
 @router.post("/roles/search/by-ids")
@@ -84,7 +88,7 @@ async def roles_by_id(
         else:
             held = [h for h in mine if h.role.id == role_id]
             if not held:
-                await _require_role_reader(session, actor, f"seeing who holds role {role.name}")
+                raise _not_a_role_reader(actor, f"seeing who holds role {role.name}")
         found.append(RoleWithAssignments.of(role, held))
     return RolesWithAssignments(roles=found)
 
