@@ -65,12 +65,21 @@ def send_all(clients: list[httpx.Client], requests: Sequence[Request]) -> list[t
     return [result for result in results if result is not None]
 
 
+MAX_REPEATS = 50
+
+
 def measure(
     master: MasterProcess, clients: list[httpx.Client], requests: Sequence[Request]
 ) -> dict[str, Any]:
     process = psutil.Process(master.pid)
     cpu0, t0 = sum(process.cpu_times()[:2]), time.perf_counter()
     results = send_all(clients, requests)
+    # The kernel counts a process's CPU in clock ticks (10 ms here): a few cheap requests
+    # (the smoke run's 6 GET /api/v1/me) may not reach one. Send them again until they do.
+    for _ in range(MAX_REPEATS):
+        if sum(process.cpu_times()[:2]) > cpu0:
+            break
+        results += send_all(clients, requests)
     wall, cpu = time.perf_counter() - t0, sum(process.cpu_times()[:2]) - cpu0
     failed = sorted({status for _, status in results if status != 200})
     if failed:

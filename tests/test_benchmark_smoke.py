@@ -355,7 +355,9 @@ def test_smoke_submit_benchmark_costs_a_submit_against_the_floor(postgres: Postg
     require(postgres.error is None, postgres.error or "")
     report = run_smoke("bench_submit")
     submits = report["parameters"]["submits"]
-    assert report["submit"]["requests"] == report["floor_get_me"]["requests"] == submits
+    # The floor's requests are sent again while they have cost less than one clock tick.
+    assert report["submit"]["requests"] % submits == 0
+    assert report["floor_get_me"]["requests"] % submits == 0
     assert report["submit"]["master_cpu_ms_per_request"] > 0
     assert report["floor_get_me"]["master_cpu_ms_per_request"] > 0
 
