@@ -112,6 +112,16 @@ def _no_password() -> str:
 
 
 class AuthzSettings(BaseModel):
+    type: Literal["rbac", "basic"] = Field(
+        default="rbac",
+        description=(
+            "Who reads what. `rbac`: workspaces are kept apart; a user sees what is in the "
+            "workspaces they own or hold a role in (Viewer and up), the shared Uncategorized "
+            "workspace, and their own work; anything else answers 404 as if it did not "
+            "exist, and lists leave it out. `basic` (Determined's open-source rule): every "
+            "signed-in user reads everything. Changing things follows the roles either way."
+        ),
+    )
     rbac_ui_enabled: bool = Field(
         default=False,
         description=(
@@ -159,7 +169,7 @@ class SecuritySettings(BaseModel):
     )
     authz: AuthzSettings = Field(
         default_factory=AuthzSettings,
-        description="Determined's `security.authz` section: only its RBAC switch.",
+        description="Determined's `security.authz` section: who reads what, and its RBAC switch.",
     )
     tls: TlsSettings = Field(
         default_factory=TlsSettings,

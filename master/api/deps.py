@@ -32,7 +32,9 @@ async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
     could be told "done" about a write that then fails, or race its own next request.
     """
     factory: async_sessionmaker[AsyncSession] = request.app.state.session_factory
+    settings: MasterSettings = request.app.state.settings
     async with session_scope(factory) as session:
+        session.info[access.OPEN_READING] = settings.security.authz.type == "basic"
         yield session
     for action in session.info.get(AFTER_COMMIT, ()):
         action()
@@ -76,16 +78,18 @@ def bearer_token(request: Request) -> str:
 
 async def current_user(request: Request, session: SessionDep) -> UserModel:
     user = await auth.user_for_token(session, bearer_token(request))
+    route = getattr(request.scope.get("route"), "path", request.url.path)
     if session.info.get(access.TOKEN_KIND) == access.TASK:
-        route = request.scope.get("route")
         await access.check_task_scope(
             session,
             session.info[access.TOKEN_TRIAL_ID],
             user.id,
             request.method,
-            getattr(route, "path", request.url.path),
+            route,
             dict(request.path_params),
         )
+    else:
+        await access.check_sight(session, access.Actor.of(user), route, dict(request.path_params))
     return user
 
 

@@ -101,6 +101,13 @@ PERMISSIONS: dict[int, Permission] = {
 }
 
 # The permissions access checks and tests name (the rest are listed for the wire and docs).
+CREATE_EXPERIMENT = 2001
+VIEW_EXPERIMENT_METADATA = 2003
+VIEW_NSC = 3002
+VIEW_WORKSPACE = 4002
+VIEW_PROJECT = 5002
+VIEW_MODEL_REGISTRY = 7001
+VIEW_TEMPLATES = 9001
 UPDATE_EXPERIMENT = 2004
 DELETE_EXPERIMENT = 2006
 CREATE_NSC = 3001
@@ -246,3 +253,15 @@ def holds(grants: Iterable[Grant], permission: int, workspace_id: int | None) ->
 def holds_anywhere(grants: Iterable[Grant], permission: int) -> bool:
     """Whether any grant, in any workspace or across the cluster, gives `permission`."""
     return any(permission in ROLES[g.role_id].permission_ids for g in grants if g.role_id in ROLES)
+
+
+def workspaces_giving(grants: Iterable[Grant], permission: int) -> set[int]:
+    """The workspaces where a grant made there gives `permission` (cluster-wide grants,
+    which give it everywhere, are the caller's to check with holds(..., None))."""
+    return {
+        g.workspace_id
+        for g in grants
+        if g.workspace_id is not None
+        and g.role_id in ROLES
+        and permission in ROLES[g.role_id].permission_ids
+    }

@@ -253,6 +253,23 @@ def job(view: JobView, jobs_ahead: int) -> dict[str, Any]:
     }
 
 
+# What Determined's LimitedJob keeps of a job its reader may not see.
+_LIMITED_JOB_FIELDS = (
+    "summary",
+    "type",
+    "resourcePool",
+    "isPreemptible",
+    "priority",
+    "weight",
+    "jobId",
+    "workspaceId",
+)
+
+
+def limited_job(full: dict[str, Any]) -> dict[str, Any]:
+    return {k: full[k] for k in _LIMITED_JOB_FIELDS}
+
+
 def pool(view: PoolView, settings: MasterSettings, slot_type: str) -> dict[str, Any]:
     p = view.pool
     return {

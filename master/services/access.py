@@ -3,25 +3,34 @@ run's task token only its own trial's routes, and a user holding a role in a wor
 (master.core.roles, `det rbac assign-role`) what the role's permissions give there: an
 Editor changes anyone's experiments in it, a WorkspaceAdmin the workspace and its projects.
 
-Reading is open to every signed-in user (Determined's open-source rule: anyone may look at
-anyone's experiments and logs); changing something is not. The checks raise PermissionDenied
-(403) naming the owner and the permission, so a refused user knows whom to ask. They are
-called by the API routes and the dashboard's forms alike, before the service that changes
-anything. The owner's and the admin's cases are decided without reading roles.
+Reading (security.authz.type): with `rbac`, the default, a user sees what is in the
+workspaces they own or hold a viewing role in, the shared built-in workspace and their own
+work; anything else answers 404 exactly as if it did not exist (check_sight, for the path;
+Sight, for lists). With `basic` (Determined's open-source rule) anyone signed in reads
+everything. Changing something is refused (403) naming the owner and the permission, so a
+refused user knows whom to ask. The checks are called by the API routes and the dashboard's
+forms alike, before the service that changes anything. The owner's and the admin's cases
+are decided without reading roles.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, Literal
 
-from sqlalchemy import Select, or_, select
+from sqlalchemy import ColumnElement, Select, or_, select, true
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import QueryableAttribute
 
 from master.core import roles
+from master.core.text import unstorable
 from master.db.models import (
+    MAX_INT,
     AllocationModel,
     CheckpointModel,
     ExperimentModel,
+    ModelModel,
     ProjectModel,
     RoleAssignmentModel,
     TaskModel,
@@ -38,6 +47,9 @@ from master.errors import NotFound, PermissionDenied
 TOKEN_KIND = "token_kind"
 TOKEN_TRIAL_ID = "token_trial_id"
 TASK = "task"
+# session.info key set for each request (deps.get_session): True where every signed-in user
+# reads everything (security.authz.type basic). Absent: workspaces are kept apart.
+OPEN_READING = "open_reading"
 
 # Routes without an object in their path that a run's ranks call (Determined's harness
 # and the resolute library): what they report names its trial in the body, and the
@@ -120,6 +132,354 @@ async def may_anywhere(session: AsyncSession, actor: Actor, permission: int) -> 
     return roles.holds_anywhere(await grants_of(session, actor.user_id), permission)
 
 
+# --- reading ------------------------------------------------------------------------------
+
+_SIGHTS = "sights"  # session.info: each permission's Sight for the request's user
+
+
+@dataclass(frozen=True)
+class Sight:
+    """What one user may read of one kind of thing: everything, or what is in the listed
+    workspaces, and their own."""
+
+    everything: bool
+    workspace_ids: frozenset[int] = frozenset()
+    user_id: int | None = None
+
+    def sees(self, workspace_id: int | None, owner_id: int | None = None) -> bool:
+        return (
+            self.everything
+            or workspace_id in self.workspace_ids
+            or (owner_id is not None and owner_id == self.user_id)
+        )
+
+    def clause(
+        self, workspace: QueryableAttribute[Any], owner: QueryableAttribute[Any] | None = None
+    ) -> ColumnElement[bool]:
+        """The SQL condition of sees() for a list's query."""
+        if self.everything:
+            return true()
+        seen = workspace.in_(sorted(self.workspace_ids))
+        return seen if owner is None else or_(seen, owner == self.user_id)
+
+
+EVERYTHING = Sight(everything=True)
+
+
+def reads_everything(session: AsyncSession, actor: Actor) -> bool:
+    return actor.admin or bool(session.info.get(OPEN_READING))
+
+
+async def sight(session: AsyncSession, actor: Actor, permission: int) -> Sight:
+    """Where the actor reads what `permission` (a VIEW_ one) covers: everywhere for admins,
+    under open reading and for a cluster-wide grant; else the workspaces where a role gives
+    it, the ones the actor owns, and the built-in one everyone shares. Once per request."""
+    if reads_everything(session, actor):
+        return EVERYTHING
+    cached: dict[int, Sight] = session.info.setdefault(_SIGHTS, {})
+    if permission in cached:
+        return cached[permission]
+    grants = await grants_of(session, actor.user_id)
+    if roles.holds(grants, permission, None):
+        found = EVERYTHING
+    else:
+        ids = set(roles.workspaces_giving(grants, permission))
+        ids.update(
+            await session.scalars(
+                select(WorkspaceModel.id).where(
+                    or_(WorkspaceModel.user_id == actor.user_id, WorkspaceModel.immutable)
+                )
+            )
+        )
+        found = Sight(everything=False, workspace_ids=frozenset(ids), user_id=actor.user_id)
+    cached[permission] = found
+    return found
+
+
+async def sees(
+    session: AsyncSession,
+    actor: Actor,
+    permission: int,
+    workspace_id: int | None,
+    owner_id: int | None = None,
+) -> bool:
+    if reads_everything(session, actor):
+        return True
+    return (await sight(session, actor, permission)).sees(workspace_id, owner_id)
+
+
+Listed = Literal[
+    "experiments", "tasks", "allocations", "templates", "models", "workspaces", "projects"
+]
+
+
+async def readable(session: AsyncSession, actor: Actor, kind: Listed) -> ColumnElement[bool]:
+    """The condition a list's rows of `kind` meet when the actor may read them (the
+    allocations' query joins experiments and tasks)."""
+    if reads_everything(session, actor):
+        return true()
+    if kind in ("experiments", "allocations"):
+        seen = await sight(session, actor, roles.VIEW_EXPERIMENT_METADATA)
+        projects = select(ProjectModel.id).where(seen.clause(ProjectModel.workspace_id))
+        experiments = or_(
+            ExperimentModel.project_id.in_(projects), ExperimentModel.owner_id == actor.user_id
+        )
+        if kind == "experiments":
+            return experiments
+        return or_(experiments, await readable(session, actor, "tasks"))
+    permission, workspace, owner = {
+        "tasks": (roles.VIEW_NSC, TaskModel.workspace_id, TaskModel.owner_id),
+        "templates": (roles.VIEW_TEMPLATES, TemplateModel.workspace_id, TemplateModel.owner_id),
+        "models": (roles.VIEW_MODEL_REGISTRY, ModelModel.workspace_id, ModelModel.owner_id),
+        "workspaces": (roles.VIEW_WORKSPACE, WorkspaceModel.id, WorkspaceModel.user_id),
+        "projects": (roles.VIEW_PROJECT, ProjectModel.workspace_id, ProjectModel.user_id),
+    }[kind]
+    return (await sight(session, actor, permission)).clause(workspace, owner)
+
+
+@dataclass(frozen=True)
+class _Located:
+    permission: int
+    workspace_id: int | None
+    owner_id: int | None
+
+
+def _as_id(value: str) -> int | None:
+    """A path's id as the int the route will take, or None for one it will refuse itself."""
+    if not value.isdigit() or len(value) > 10 or int(value) > MAX_INT:
+        return None
+    return int(value)
+
+
+_EXPERIMENT_PLACE = select(ProjectModel.workspace_id, ExperimentModel.owner_id).join(
+    ProjectModel, ProjectModel.id == ExperimentModel.project_id
+)
+
+
+async def _experiment_place(session: AsyncSession, experiment_id: int | None) -> _Located | None:
+    if experiment_id is None:
+        return None
+    row = (
+        await session.execute(_EXPERIMENT_PLACE.where(ExperimentModel.id == experiment_id))
+    ).first()
+    return None if row is None else _Located(roles.VIEW_EXPERIMENT_METADATA, *row)
+
+
+async def _trial_place(session: AsyncSession, value: str) -> _Located | None:
+    trial_id = _as_id(value)
+    if trial_id is None:
+        return None
+    experiment_id = await session.scalar(
+        select(TrialModel.experiment_id).where(TrialModel.id == trial_id)
+    )
+    return await _experiment_place(session, experiment_id)
+
+
+async def _task_place(session: AsyncSession, task: TaskModel | None) -> _Located | None:
+    if task is None:
+        return None
+    return _Located(roles.VIEW_NSC, task.workspace_id, task.owner_id)
+
+
+async def _task_id_place(session: AsyncSession, value: str) -> _Located | None:
+    """A task id is a trial's ("<experiment id>.<request id>") or a command's uuid."""
+    experiment, dot, request_id = value.partition(".")
+    if dot and _as_id(experiment) is not None:
+        experiment_id = await session.scalar(
+            select(TrialModel.experiment_id).where(
+                TrialModel.experiment_id == int(experiment), TrialModel.request_id == request_id
+            )
+        )
+        if experiment_id is not None:
+            return await _experiment_place(session, experiment_id)
+    task = await session.scalar(select(TaskModel).where(TaskModel.uuid == value))
+    return await _task_place(session, task)
+
+
+async def _allocation_place(session: AsyncSession, value: str) -> _Located | None:
+    row = (
+        await session.execute(
+            select(AllocationModel.experiment_id, AllocationModel.task_id).where(
+                AllocationModel.id == value
+            )
+        )
+    ).first()
+    if row is None:
+        return None
+    experiment_id, task_id = row
+    if experiment_id is not None:
+        return await _experiment_place(session, experiment_id)
+    return await _task_place(session, await session.get(TaskModel, task_id) if task_id else None)
+
+
+async def _checkpoint_place(session: AsyncSession, value: str) -> _Located | None:
+    experiment_id = await session.scalar(
+        select(CheckpointModel.experiment_id).where(CheckpointModel.uuid == value)
+    )
+    return await _experiment_place(session, experiment_id)
+
+
+async def _workspace_place(session: AsyncSession, value: str) -> _Located | None:
+    workspace_id = _as_id(value)
+    owner = (
+        None
+        if workspace_id is None
+        else (
+            await session.execute(
+                select(WorkspaceModel.user_id).where(WorkspaceModel.id == workspace_id)
+            )
+        ).first()
+    )
+    return None if owner is None else _Located(roles.VIEW_WORKSPACE, workspace_id, owner[0])
+
+
+async def _project_place(session: AsyncSession, value: str) -> _Located | None:
+    project_id = _as_id(value)
+    row = (
+        None
+        if project_id is None
+        else (
+            await session.execute(
+                select(ProjectModel.workspace_id, ProjectModel.user_id).where(
+                    ProjectModel.id == project_id
+                )
+            )
+        ).first()
+    )
+    return None if row is None else _Located(roles.VIEW_PROJECT, *row)
+
+
+async def _model_place(session: AsyncSession, value: str) -> _Located | None:
+    """A model by name, else by numeric id (model_registry.find_model's order)."""
+    if unstorable(value):
+        return None
+    place = select(ModelModel.workspace_id, ModelModel.owner_id)
+    row = (await session.execute(place.where(ModelModel.name == value))).first()
+    if row is None and _as_id(value) is not None:
+        row = (await session.execute(place.where(ModelModel.id == int(value)))).first()
+    return None if row is None else _Located(roles.VIEW_MODEL_REGISTRY, *row)
+
+
+async def _template_place(session: AsyncSession, value: str) -> _Located | None:
+    if unstorable(value):
+        return None
+    row = (
+        await session.execute(
+            select(TemplateModel.workspace_id, TemplateModel.owner_id).where(
+                TemplateModel.name == value
+            )
+        )
+    ).first()
+    return None if row is None else _Located(roles.VIEW_TEMPLATES, *row)
+
+
+async def _job_place(session: AsyncSession, value: str) -> _Located | None:
+    if unstorable(value):
+        return None
+    experiment_id = await session.scalar(
+        select(ExperimentModel.id).where(ExperimentModel.job_id == value)
+    )
+    return await _experiment_place(session, experiment_id)
+
+
+_Finder = Callable[[AsyncSession, str], Awaitable[_Located | None]]
+
+# Path parameters naming something in a workspace: where to find it, and the words the
+# routes use for one that does not exist (the same words for one the caller may not see).
+_PLACES: dict[str, tuple[_Finder, Callable[[str], str]]] = {
+    "experiment_id": (
+        lambda s, v: _experiment_place(s, _as_id(v)),
+        lambda v: f"experiment {v} not found",
+    ),
+    "trial_id": (_trial_place, lambda v: f"trial {v} not found"),
+    "run_id": (_trial_place, lambda v: f"run {v} not found"),
+    "task_id": (_task_id_place, lambda v: f"task {v} not found"),
+    "allocation_id": (_allocation_place, lambda v: f"allocation {v} not found"),
+    "uuid": (_checkpoint_place, lambda v: f"checkpoint {v} not found"),
+    "checkpoint_uuid": (_checkpoint_place, lambda v: f"checkpoint {v} not found"),
+    "workspace_id": (_workspace_place, lambda v: f"workspace {v} not found"),
+    "project_id": (_project_place, lambda v: f"project {v} not found"),
+    "model_name": (
+        _model_place,
+        lambda v: f"modelName: no model named {v!r} (nor with that id)",
+    ),
+    "identifier": (
+        _model_place,
+        lambda v: f"modelName: no model named {v!r} (nor with that id)",
+    ),
+    "job_id": (_job_place, lambda v: f"job {v} not found"),
+    # The routes call it `name`, which names a template only on the template routes.
+    "template_name": (_template_place, lambda v: f"template {v} not found"),
+}
+
+
+async def check_readable(session: AsyncSession, actor: Actor, parameter: str, value: str) -> None:
+    """What a request names outside its path (a query's or a body's id), checked as
+    check_sight checks the path: `parameter` is one of its path parameters' names."""
+    if not reads_everything(session, actor):
+        await _check_place(session, actor, _PLACES[parameter], value)
+
+
+async def hidden(session: AsyncSession, actor: Actor, parameter: str, value: str) -> bool:
+    """Whether the thing exists but the actor may not read it: the caller then answers in
+    its own words for one that does not exist."""
+    if reads_everything(session, actor):
+        return False
+    found = await _PLACES[parameter][0](session, value)
+    return found is not None and not await sees(
+        session, actor, found.permission, found.workspace_id, found.owner_id
+    )
+
+
+async def require_experiment_creator(
+    session: AsyncSession, actor: Actor, workspace: WorkspaceModel, project: ProjectModel
+) -> None:
+    """Adding an experiment to a project: anyone in the shared built-in workspace and
+    under open reading (Determined's open-source rule); else its workspace's owner, the
+    project's, or whoever holds CREATE_EXPERIMENT there (an Editor)."""
+    if reads_everything(session, actor) or workspace.immutable:
+        return
+    if actor.user_id in (workspace.user_id, project.user_id):
+        return
+    if await may(session, actor, roles.CREATE_EXPERIMENT, workspace.id):
+        return
+    raise PermissionDenied(
+        f"project {project.name!r} of workspace {workspace.name!r}: user {actor.username} may "
+        "not add experiments there; its owner or an admin may"
+        + holders(roles.CREATE_EXPERIMENT, "there")
+    )
+
+
+async def _check_place(
+    session: AsyncSession,
+    actor: Actor,
+    place: tuple[_Finder, Callable[[str], str]],
+    value: str,
+) -> None:
+    find, missing = place
+    found = await find(session, value)
+    if found is None:
+        return  # the route answers for what does not exist
+    if not await sees(session, actor, found.permission, found.workspace_id, found.owner_id):
+        raise NotFound(missing(value))
+
+
+async def check_sight(
+    session: AsyncSession, actor: Actor, route: str, path_params: dict[str, str]
+) -> None:
+    """Everything a request's path names must be something the actor may read; one they
+    may not answers 404 in the words the route uses for one that does not exist, so its
+    existence is not told either."""
+    if reads_everything(session, actor):
+        return
+    for name, value in path_params.items():
+        place = _PLACES.get(name)
+        if place is None and name == "name" and "/templates/" in route:
+            place = _PLACES["template_name"]
+        if place is not None:
+            await _check_place(session, actor, place, value)
+
+
 def require_admin(actor: Actor, what: str) -> None:
     if not actor.admin:
         raise PermissionDenied(f"{what} is for admins; user {actor.username} is not one")
@@ -169,6 +529,8 @@ async def require_experiment_owner(
         return
     if await may(session, actor, permission, workspace_id):
         return
+    if not await sees(session, actor, roles.VIEW_EXPERIMENT_METADATA, workspace_id, owner_id):
+        raise NotFound(f"experiment {experiment_id} not found")
     owner = await _owner_name(session, owner_id)
     raise PermissionDenied(
         f"experiment {experiment_id} belongs to {owner}; only its owner or an admin may {what}"
@@ -209,6 +571,8 @@ async def require_task_owner(
         return
     if workspace_id is not None and await may(session, actor, roles.UPDATE_NSC, workspace_id):
         return
+    if not await sees(session, actor, roles.VIEW_NSC, workspace_id, owner_id):
+        raise NotFound(f"{label} not found")
     raise PermissionDenied(
         f"{label} belongs to {await _owner_name(session, owner_id)}; only its owner or an "
         f"admin may {what}" + holders(roles.UPDATE_NSC)
@@ -259,6 +623,8 @@ async def require_template_owner(
         return
     if await may(session, actor, permission, row.workspace_id):
         return
+    if not await sees(session, actor, roles.VIEW_TEMPLATES, row.workspace_id, row.owner_id):
+        raise NotFound(f"template {name} not found")
     owner = await _owner_name(session, row.owner_id)
     raise PermissionDenied(
         f"template {name!r} belongs to {owner}; only its owner or an admin may {what}"
@@ -282,6 +648,8 @@ async def require_workspace_owner(
         return
     if await may(session, actor, permission, workspace_id):
         return
+    if not await sees(session, actor, roles.VIEW_WORKSPACE, workspace_id, ws.user_id):
+        raise NotFound(f"workspace {workspace_id} not found")
     owner = await _owner_name(session, ws.user_id)
     raise PermissionDenied(
         f"workspace {ws.name!r} belongs to {owner}; only its owner or an admin may {what}"
@@ -310,6 +678,8 @@ async def require_project_owner(
         return
     if await may(session, actor, permission, project.workspace_id):
         return
+    if not await sees(session, actor, roles.VIEW_PROJECT, project.workspace_id, project.user_id):
+        raise NotFound(f"project {project_id} not found")
     owner = await _owner_name(session, project.user_id)
     raise PermissionDenied(
         f"project {project.name!r} belongs to {owner}; only its owner, its workspace's owner "
@@ -332,6 +702,8 @@ async def require_model_owner(
         return
     if workspace_id is not None and await may(session, actor, permission, workspace_id):
         return
+    if not await sees(session, actor, roles.VIEW_MODEL_REGISTRY, workspace_id, owner_id):
+        raise NotFound(f"modelName: no model named {name!r} (nor with that id)")
     owner = await _owner_name(session, owner_id)
     raise PermissionDenied(
         f"model {name!r} belongs to {owner}; only its owner or an admin may {what}"

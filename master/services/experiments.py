@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import yaml
-from sqlalchemy import Select, Table, bindparam, func, insert, or_, select, update
+from sqlalchemy import ColumnElement, Select, Table, bindparam, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from master.core import asha, launch, placement
@@ -124,9 +124,11 @@ def _shown_text(original: str, submitted: dict[str, Any]) -> str:
 
 
 async def prepare_experiment(
-    session: AsyncSession, request: ExperimentRequest, settings: MasterSettings
+    session: AsyncSession, request: ExperimentRequest, settings: MasterSettings, actor: access.Actor
 ) -> PreparedExperiment:
-    """Parse, merge, validate, seed and pack; raises a 4xx error naming the path on bad input."""
+    """Parse, merge, validate, seed and pack; raises a 4xx error naming the path on bad input.
+    What it names that `actor` may not read (parent, template, project, source checkpoint)
+    is refused as if it did not exist."""
     if isinstance(request.config, str):
         original = request.config
         with config_errors_as_invalid_argument("config"):
@@ -136,7 +138,7 @@ async def prepare_experiment(
         original = yaml.safe_dump(user_raw, sort_keys=False)
     else:
         raise InvalidArgument("config: must be the YAML text of an experiment config")
-    parent = await _parent_of(session, request.parent_id)
+    parent = await _parent_of(session, request.parent_id, actor)
     if isinstance(user_raw, dict):  # otherwise refused by validate_config below
         if parent is not None:
             # A fork's config is the parent's as shown, secrets masked: each takes the
@@ -152,6 +154,7 @@ async def prepare_experiment(
     template_config: dict[str, Any] | None = None
     merged = user_raw
     if request.template:
+        await access.check_readable(session, actor, "template_name", request.template)
         template_config = (await get_template(session, request.template)).config
         merged = merge_template(template_config, user_raw)
 
@@ -161,8 +164,10 @@ async def prepare_experiment(
         request.project_id,
         _text_or_none(merged, "workspace"),
         _text_or_none(merged, "project"),
+        lambda project: access.hidden(session, actor, "project_id", str(project.id)),
     )
     workspace = await workspaces.get_workspace(session, project.workspace_id)
+    await access.require_experiment_creator(session, actor, workspace, project)
     if merged.get("checkpoint_storage") is None:
         # As Determined does, the workspace's storage (else the master's) goes into the
         # stored config, so the experiment keeps saying where its checkpoints are if the
@@ -183,7 +188,11 @@ async def prepare_experiment(
         seed = int(reproducibility["experiment_seed"])
         trial_count = count_trials(effective["searcher"], effective.get("hyperparameters") or {})
     effective["labels"] = labels.checked_labels(effective.get("labels") or [], "labels")
-    await trial_reports.check_source_checkpoint(session, effective["searcher"])
+    await trial_reports.check_source_checkpoint(
+        session,
+        effective["searcher"],
+        lambda uuid: access.hidden(session, actor, "uuid", uuid),
+    )
     resources = effective.setdefault("resources", {})
     pool = await pool_bindings.choose_pool(
         session,
@@ -245,11 +254,13 @@ def _text_or_none(config: Any, key: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-async def _parent_of(session: AsyncSession, parent_id: int | None) -> ExperimentModel | None:
+async def _parent_of(
+    session: AsyncSession, parent_id: int | None, actor: access.Actor
+) -> ExperimentModel | None:
     if parent_id is None:
         return None
     parent = await session.get(ExperimentModel, parent_id)
-    if parent is None:
+    if parent is None or await access.hidden(session, actor, "experiment_id", str(parent_id)):
         raise InvalidArgument(f"parentId: experiment {parent_id} not found")
     return parent
 
@@ -338,7 +349,7 @@ async def create_experiment(
     settings: MasterSettings,
 ) -> tuple[ExperimentView | None, PreparedExperiment]:
     """Store the experiment and its planned trials; nothing is stored with validate_only."""
-    prepared = await prepare_experiment(session, request, settings)
+    prepared = await prepare_experiment(session, request, settings, access.Actor.of(owner))
     if request.validate_only:
         return None, prepared
     project, workspace = prepared.project, prepared.workspace
@@ -547,16 +558,18 @@ async def list_experiments(
     sort_by: str = "SORT_BY_ID",
     descending: bool = False,
     project_id: int | None = None,
+    readable: ColumnElement[bool] | None = None,
 ) -> tuple[list[ExperimentView], int]:
     """A page of experiments and how many match. Experiments without a value of the sort
     column (no best metric yet) come last in either order. `with_labels`: those carrying
-    every one of these labels, as Determined's `labels` filter."""
+    every one of these labels, as Determined's `labels` filter. `readable`: the rows the
+    caller may read (access.readable)."""
     column = _SORT_COLUMNS.get(sort_by)
     if column is None:
         raise InvalidArgument(f"sortBy: {sort_by!r} is not one of {', '.join(_SORT_COLUMNS)}")
     if text is not None and len(text) > MAX_TEXT_FILTER:
         raise InvalidArgument(f"text: at most {MAX_TEXT_FILTER} characters")
-    conditions = []
+    conditions = [] if readable is None else [readable]
     if project_id:  # Determined's client sends 0 for "any project"
         await workspaces.get_project(session, project_id)  # 404 naming an unknown one
         conditions.append(ExperimentModel.project_id == project_id)
@@ -1143,12 +1156,18 @@ async def model_definition_archive(session: AsyncSession, experiment_id: int) ->
     return row.archive if row is not None else b""
 
 
-async def check_trials_exist(session: AsyncSession, trial_ids: Sequence[int]) -> None:
+async def check_trials_exist(
+    session: AsyncSession, trial_ids: Sequence[int], readable: ColumnElement[bool] | None = None
+) -> None:
+    """Each trial exists (and is of an experiment the caller may read: `readable`)."""
     if not trial_ids:
         raise InvalidArgument("trialIds: name at least one trial")
-    found = set(
-        (await session.scalars(select(TrialModel.id).where(TrialModel.id.in_(trial_ids)))).all()
-    )
+    query = select(TrialModel.id).where(TrialModel.id.in_(trial_ids))
+    if readable is not None:
+        query = query.join(ExperimentModel, ExperimentModel.id == TrialModel.experiment_id).where(
+            readable
+        )
+    found = set((await session.scalars(query)).all())
     missing = sorted(set(trial_ids) - found)
     if missing:
         raise NotFound(f"trial {missing[0]} not found")

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
-from sqlalchemy import select, update
+from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from master.core import task_config
@@ -243,6 +243,7 @@ async def list_tasks(
     owner_id: int | None = None,
     include_ended: bool = True,
     newest_first: bool = False,
+    readable: ColumnElement[bool] | None = None,
 ) -> list[TaskRow]:
     query = (
         select(TaskModel, AllocationModel, UserModel.username)
@@ -254,6 +255,8 @@ async def list_tasks(
         query = query.where(TaskModel.type == kind)
     if owner_id is not None:
         query = query.where(TaskModel.owner_id == owner_id)
+    if readable is not None:
+        query = query.where(readable)
     if not include_ended:
         query = query.where(AllocationModel.state != AllocationState.TERMINATED)
     return [TaskRow(*row) for row in (await session.execute(query)).all()]

@@ -10,7 +10,7 @@ import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Select, exists, func, literal, literal_column, select, true
+from sqlalchemy import ColumnElement, Select, exists, func, literal, literal_column, select, true
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -110,7 +110,10 @@ def _elements(session: AsyncSession) -> Any:
 
 
 async def label_counts(
-    session: AsyncSession, project_id: int | None = None, limit: int | None = None
+    session: AsyncSession,
+    project_id: int | None = None,
+    limit: int | None = None,
+    readable: ColumnElement[bool] | None = None,
 ) -> list[str]:
     """Every label in use (or the `limit` most used), the most used first, then A to Z, as
     Determined lists them. Counted in the database: the list page asks on every load."""
@@ -125,6 +128,8 @@ async def label_counts(
     )
     if project_id is not None:
         query = query.where(ExperimentModel.project_id == project_id)
+    if readable is not None:  # only the labels of experiments the caller may read
+        query = query.where(readable)
     if limit is not None:
         query = query.limit(limit)
     return [str(label) for label, _ in (await session.execute(query)).all()]

@@ -17,7 +17,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import ColumnElement, delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.core import roles
@@ -232,6 +232,7 @@ async def list_models(
     order_by: str = "ORDER_BY_UNSPECIFIED",
     offset: int = 0,
     limit: int = 0,
+    readable: ColumnElement[bool] | None = None,
 ) -> tuple[list[ModelView], int]:
     """A page of the models that pass every filter, and how many pass. Registries are
     small (models are chosen by hand), so labels, sorting and paging are done here."""
@@ -242,6 +243,8 @@ async def list_models(
         if text and unstorable(text):
             raise InvalidArgument(f"{field}: holds a NUL character or a lone surrogate")
     query = select(ModelModel)
+    if readable is not None:
+        query = query.where(readable)
     if filters.archived is not None:
         query = query.where(ModelModel.archived == filters.archived)
     if filters.name:
@@ -301,10 +304,16 @@ async def list_models(
     return page, total
 
 
-async def labels_in_use(session: AsyncSession) -> list[str]:
-    """Every label on a model, the most used first (Determined's GetModelLabels)."""
+async def labels_in_use(
+    session: AsyncSession, readable: ColumnElement[bool] | None = None
+) -> list[str]:
+    """Every label on a model (the caller may read), the most used first (Determined's
+    GetModelLabels)."""
     counts: dict[str, int] = {}
-    for labels in (await session.scalars(select(ModelModel.labels))).all():
+    query = select(ModelModel.labels)
+    if readable is not None:
+        query = query.where(readable)
+    for labels in (await session.scalars(query)).all():
         for label in labels or []:
             counts[label] = counts.get(label, 0) + 1
     return sorted(counts, key=lambda label: (-counts[label], label))

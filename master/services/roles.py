@@ -27,6 +27,7 @@ from master.db.models import (
     WorkspaceModel,
 )
 from master.errors import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
+from master.services import access
 from master.services.access import Actor, assigned_to, forget_grants, may
 
 log = logging.getLogger(__name__)
@@ -181,7 +182,9 @@ async def _check(session: AsyncSession, actor: Actor, item: Assignment) -> tuple
     where = "across the cluster"
     if item.workspace_id is not None:
         ws = await session.get(WorkspaceModel, item.workspace_id)
-        if ws is None:
+        if ws is None or await access.hidden(
+            session, actor, "workspace_id", str(item.workspace_id)
+        ):
             raise NotFound(
                 f"{item.field}.roleAssignment.scopeWorkspaceId: workspace {item.workspace_id} "
                 "not found"

@@ -45,7 +45,10 @@ class TaskView:
 
 
 async def list_tasks(
-    session: AsyncSession, pool: str | None = None, failed_within: timedelta | None = None
+    session: AsyncSession,
+    pool: str | None = None,
+    failed_within: timedelta | None = None,
+    readable: ColumnElement[bool] | None = None,
 ) -> list[TaskView]:
     """Every allocation that waits or holds resources, oldest first; with `failed_within`,
     also those that ended that recently with their trial in ERROR (so a trial that could
@@ -80,6 +83,8 @@ async def list_tasks(
     )
     if pool is not None:
         query = query.where(AllocationModel.resource_pool == pool)
+    if readable is not None:
+        query = query.where(readable)
     rows = (await session.execute(query)).all()
     held: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     for agent_id, slot_id, allocation_id in (

@@ -6,7 +6,7 @@ import logging
 import re
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.core.expconf import validate_config
@@ -94,10 +94,13 @@ async def list_templates(
     name: str | None = None,
     workspace_ids: list[int] | None = None,
     descending: bool = False,
+    readable: ColumnElement[bool] | None = None,
 ) -> tuple[list[TemplateModel], int]:
-    """Every template, as in Determined without roles, where anyone may see any workspace;
-    `workspace_ids` keeps those of the given workspaces (unknown ids match nothing)."""
+    """The templates the caller may read (`readable`, access.readable); `workspace_ids`
+    keeps those of the given workspaces (unknown ids match nothing)."""
     query = select(TemplateModel)
+    if readable is not None:
+        query = query.where(readable)
     if name:
         query = query.where(TemplateModel.name.contains(name, autoescape=True))
     if workspace_ids:

@@ -7,7 +7,7 @@ import json
 import logging
 import math
 import uuid as uuidlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -536,9 +536,17 @@ async def start_run_from(
     return steps
 
 
-async def check_source_checkpoint(session: AsyncSession, searcher: Mapping[str, Any]) -> None:
+async def check_source_checkpoint(
+    session: AsyncSession,
+    searcher: Mapping[str, Any],
+    hidden: Callable[[str], Awaitable[bool]],
+) -> None:
+    """The checkpoint a search starts from exists and (`hidden` False) its submitter may
+    read it."""
     source = searcher.get("source_checkpoint_uuid")
-    if source and await _checkpoint_by_uuid(session, str(source)) is None:
+    if source and (
+        await _checkpoint_by_uuid(session, str(source)) is None or await hidden(str(source))
+    ):
         raise InvalidArgument(f"searcher.source_checkpoint_uuid: checkpoint {source} not found")
     trial_id = searcher.get("source_trial_id")
     if trial_id is not None:

@@ -129,7 +129,10 @@ async def create_webhook(
     checked_mode = _input(core.checked_mode, mode)
     specs = _input(core.checked_triggers, triggers, checked_mode)
     scope = workspace_id or None  # Determined's 0: every workspace
-    if scope is not None and await session.get(WorkspaceModel, scope) is None:
+    if scope is not None and (
+        await session.get(WorkspaceModel, scope) is None
+        or await access.hidden(session, actor, "workspace_id", str(scope))
+    ):
         raise NotFound(f"workspaceId: workspace {scope} not found")
     await _require_editor(session, actor, scope)
     row = WebhookModel(

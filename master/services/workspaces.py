@@ -13,7 +13,7 @@ import logging
 import re
 import secrets
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -181,10 +181,12 @@ async def project_for_experiment(
     project_id: int | None,
     workspace_name: str | None,
     project_name: str | None,
+    hidden: Callable[[ProjectModel], Awaitable[bool]],
 ) -> ProjectModel:
     """Where a new experiment goes: the request's projectId, else the config's
     `workspace:`/`project:` names, else the built-in project. Unknown ids or names are a
-    400 naming them; so is a project (or workspace) that is archived, as in Determined."""
+    400 naming them, and so are those the submitter may not read (`hidden`); so is a
+    project (or workspace) that is archived, as in Determined."""
     by_names: ProjectModel | None = None
     if workspace_name is not None and project_name is not None:
         ws = await session.scalar(
@@ -197,13 +199,13 @@ async def project_for_experiment(
                 ProjectModel.workspace_id == ws.id, ProjectModel.name == project_name
             )
         )
-        if by_names is None:
+        if by_names is None or await hidden(by_names):
             raise InvalidArgument(
                 f"project: project {project_name!r} does not exist in workspace {workspace_name!r}"
             )
     if project_id:
         project = await session.get(ProjectModel, project_id)
-        if project is None:
+        if project is None or await hidden(project):
             raise InvalidArgument(f"projectId: project {project_id} does not exist")
         if by_names is not None and by_names.id != project.id:
             raise InvalidArgument(
@@ -282,6 +284,7 @@ async def list_workspaces(
     sort_by: str = "SORT_BY_ID",
     descending: bool = False,
     workspace_id: int | None = None,
+    readable: ColumnElement[bool] | None = None,
 ) -> tuple[list[WorkspaceView], int]:
     """A page of workspaces with their counts and the viewer's pins, and how many match.
     `name` matches whole names without regard to case, `name_case_sensitive` exactly (what
@@ -297,7 +300,7 @@ async def list_workspaces(
         )
         .scalar_subquery()
     )
-    conditions: list[ColumnElement[bool]] = []
+    conditions: list[ColumnElement[bool]] = [] if readable is None else [readable]
     if workspace_id is not None:
         conditions.append(WorkspaceModel.id == workspace_id)
     if name:
@@ -567,6 +570,7 @@ async def list_projects(
     usernames: Sequence[str] = (),
     sort_by: str = "SORT_BY_ID",
     descending: bool = False,
+    readable: ColumnElement[bool] | None = None,
 ) -> tuple[list[ProjectView], int]:
     """A page of a workspace's projects (every workspace's for id 0, as Determined's
     client asks) with their counts, and how many match; `name` matches whole names."""
@@ -575,7 +579,7 @@ async def list_projects(
         raise InvalidArgument(f"sortBy: {sort_by!r} is not one of {', '.join(_PROJECT_SORTS)}")
     if workspace_id:
         await get_workspace(session, workspace_id)
-    conditions: list[ColumnElement[bool]] = []
+    conditions: list[ColumnElement[bool]] = [] if readable is None else [readable]
     if workspace_id:
         conditions.append(ProjectModel.workspace_id == workspace_id)
     if project_id is not None:

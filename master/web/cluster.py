@@ -99,6 +99,7 @@ def last_heard(request: Request) -> Mapping[str, datetime]:
 
 async def _cluster_context(
     session: AsyncSession,
+    actor: access.Actor,
     settings: MasterSettings,
     paged: Paging,
     heard: Mapping[str, datetime],
@@ -107,7 +108,9 @@ async def _cluster_context(
     views = await agents.list_agents(session)
     shown = slice_page(views, paged)
     latest = await metrics.latest_metrics(session, [v.agent.id for v in shown])
-    by_allocation = {t.allocation.id: t for t in await tasks.list_tasks(session)}
+    # A slot held by work the viewer may not read shows as busy, without whose.
+    readable = await access.readable(session, actor, "allocations")
+    by_allocation = {t.allocation.id: t for t in await tasks.list_tasks(session, readable=readable)}
     rows = [
         _agent_row(v, by_allocation, latest.get(v.agent.id), heard.get(v.agent.id)) for v in shown
     ]
@@ -131,7 +134,7 @@ async def cluster_page(
     web: WebSessionDep,
     paged: ClusterPaging,
 ) -> Response:
-    context = await _cluster_context(session, settings, paged, last_heard(request))
+    context = await _cluster_context(session, web.actor, settings, paged, last_heard(request))
     template = "cluster_live.html" if is_htmx(request) else "cluster.html"
     return page_response(request, template, {**context, "nav": "cluster"}, web=web)
 
@@ -187,6 +190,8 @@ async def _page_with_error(
     web: WebSession,
     exc: MasterError,
 ) -> Response:
-    context = await _cluster_context(session, settings, Paging(1, 20), last_heard(request))
+    context = await _cluster_context(
+        session, web.actor, settings, Paging(1, 20), last_heard(request)
+    )
     context.update(nav="cluster", error=exc.message)
     return page_response(request, "cluster.html", context, web=web)

@@ -261,6 +261,9 @@ async def web_session(request: Request, session: SessionDep) -> WebSession:
     )
     # Kept for the error page: a handler that fails later still renders the navigation.
     request.state.web = web
+    # What the page's path names must be the user's to see (a 404 as for nothing there).
+    route = getattr(request.scope.get("route"), "path", request.url.path)
+    await access.check_sight(session, web.actor, route, dict(request.path_params))
     return web
 
 

@@ -84,6 +84,7 @@ async def templates_page(
         limit=paged.per_page,
         name=name.strip() or None,
         workspace_ids=[workspace] if workspace else None,
+        readable=await access.readable(session, web.actor, "templates"),
     )
     params = {"name": name, "workspace": str(workspace) if workspace else ""}
     context = {

@@ -180,6 +180,7 @@ async def experiments_page(
         sort_by=SORTS[params.sort],
         descending=params.order == "desc",
         project_id=params.project or None,
+        readable=await access.readable(session, web.actor, "experiments"),
     )
     context = {
         "nav": "experiments",
@@ -197,7 +198,11 @@ async def experiments_page(
     }
     if is_htmx(request):  # the table refreshing itself: the form's choices are there already
         return page_response(request, "experiments_table.html", context, web=web)
-    context["known_labels"] = await labels.label_counts(session, limit=MAX_LABEL_CHOICES)
+    context["known_labels"] = await labels.label_counts(
+        session,
+        limit=MAX_LABEL_CHOICES,
+        readable=await access.readable(session, web.actor, "experiments"),
+    )
     template = "experiments.html"
     return page_response(request, template, context, web=web)
 

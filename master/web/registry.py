@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 
 from master.api.deps import SessionDep
-from master.services import model_registry, trial_reports
+from master.services import access, model_registry, trial_reports
 from master.services.checkpoint_gc import SHOWN
 from master.services.model_registry import ModelFilter
 from master.web.common import PagingDep, WebRoute, WebSessionDep, page_links, page_response
@@ -28,7 +28,12 @@ async def models_page(
 ) -> Response:
     filters = ModelFilter(name=name.strip() or None, archived=None if archived else False)
     rows, total = await model_registry.list_models(
-        session, filters, sort_by="SORT_BY_NAME", offset=paged.offset, limit=paged.per_page
+        session,
+        filters,
+        sort_by="SORT_BY_NAME",
+        offset=paged.offset,
+        limit=paged.per_page,
+        readable=await access.readable(session, web.actor, "models"),
     )
     params = {"name": name, "archived": "true" if archived else ""}
     context = {

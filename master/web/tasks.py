@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.api.deps import MAX_INT, SessionDep
+from master.core import roles
 from master.db.models import AllocationState, TaskType
 from master.errors import MasterError, NotFound
 from master.services import access, experiments, interactive, logs, tasks
@@ -70,17 +71,27 @@ def can_open(row: TaskRow, web: WebSession) -> bool:
 
 async def _context(
     session: AsyncSession,
+    actor: access.Actor,
     paged: Paging,
     interactive_page: int = 1,
     *,
     with_jobs: bool = True,
 ) -> dict[str, Any]:
     # Trials that ended in an error lately stay listed, with why (as `det task list`).
-    allocations = await tasks.list_tasks(session, failed_within=RECENT_FAILURES)
+    allocations = await tasks.list_tasks(
+        session,
+        failed_within=RECENT_FAILURES,
+        readable=await access.readable(session, actor, "allocations"),
+    )
     shown = slice_page(allocations, paged)
     # The 3-second refresh (tasks_live.html) shows tasks and allocations only.
     jobs = await tasks.list_jobs(session) if with_jobs else []
-    task_rows = await interactive.list_tasks(session, newest_first=True)
+    if jobs:
+        seen = await access.sight(session, actor, roles.VIEW_EXPERIMENT_METADATA)
+        jobs = [j for j in jobs if seen.sees(j.workspace_id, j.experiment.owner_id)]
+    task_rows = await interactive.list_tasks(
+        session, newest_first=True, readable=await access.readable(session, actor, "tasks")
+    )
     task_paged = Paging(interactive_page, INTERACTIVE_PER_PAGE)
     shown_tasks = slice_page(task_rows, task_paged)
     return {
@@ -120,7 +131,7 @@ async def tasks_page(
     notice: str = "",
 ) -> Response:
     live = is_htmx(request)
-    context = await _context(session, paged, interactive_page, with_jobs=not live)
+    context = await _context(session, web.actor, paged, interactive_page, with_jobs=not live)
     context["notice"] = NOTICES.get(notice)
     template = "tasks_live.html" if live else "tasks.html"
     return page_response(request, template, context, web=web)
@@ -144,7 +155,7 @@ async def set_priority(
 async def _page_with_error(
     request: Request, session: AsyncSession, web: WebSession, exc: MasterError
 ) -> Response:
-    context = await _context(session, Paging(1, 50))
+    context = await _context(session, web.actor, Paging(1, 50))
     context.update(notice=None, error=exc.message)
     return page_response(request, "tasks.html", context, web=web)
 

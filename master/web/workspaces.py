@@ -10,7 +10,7 @@ from collections import defaultdict
 from fastapi import APIRouter, Request, Response
 
 from master.api.deps import ObjectId, SessionDep, SettingsDep
-from master.services import quotas, roles, workspaces
+from master.services import access, quotas, roles, workspaces
 from master.web.common import PagingDep, WebRoute, WebSessionDep, page_links, page_response
 from resolute.storage import mask_secrets
 
@@ -41,6 +41,7 @@ async def workspaces_page(
         limit=paged.per_page,
         archived=None if archived else False,
         sort_by="SORT_BY_NAME",
+        readable=await access.readable(session, web.actor, "workspaces"),
     )
     summaries: dict[int, list[str]] = defaultdict(list)
     for share in await quotas.pool_shares(session, settings, [v.workspace.id for v in views]):
@@ -74,6 +75,7 @@ async def workspace_page(
         limit=paged.per_page,
         archived=None if archived else False,
         sort_by="SORT_BY_NAME",
+        readable=await access.readable(session, web.actor, "projects"),
     )
     params = {"archived": "true" if archived else ""}
     stored = workspace.workspace.checkpoint_storage

@@ -35,8 +35,9 @@ ROLE_IDS = {
 }
 
 
-def readme_table() -> tuple[list[str], dict[str, dict[str, bool]]]:
-    """The roles table of README.md: its role columns, and for each action who may."""
+def readme_table() -> tuple[list[str], dict[str, dict[str, str]]]:
+    """The roles table of README.md: its role columns, and for each action what each gets:
+    yes, no (refused, 403) or unseen (404, as for something that does not exist)."""
     text = README.read_text(encoding="utf-8")
     found = re.search(r"<!-- roles table[^>]*-->\n(.*?)<!-- end of roles table -->", text, re.S)
     assert found, "README.md has no roles table"
@@ -46,7 +47,7 @@ def readme_table() -> tuple[list[str], dict[str, dict[str, bool]]]:
     ]
     header, body = rows[0], rows[2:]
     columns = header[1:]
-    table = {row[0]: {c: v == "yes" for c, v in zip(columns, row[1:], strict=True)} for row in body}
+    table = {row[0]: dict(zip(columns, row[1:], strict=True)) for row in body}
     return columns, table
 
 
@@ -184,12 +185,24 @@ async def list_webhooks(s: Scene) -> bool:
     return made["webhook"]["id"] in [w["id"] for w in listed["webhooks"]]
 
 
+async def see_experiment(s: Scene) -> httpx.Response:
+    return await s.bob.get(f"/api/v1/experiments/{await s.experiment()}")
+
+
+async def list_experiments(s: Scene) -> bool:
+    experiment = await s.experiment()
+    listed = await ok(await s.bob.get("/api/v1/experiments"))
+    return experiment in [e["id"] for e in listed["experiments"]]
+
+
 async def give_role_elsewhere(s: Scene) -> httpx.Response:
     body = assignment("Viewer", user=s.alice_id, ws=s.workspaces["nlp"])
     return await s.bob.post("/api/v1/roles/add-assignments", json=body)
 
 
 ACTIONS: dict[str, Callable[[Scene], Awaitable[httpx.Response | bool]]] = {
+    "see an experiment": see_experiment,
+    "find an experiment in the list": list_experiments,
     "kill an experiment": kill,
     "label an experiment": label,
     "delete an experiment": delete_experiment,
@@ -244,10 +257,11 @@ async def test_what_each_role_lets_a_user_change(
         for action, perform in ACTIONS.items():
             reply = await perform(scene)
             if isinstance(reply, bool):  # a list: whether it shows alice's
-                seen[action] = reply
+                seen[action] = "yes" if reply else "no"
                 continue
-            assert reply.status_code in (200, 403), (action, reply.text)
-            seen[action] = reply.status_code == 200
+            answers = {200: "yes", 403: "no", 404: "unseen"}
+            assert reply.status_code in answers, (action, reply.text)
+            seen[action] = answers[reply.status_code]
         assert seen == {action: TABLE[action][role] for action in ACTIONS}
 
 

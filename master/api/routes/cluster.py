@@ -8,7 +8,15 @@ from typing import Any
 from fastapi import APIRouter, Body, Query, Request
 from sqlalchemy import select
 
-from master.api.deps import MAX_INT, CurrentUser, SessionDep, SettingsDep, after_commit
+from master.api.deps import (
+    MAX_INT,
+    CurrentActor,
+    CurrentUser,
+    SessionDep,
+    SettingsDep,
+    after_commit,
+)
+from master.core import roles
 from master.db.models import AllocationModel, SlotModel
 from master.errors import InvalidArgument, NotFound
 from master.schemas import cluster
@@ -134,7 +142,7 @@ async def revoke_agent(
 @router.get("/tasks")
 async def list_tasks(
     session: SessionDep,
-    _user: CurrentUser,
+    actor: CurrentActor,
     failed_within_s: int = Query(
         0,
         ge=0,
@@ -145,7 +153,8 @@ async def list_tasks(
     ),
 ) -> dict[str, Any]:
     window = timedelta(seconds=failed_within_s) if failed_within_s else None
-    views = await tasks.list_tasks(session, failed_within=window)
+    readable = await access.readable(session, actor, "allocations")
+    views = await tasks.list_tasks(session, failed_within=window, readable=readable)
     slots: dict[str, dict[int, SlotModel]] = {}
     for slot in (await session.scalars(select(SlotModel))).all():
         slots.setdefault(slot.agent_id, {})[slot.slot_id] = slot
@@ -169,13 +178,19 @@ async def list_resource_pools(
     return cluster.paginated("resourcePools", items, offset, limit)
 
 
-async def _jobs(session: SessionDep, pool: str | None) -> list[dict[str, Any]]:
+async def _jobs(
+    session: SessionDep, actor: access.Actor, pool: str | None
+) -> list[tuple[dict[str, Any], bool]]:
+    """Each job in queue order, and whether the actor may read it. Positions count every
+    job, readable or not: a user is told truly how many wait ahead."""
     views = await tasks.list_jobs(session, pool)
+    seen = await access.sight(session, actor, roles.VIEW_EXPERIMENT_METADATA)
     ahead: dict[str, int] = {}  # jobs ahead in the same pool, in queue order
     jobs = []
     for view in views:
         pool_name = view.experiment.resource_pool
-        jobs.append(cluster.job(view, jobs_ahead=ahead.get(pool_name, 0)))
+        readable = seen.sees(view.workspace_id, view.experiment.owner_id)
+        jobs.append((cluster.job(view, jobs_ahead=ahead.get(pool_name, 0)), readable))
         ahead[pool_name] = ahead.get(pool_name, 0) + 1
     return jobs
 
@@ -183,23 +198,31 @@ async def _jobs(session: SessionDep, pool: str | None) -> list[dict[str, Any]]:
 @router.get("/job-queues")
 async def list_jobs(
     session: SessionDep,
-    _user: CurrentUser,
+    actor: CurrentActor,
     offset: int = Query(0, ge=0, le=MAX_INT),
     limit: int = Query(0, ge=0, le=MAX_INT),
     resource_pool: str | None = Query(None, alias="resourcePool"),
 ) -> dict[str, Any]:
-    return cluster.paginated("jobs", await _jobs(session, resource_pool), offset, limit)
+    jobs = [job for job, readable in await _jobs(session, actor, resource_pool) if readable]
+    return cluster.paginated("jobs", jobs, offset, limit)
 
 
 @router.get("/job-queues-v2")
 async def list_jobs_v2(
     session: SessionDep,
-    _user: CurrentUser,
+    actor: CurrentActor,
     offset: int = Query(0, ge=0, le=MAX_INT),
     limit: int = Query(0, ge=0, le=MAX_INT),
     resource_pool: str | None = Query(None, alias="resourcePool"),
 ) -> dict[str, Any]:
-    items = [{"full": j, "limited": None} for j in await _jobs(session, resource_pool)]
+    # A job the actor may not read is shown as Determined's LimitedJob: its place, pool
+    # and priority, not its name or owner.
+    items = [
+        {"full": job, "limited": None}
+        if readable
+        else {"full": None, "limited": cluster.limited_job(job)}
+        for job, readable in await _jobs(session, actor, resource_pool)
+    ]
     return cluster.paginated("jobs", items, offset, limit)
 
 

@@ -11,7 +11,7 @@ from master.api.deps import CurrentActor, CurrentUser, SessionDep, SettingsDep
 from master.db.models import TaskType
 from master.errors import InvalidArgument
 from master.schemas.tasks import WIRE_KEY, TaskCreate, task_summary, task_view
-from master.services import interactive
+from master.services import access, interactive
 
 router = APIRouter(prefix="/api/v1", tags=["Tasks"])
 
@@ -53,11 +53,12 @@ def _routes(kind: TaskType) -> None:
 
     async def list_all(
         session: SessionDep,
-        _user: CurrentUser,
+        actor: CurrentActor,
         users: list[str] = Query(default=[]),
         user_ids: list[int] = Query(default=[], alias="userIds"),
     ) -> dict[str, Any]:
-        rows = await interactive.list_tasks(session, kind)
+        readable = await access.readable(session, actor, "tasks")
+        rows = await interactive.list_tasks(session, kind, readable=readable)
         if users or user_ids:
             rows = [r for r in rows if r.username in users or r.task.owner_id in user_ids]
         return {plural: [task_view(r) for r in rows]}

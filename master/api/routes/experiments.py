@@ -13,7 +13,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import Field
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from master.api.deps import MAX_INT, CurrentUser, ObjectId, SessionDep, SettingsDep
+from master.api.deps import MAX_INT, CurrentActor, CurrentUser, ObjectId, SessionDep, SettingsDep
 from master.core import roles
 from master.core.retention import Retention
 from master.db.models import ExperimentState, TrialMetricModel
@@ -121,7 +121,7 @@ async def continue_experiment(
 @router.get("/experiments")
 async def list_experiments(
     session: SessionDep,
-    _user: CurrentUser,
+    actor: CurrentActor,
     offset: int = Query(0, ge=0, le=MAX_INT),
     limit: int = Query(0, ge=0, le=MAX_INT, description="0 returns every experiment"),
     archived: bool | None = None,
@@ -147,6 +147,7 @@ async def list_experiments(
         sort_by=sort_by,
         descending=_check_order(order_by),
         project_id=project_id,
+        readable=await access.readable(session, actor, "experiments"),
     )
     return ExperimentList(
         experiments=[Experiment.of(v) for v in views],
@@ -216,11 +217,12 @@ async def delete_experiment_label(
 @router.get("/experiment/labels")
 async def list_experiment_labels(
     session: SessionDep,
-    _user: CurrentUser,
+    actor: CurrentActor,
     project_id: Annotated[int | None, Query(alias="projectId", ge=0, le=MAX_INT)] = None,
 ) -> LabelList:
     """Every label in use, the most used first (Determined's GetExperimentLabels)."""
-    return LabelList(labels=await labels.label_counts(session, project_id))
+    readable = await access.readable(session, actor, "experiments")
+    return LabelList(labels=await labels.label_counts(session, project_id, readable=readable))
 
 
 @router.post("/experiments/{experiment_id}/archive")
@@ -419,13 +421,15 @@ TrialIdQuery = Annotated[int, Field(ge=0, le=MAX_INT)]
 async def stream_trial_metrics(
     request: Request,
     session: SessionDep,
-    _user: CurrentUser,
+    actor: CurrentActor,
     group: Annotated[str, Query(min_length=1, max_length=256)],
     trial_ids: Annotated[list[TrialIdQuery], Query(alias="trialIds")] = [],  # noqa: B006
 ) -> StreamingResponse:
     """Determined's GetMetrics (Trial.iter_metrics): NDJSON lines {"result": {"metrics": [...]}}
     with every report of `group`, then new ones until all the trials have ended."""
-    await experiments.check_trials_exist(session, trial_ids)
+    await experiments.check_trials_exist(
+        session, trial_ids, await access.readable(session, actor, "experiments")
+    )
     # The request's session ends before the body is sent: the stream reads with its own.
     factory: async_sessionmaker[AsyncSession] = request.app.state.session_factory
     batches = experiments.stream_trial_metrics(factory, trial_ids, group)

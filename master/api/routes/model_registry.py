@@ -26,7 +26,7 @@ from master.schemas.registry import (
     ModelVersionResponse,
     RegistryModel,
 )
-from master.services import model_registry
+from master.services import access, model_registry
 from master.services.model_registry import ModelFilter, ModelView, VersionView
 
 router = APIRouter(prefix="/api/v1", tags=["Models"])
@@ -76,7 +76,7 @@ async def version_replies(session: AsyncSession, views: list[VersionView]) -> li
 @router.get("/models")
 async def list_models(
     session: SessionDep,
-    _user: CurrentUser,
+    actor: CurrentActor,
     archived: bool | None = None,
     name: str | None = None,
     description: str | None = None,
@@ -103,7 +103,13 @@ async def list_models(
         workspace_names=workspace_names or (),
     )
     page, total = await model_registry.list_models(
-        session, filters, sort_by=sort_by, order_by=order_by, offset=offset, limit=limit
+        session,
+        filters,
+        sort_by=sort_by,
+        order_by=order_by,
+        offset=offset,
+        limit=limit,
+        readable=await access.readable(session, actor, "models"),
     )
     return ModelList(
         models=[model_reply(v) for v in page],
@@ -130,8 +136,9 @@ async def create_model(
 
 
 @router.get("/model/labels")
-async def model_labels(session: SessionDep, _user: CurrentUser) -> ModelLabels:
-    return ModelLabels(labels=await model_registry.labels_in_use(session))
+async def model_labels(session: SessionDep, actor: CurrentActor) -> ModelLabels:
+    readable = await access.readable(session, actor, "models")
+    return ModelLabels(labels=await model_registry.labels_in_use(session, readable))
 
 
 @router.get("/models/{model_name}")

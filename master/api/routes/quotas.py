@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from master.api.deps import CurrentActor, CurrentUser, ObjectId, SessionDep, SettingsDep
+from master.core import roles
 from master.schemas.quotas import (
     KubernetesResourceQuotas,
     Quota,
@@ -22,9 +23,11 @@ router = APIRouter(prefix="/api/v1", tags=["Quotas"])
 
 
 @router.get("/quotas")
-async def list_quotas(session: SessionDep, settings: SettingsDep, user: CurrentUser) -> QuotaList:
+async def list_quotas(session: SessionDep, settings: SettingsDep, actor: CurrentActor) -> QuotaList:
+    """Every quota of the workspaces the caller may read."""
+    seen = await access.sight(session, actor, roles.VIEW_WORKSPACE)
     usage = await quotas.quota_usage(session, settings)
-    return QuotaList(quotas=[Quota.of(u) for u in usage])
+    return QuotaList(quotas=[Quota.of(u) for u in usage if seen.sees(u.quota.workspace_id)])
 
 
 @router.get("/workspaces/{workspace_id}/quotas")

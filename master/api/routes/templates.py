@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query
 
-from master.api.deps import MAX_INT, CurrentUser, SessionDep
+from master.api.deps import MAX_INT, CurrentActor, CurrentUser, SessionDep
 from master.core import roles
 from master.errors import InvalidArgument
 from master.schemas.common import DbInt, Pagination
@@ -30,7 +30,7 @@ SORT_BY = ("SORT_BY_UNSPECIFIED", "SORT_BY_NAME")  # as in Determined, only by n
 @router.get("/templates")
 async def list_templates(
     session: SessionDep,
-    _user: CurrentUser,
+    actor: CurrentActor,
     offset: int = Query(0, ge=0, le=MAX_INT),
     limit: int = Query(0, ge=0, le=MAX_INT, description="0 returns every template"),
     name: str | None = None,
@@ -49,6 +49,7 @@ async def list_templates(
         name=name,
         workspace_ids=workspace_ids,
         descending=order_by == "ORDER_BY_DESC",
+        readable=await access.readable(session, actor, "templates"),
     )
     return TemplateList(
         templates=[Template.of(r) for r in rows],

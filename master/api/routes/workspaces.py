@@ -94,6 +94,7 @@ async def list_workspaces(
         usernames=users,
         sort_by=sort_by,
         descending=_descending(order_by),
+        readable=await access.readable(session, access.Actor.of(user), "workspaces"),
     )
     return WorkspaceList(
         workspaces=[Workspace.of(v) for v in views],
@@ -308,7 +309,7 @@ def _refuse_other_pool(pool_name: str, body: PoolBindings) -> None:
 async def list_workspace_projects(
     workspace_id: ObjectId,
     session: SessionDep,
-    _user: CurrentUser,
+    actor: CurrentActor,
     offset: int = Query(0, ge=0, le=MAX_INT),
     limit: int = Query(0, ge=0, le=MAX_INT, description="0 returns every project"),
     name: str | None = None,
@@ -330,6 +331,7 @@ async def list_workspace_projects(
         usernames=users,
         sort_by=sort_by,
         descending=_descending(order_by),
+        readable=await access.readable(session, actor, "projects"),
     )
     return ProjectList(
         projects=[Project.of(v) for v in views],
