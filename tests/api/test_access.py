@@ -75,6 +75,16 @@ async def alice(app: FastAPI, admin: httpx.AsyncClient) -> AsyncIterator[httpx.A
         yield client
 
 
+async def give_viewer(admin: httpx.AsyncClient, client: httpx.AsyncClient, workspace: int) -> None:
+    """The Viewer role in a workspace for the client's user: it sees the workspace's work
+    (workspaces are kept apart for reading) but changes nothing there."""
+    user_id = (await client.get("/api/v1/me")).json()["user"]["id"]
+    scope = {"role": {"roleId": 4}, "scopeWorkspaceId": workspace}
+    body = {"userRoleAssignments": [{"userId": user_id, "roleAssignment": scope}]}
+    reply = await admin.post("/api/v1/roles/add-assignments", json=body)
+    assert reply.status_code == 200, reply.text
+
+
 def refusal(reply: httpx.Response, status: int) -> str:
     assert reply.status_code == status, reply.text
     message: str = reply.json()["message"]

@@ -15,7 +15,7 @@ import pytest_asyncio
 from fastapi import FastAPI
 
 from master.settings import ResourcePoolSettings
-from tests.api.test_access import alice, refusal  # noqa: F401 - alice is a fixture
+from tests.api.test_access import alice, give_viewer, refusal  # noqa: F401 - alice is a fixture
 from tests.api.test_workspaces import default_project, new_project, new_workspace, workspaces_of
 from tests.factories import create_experiment
 
@@ -422,6 +422,7 @@ async def test_only_owners_and_admins_set_default_pools(
     alice: httpx.AsyncClient,  # noqa: F811 - the fixture
 ) -> None:
     a = await new_workspace(api, "team-a")
+    await give_viewer(admin, alice, a["id"])
     patch = {"defaultComputeResourcePool": "cpu"}
     reply = await alice.patch(f"/api/v1/workspaces/{a['id']}", json=patch)
     assert "only its owner or an admin" in refusal(reply, 403)

@@ -20,7 +20,7 @@ from master.db.session import session_scope
 from master.services import allocations as allocation_service
 from master.services import quotas as quota_service
 from master.settings import ResourcePoolSettings, WorkspaceQuotaSettings
-from tests.api.test_access import refusal
+from tests.api.test_access import give_viewer, refusal
 from tests.api.test_no_server_errors import fuzz, scalars
 from tests.api.test_pool_bindings import bind, command
 from tests.api.test_scheduling import register, schedule, submit
@@ -427,6 +427,7 @@ async def test_determineds_workspace_create_with_a_resource_quota(
     reply = await admin.post("/api/v1/workspaces", json=body)
     assert reply.status_code == 200, reply.text
     nlp = reply.json()["workspace"]
+    await give_viewer(admin, api, nlp["id"])
     assert await shown(api, nlp["id"]) == [quota(nlp, "gpu", 2)]
 
 

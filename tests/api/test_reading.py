@@ -91,7 +91,7 @@ async def vision(app: FastAPI, admin: httpx.AsyncClient) -> AsyncIterator[Vision
                 json={"config": {"entrypoint": "true"}, "workspaceId": v.workspace},
             )
         )
-        model = await ok(
+        await ok(
             await alice.post("/api/v1/models", json={"name": "hers", "workspaceId": v.workspace})
         )
         template = await alice.post(
@@ -214,7 +214,9 @@ async def _listed(client: httpx.AsyncClient) -> dict[str, Any]:
 async def test_lists_leave_out_what_a_user_may_not_read(app: FastAPI, vision: Vision) -> None:
     await ok(await vision.alice.put(f"/api/v1/experiments/{vision.experiment}/labels/secret"))
     # bob's own experiment, in the shared workspace everyone reads.
-    await ok(await vision.bob.post("/api/v1/experiments", json={"config": CONFIG.format(name="his")}))
+    await ok(
+        await vision.bob.post("/api/v1/experiments", json={"config": CONFIG.format(name="his")})
+    )
     everything = {
         "experiments": ["hers", "his"],
         "commands": 1,
@@ -281,7 +283,9 @@ async def test_what_a_request_names_in_its_body_is_checked_too(vision: Vision) -
     hidden = refusal(
         await vision.bob.post("/api/v1/experiments", json={"config": from_checkpoint}), 400
     )
-    assert hidden == f"searcher.source_checkpoint_uuid: checkpoint {vision.params['uuid']} not found"
+    assert (
+        hidden == f"searcher.source_checkpoint_uuid: checkpoint {vision.params['uuid']} not found"
+    )
     with_template = {"config": CONFIG.format(name="t"), "template": "hers"}
     assert refusal(await vision.bob.post("/api/v1/experiments", json=with_template), 404) == (
         "template hers not found"

@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 
 from master.db.models import RoleAssignmentModel
 from master.db.session import session_scope
-from tests.api.test_access import create_user, refusal, sign_in
+from tests.api.test_access import create_user, give_viewer, refusal, sign_in
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 PASSWORD = "Sekret-Passw0rd"
@@ -489,9 +489,15 @@ async def test_bad_assignments_are_refused_naming_the_field_and_change_nothing(
         "userRoleAssignments[0]: assigning roles across the cluster is for ClusterAdmins; "
         "user determined is not one"
     )
+    # In a workspace determined does not see, as if it did not exist; as its Viewer, refused.
+    give = assignment("Editor", user=bob, ws=ws)
+    assert refusal(await api.post("/api/v1/roles/add-assignments", json=give), 404) == (
+        f"userRoleAssignments[0].roleAssignment.scopeWorkspaceId: workspace {ws} not found"
+    )
+    await give_viewer(admin, api, ws)
+    before = await assignments_now(admin)
     assert "needs PERMISSION_TYPE_ASSIGN_ROLES there" in refusal(
-        await api.post("/api/v1/roles/add-assignments", json=assignment("Editor", user=bob, ws=ws)),
-        403,
+        await api.post("/api/v1/roles/add-assignments", json=give), 403
     )
     assert await assignments_now(admin) == before
 
@@ -545,16 +551,16 @@ async def test_a_role_through_a_group_or_across_the_cluster_applies(
         scene = Scene(alice, alice_id, as_bob, bob)
         await scene.build("groups")
         ws = scene.workspaces["vision"]
-        assert (await kill(scene)).status_code == 403
+        assert (await kill(scene)).status_code == 404  # not seen without a role
         # Editor given to bob's group in vision: bob may now kill there, not in nlp.
         body = assignment("Editor", group=group["group"]["groupId"], ws=ws)
         await ok(await admin.post("/api/v1/roles/add-assignments", json=body))
         assert (await kill(scene)).status_code == 200
-        assert (await kill_elsewhere(scene)).status_code == 403
+        assert (await kill_elsewhere(scene)).status_code == 404
         # Removing bob from the group takes it away.
         update = {"groupId": group["group"]["groupId"], "removeUsers": [bob]}
         await ok(await admin.put(f"/api/v1/groups/{group['group']['groupId']}", json=update))
-        assert (await kill(scene)).status_code == 403
+        assert (await kill(scene)).status_code == 404
         # Editor across the cluster: carol may kill in every workspace.
         carols = Scene(alice, alice_id, as_carol, carol)
         carols.workspaces, carols.projects = scene.workspaces, scene.projects

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 
 from master.db.models import ExperimentModel
 from master.db.session import session_scope
-from tests.api.test_access import alice, refusal  # noqa: F401 - alice is a fixture
+from tests.api.test_access import alice, give_viewer, refusal  # noqa: F401 - alice is a fixture
 from tests.api.test_workspaces import new_project, new_workspace, workspaces_of
 from tests.factories import create_experiment
 
@@ -106,6 +106,7 @@ async def test_a_workspaces_storage_takes_its_experiments_that_name_none(
 
 async def test_bad_storage_is_refused_naming_the_field_and_changes_nothing(
     api: httpx.AsyncClient,
+    admin: httpx.AsyncClient,
     alice: httpx.AsyncClient,  # noqa: F811 - the fixture
 ) -> None:
     for storage, problem in [
@@ -130,7 +131,13 @@ async def test_bad_storage_is_refused_naming_the_field_and_changes_nothing(
         f"/api/v1/workspaces/{mine['id']}", json={"checkpointStorageConfig": {"type": "gcs"}}
     )
     assert "checkpoint_storage.bucket" in refusal(reply, 400)
-    # Only its owner (or an admin) sets it.
+    # Only its owner (or an admin) sets it: another user is refused as a Viewer, and as a
+    # stranger does not see it at all.
+    reply = await alice.patch(
+        f"/api/v1/workspaces/{mine['id']}", json={"checkpointStorageConfig": TEAM_BUCKET}
+    )
+    refusal(reply, 404)
+    await give_viewer(admin, alice, mine["id"])
     reply = await alice.patch(
         f"/api/v1/workspaces/{mine['id']}", json={"checkpointStorageConfig": TEAM_BUCKET}
     )

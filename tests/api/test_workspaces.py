@@ -14,7 +14,7 @@ from fastapi import FastAPI
 
 from master.services import workspaces as workspace_service
 from master.services.checkpoint_gc import CheckpointDeleter
-from tests.api.test_access import alice, refusal  # noqa: F401 - alice is a fixture
+from tests.api.test_access import alice, give_viewer, refusal  # noqa: F401 - alice is a fixture
 from tests.factories import create_experiment
 
 SINGLE = """\
@@ -117,9 +117,11 @@ async def test_a_workspace_from_creation_to_deletion(api: httpx.AsyncClient) -> 
 
 async def test_pins_are_each_users_own(
     api: httpx.AsyncClient,
+    admin: httpx.AsyncClient,
     alice: httpx.AsyncClient,  # noqa: F811 - the fixture
 ) -> None:
     ws = await new_workspace(api, "shared")
+    await give_viewer(admin, alice, ws["id"])
     assert (await alice.post(f"/api/v1/workspaces/{ws['id']}/pin")).status_code == 200
     assert (await alice.get(f"/api/v1/workspaces/{ws['id']}")).json()["workspace"]["pinned"]
     assert not (await api.get(f"/api/v1/workspaces/{ws['id']}")).json()["workspace"]["pinned"]
@@ -223,6 +225,12 @@ async def test_only_the_owner_or_an_admin_changes_a_workspace(
 ) -> None:
     ws = await new_workspace(api, "owned")
     project = await new_project(api, ws["id"], "theirs")
+    # Without a role alice does not see them (tests/api/test_reading.py); as a Viewer she
+    # does, and is told whose they are.
+    assert refusal(await alice.delete(f"/api/v1/workspaces/{ws['id']}"), 404) == (
+        f"workspace {ws['id']} not found"
+    )
+    await give_viewer(admin, alice, ws["id"])
     for reply in [
         await alice.patch(f"/api/v1/workspaces/{ws['id']}", json={"name": "taken"}),
         await alice.post(f"/api/v1/workspaces/{ws['id']}/archive"),
