@@ -36,6 +36,7 @@ from cli.output import (
     stdout,
 )
 from cli.state import client
+from cli.workspaces import workspace_by_name
 
 # Determined's CLI waits this long for a notebook before giving up on it.
 READY_TIMEOUT_S = 600.0
@@ -58,6 +59,12 @@ ContextOpt = typer.Option(
     "directory (.detignore skips files; limit as for a model definition, 96 MiB).",
 )
 AllOpt = typer.Option(False, "-a", "--all", help="Every user's, not only yours.")
+WorkspaceOpt = typer.Option(
+    None,
+    "-w",
+    "--workspace-name",
+    help="Run it in this workspace (its pools and members); omitted: Uncategorized.",
+)
 
 _KINDS = {
     "command": ("commands", "Command"),
@@ -85,10 +92,17 @@ def _config(config_file: Path | None, overrides: list[str] | None) -> dict[str, 
 
 
 def _create(
-    api: MasterClient, kind: str, config: dict[str, Any], template: str | None, **extra: Any
+    api: MasterClient,
+    kind: str,
+    config: dict[str, Any],
+    template: str | None,
+    workspace: str | None = None,
+    **extra: Any,
 ) -> dict[str, Any]:
     plural, _ = _KINDS[kind]
     body = {"config": config, "templateName": template, **extra}
+    if workspace is not None:
+        body["workspaceId"] = workspace_by_name(api, workspace)["id"]
     reply: dict[str, Any] = api.post(f"/api/v1/{plural}", json=body)[kind]
     return reply
 
@@ -216,6 +230,7 @@ def command_run(
     template: str | None = TemplateOpt,
     context: Path | None = ContextOpt,
     detach: bool = DetachOpt,
+    workspace: str | None = WorkspaceOpt,
 ) -> None:
     """Run a command on an agent and print its output; exits with its exit code. With -c
     DIR it runs in a copy of DIR: det cmd run -c . python3 prep.py"""
@@ -223,7 +238,7 @@ def command_run(
         api = client(ctx)
         config = _config(config_file, overrides)
         config["entrypoint"] = entrypoint
-        task = _create(api, "command", config, template, **_context_files(context))
+        task = _create(api, "command", config, template, workspace, **_context_files(context))
         if detach:
             stdout.print(task["id"], markup=False)
             return
@@ -250,11 +265,12 @@ def _start_served(
     template: str | None,
     detach: bool,
     no_browser: bool,
+    workspace: str | None,
     **extra: Any,
 ) -> None:
     with cli_errors():
         api = client(ctx)
-        task = _create(api, kind, config, template, **extra)
+        task = _create(api, kind, config, template, workspace, **extra)
         title = _KINDS[kind][1]
         print(f"Scheduling {task['description']} (id: {task['id']})", file=sys.stderr, flush=True)
         if detach:
@@ -276,12 +292,13 @@ def notebook_start(
     context: Path | None = ContextOpt,
     detach: bool = DetachOpt,
     no_browser: bool = typer.Option(False, "--no-browser", help="Only print its address."),
+    workspace: str | None = WorkspaceOpt,
 ) -> None:
     """Start a JupyterLab; prints its address once it answers."""
     with cli_errors():  # a bad config or context: one line, as everywhere else
         files = _context_files(context)
         config = _config(config_file, overrides)
-    _start_served(ctx, "notebook", config, template, detach, no_browser, **files)
+    _start_served(ctx, "notebook", config, template, detach, no_browser, workspace, **files)
 
 
 @tensorboard_app.command("start")
@@ -296,6 +313,7 @@ def tensorboard_start(
     template: str | None = TemplateOpt,
     detach: bool = DetachOpt,
     no_browser: bool = typer.Option(False, "--no-browser", help="Only print its address."),
+    workspace: str | None = WorkspaceOpt,
 ) -> None:
     """Start a TensorBoard over experiments' and trials' metrics; prints its address once it
     answers."""
@@ -308,6 +326,7 @@ def tensorboard_start(
         template,
         detach,
         no_browser,
+        workspace,
         experimentIds=experiment_ids or [],
         trialIds=trial_ids or [],
     )
@@ -373,6 +392,7 @@ def shell_start(
     keep: bool = typer.Option(
         False, "--keep", help="Keep the shell running after this terminal closes."
     ),
+    workspace: str | None = WorkspaceOpt,
 ) -> None:
     """Start a shell on an agent and open a terminal in it (or run a command given after
     --); exits with the shell's code. The shell task ends with the terminal or the command
@@ -381,7 +401,7 @@ def shell_start(
         api = client(ctx)
         line = _shell_command(command, detach)
         config = _config(config_file, overrides)
-        task = _create(api, "shell", config, template, **_context_files(context))
+        task = _create(api, "shell", config, template, workspace, **_context_files(context))
         print(f"Launched shell (id: {task['id']})", file=sys.stderr, flush=True)
         if detach:
             stdout.print(task["id"], markup=False)

@@ -22,7 +22,7 @@ import httpx
 from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from master.core import task_config
+from master.core import roles, task_config
 from master.core.credentials import new_token
 from master.core.expconf import parse_yaml
 from master.core.merge import merge_template
@@ -109,23 +109,29 @@ def _user_config(request: TaskRequest) -> dict[str, Any]:
 async def create_task(
     session: AsyncSession, owner: UserModel, request: TaskRequest, settings: MasterSettings
 ) -> TaskRow:
-    """Validate, merge the template, queue. Raises a 4xx error naming the field."""
+    """Validate, merge the template, queue. Raises a 4xx error naming the field; what it
+    names that the owner may not read (template, workspace, a TensorBoard's experiments and
+    trials) as if it did not exist."""
     kind = TaskType(request.type)
+    actor = Actor.of(owner)
     raw = _user_config(request)
     with config_errors_as_invalid_argument("config"):
         task_config.validate_task_config(raw, "" if request.template_name else kind)
     merged = raw
     if request.template_name:
+        await access.check_readable(session, actor, "template_name", request.template_name)
         merged = merge_template((await get_template(session, request.template_name)).config, raw)
     with config_errors_as_invalid_argument(
         "config" + (" after the template merge" if request.template_name else "")
     ):
         config = task_config.validate_task_config(merged, kind)
     experiment_ids, trial_ids = await _tensorboard_sources(
-        session, kind, request.experiment_ids, request.trial_ids
+        session, actor, kind, request.experiment_ids, request.trial_ids
     )
     # Checked and packed as an experiment's model definition, with the same limit.
     context = pack_model_definition(request.files, settings.max_model_definition_bytes, "files")
+    if request.workspace_id:
+        await access.check_readable(session, actor, "workspace_id", str(request.workspace_id))
     workspace = await workspaces.resolve_workspace(session, request.workspace_id)
     pool = await pool_bindings.choose_pool(
         session, settings, workspace, config.resources.resource_pool, config.resources.slots
@@ -188,6 +194,7 @@ async def create_task(
 
 async def _tensorboard_sources(
     session: AsyncSession,
+    actor: Actor,
     kind: TaskType,
     experiment_ids: Sequence[int],
     trial_ids: Sequence[int],
@@ -209,13 +216,18 @@ async def _tensorboard_sources(
             f"experimentIds, trialIds: at most {MAX_SOURCES_PER_TENSORBOARD} experiments and "
             "trials per TensorBoard"
         )
+    readable = await access.readable(session, actor, "experiments")
     for field, model, noun, ids in (
         ("experimentIds", ExperimentModel, "experiment", experiments),
         ("trialIds", TrialModel, "trial", trials),
     ):
         if not ids:
             continue
-        found = set((await session.scalars(select(model.id).where(model.id.in_(ids)))).all())
+        query = select(model.id).where(model.id.in_(ids))
+        if model is TrialModel:
+            query = query.join(ExperimentModel, ExperimentModel.id == TrialModel.experiment_id)
+        # One the owner may not read is named as missing.
+        found = set((await session.scalars(query.where(readable))).all())
         missing = [str(i) for i in ids if i not in found]
         if missing:
             raise NotFound(f"{field}: {noun} {', '.join(missing)} not found")
@@ -338,6 +350,10 @@ async def proxy_target(session: AsyncSession, actor: Actor, task_uuid: str) -> P
     for why not admins)."""
     row = await get_task(session, task_uuid)
     if actor.user_id != row.task.owner_id:
+        if not await access.sees(
+            session, actor, roles.VIEW_NSC, row.task.workspace_id, row.task.owner_id
+        ):
+            raise NotFound(f"task {task_uuid} not found")
         raise PermissionDenied(
             f"{row.task.type.lower()} {task_uuid} belongs to {row.username}: only its owner "
             "may open it"

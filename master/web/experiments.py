@@ -166,6 +166,8 @@ async def experiments_page(
     usernames = await auth.list_usernames(session)
     if params.user and params.user not in usernames:
         raise InvalidArgument(f"user: there is no user named {params.user!r}")
+    if params.project:
+        await access.check_readable(session, web.actor, "project_id", str(params.project))
     project = await workspaces.describe_project(session, params.project) if params.project else None
     views, total = await experiments.list_experiments(
         session,

@@ -135,6 +135,8 @@ async def list_experiments(
 ) -> ExperimentList:
     if sort_by == "SORT_BY_UNSPECIFIED":
         sort_by = "SORT_BY_ID"
+    if project_id:
+        await access.check_readable(session, actor, "project_id", str(project_id))
     views, total = await experiments.list_experiments(
         session,
         offset=offset,

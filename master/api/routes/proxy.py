@@ -20,6 +20,7 @@ from master.api.proxy import ProxyPool, Upstream
 from master.db.session import is_outage, session_scope
 from master.errors import MasterError, PermissionDenied, Unauthenticated
 from master.services import access, auth, interactive
+from master.settings import MasterSettings
 from master.web.common import PROXY_COOKIE
 from resolute.shell_access import is_terminal_path
 
@@ -46,7 +47,9 @@ async def _target(
     token = _token(request)
     if not token and not ssh_tunnel:
         raise Unauthenticated(interactive.SIGN_IN_FIRST)
+    settings: MasterSettings = request.app.state.settings
     async with session_scope(request.app.state.session_factory) as session:
+        session.info[access.OPEN_READING] = settings.security.authz.type == "basic"
         if not token:
             target = await interactive.ssh_tunnel_target(session, task_id)
         else:
