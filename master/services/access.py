@@ -38,6 +38,7 @@ from master.db.models import (
     TrialModel,
     UserGroupMemberModel,
     UserModel,
+    WebhookModel,
     WorkspaceModel,
 )
 from master.errors import NotFound, PermissionDenied
@@ -382,6 +383,19 @@ async def _job_place(session: AsyncSession, value: str) -> _Located | None:
     return await _experiment_place(session, experiment_id)
 
 
+async def _webhook_place(session: AsyncSession, value: str) -> _Located | None:
+    """A workspace's webhook; one for every workspace is left to the route (admins')."""
+    webhook_id = _as_id(value)
+    workspace_id = (
+        None
+        if webhook_id is None
+        else await session.scalar(
+            select(WebhookModel.workspace_id).where(WebhookModel.id == webhook_id)
+        )
+    )
+    return None if workspace_id is None else _Located(roles.VIEW_WEBHOOKS, workspace_id, None)
+
+
 _Finder = Callable[[AsyncSession, str], Awaitable[_Located | None]]
 
 # Path parameters naming something in a workspace: where to find it, and the words the
@@ -408,6 +422,7 @@ _PLACES: dict[str, tuple[_Finder, Callable[[str], str]]] = {
         lambda v: f"modelName: no model named {v!r} (nor with that id)",
     ),
     "job_id": (_job_place, lambda v: f"job {v} not found"),
+    "webhook_id": (_webhook_place, lambda v: f"webhook {v} not found"),
     # The routes call it `name`, which names a template only on the template routes.
     "template_name": (_template_place, lambda v: f"template {v} not found"),
 }

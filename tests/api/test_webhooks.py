@@ -22,7 +22,7 @@ from master.db.models import WebhookEventModel, WebhookOutboxModel, utcnow
 from master.db.session import session_scope
 from master.services import access, webhooks
 from master.settings import MasterSettings
-from tests.api.test_access import alice, refusal  # noqa: F401 - alice is a fixture
+from tests.api.test_access import alice, give_viewer, refusal  # noqa: F401 - alice is a fixture
 from tests.api.test_logs import append, line, start_experiment
 from tests.factories import create_experiment
 
@@ -281,13 +281,19 @@ async def test_only_admins_make_global_webhooks_and_owners_their_workspaces(
     assert reply.status_code == 200, reply.text
     workspace_id = reply.json()["workspace"]["id"]
     scoped = {**body, "workspaceId": workspace_id}
-    assert "owner" in refusal(await api.post("/api/v1/webhooks", json=scoped), 403)
+    # determined holds no role in alice's workspace: it is not there for him.
+    message = refusal(await api.post("/api/v1/webhooks", json=scoped), 404)
+    assert message == f"workspaceId: workspace {workspace_id} not found"
     made = await create(alice, scoped)
     assert made["workspaceId"] == workspace_id
     # Its owner and admins see it; another user does not, and may not delete it.
     assert [w["id"] for w in await listed(alice)] == [made["id"]]
     assert [w["id"] for w in await listed(admin)] == [made["id"]]
     assert await listed(api) == []
+    hidden = refusal(await api.delete(f"/api/v1/webhooks/{made['id']}"), 404)
+    assert hidden == f"webhook {made['id']} not found"
+    # As a Viewer there he sees the workspace, not its webhooks' management.
+    await give_viewer(admin, api, workspace_id)
     assert "owner" in refusal(await api.delete(f"/api/v1/webhooks/{made['id']}"), 403)
     reply = await admin.delete(f"/api/v1/webhooks/{made['id']}")
     assert reply.status_code == 200, reply.text
