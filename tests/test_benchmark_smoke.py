@@ -393,13 +393,13 @@ def test_smoke_permissions_benchmark_times_every_route_in_every_mode() -> None:
     authz = sqlite["authz"]
     assert all(a == "applied" or a.startswith(("ignored", "rejected")) for a in authz.values())
     if sqlite["setting_present"]:
-        modes = {"basic_user", "rbac_viewer", "rbac_admin"}
+        modes = {"basic_user", "basic_user_again", "rbac_viewer", "rbac_admin"}
         isolation = sqlite["isolation"]
         assert isolation["as_expected"], isolation
         viewer = sqlite["modes"]["rbac_viewer"]
         assert viewer["first_page"]["total"] == isolation["expected_rbac_viewer_total"]
     else:
-        modes = {"basic_user", "rbac_admin"}
+        modes = {"basic_user", "basic_user_again", "rbac_admin"}
         assert set(sqlite["skipped_modes"]) == {"rbac_viewer"}
     assert set(sqlite["modes"]) == modes
     assert set(sqlite["ratios"]) == {f"{m}_over_basic_user" for m in modes - {"basic_user"}}
@@ -420,4 +420,6 @@ def test_smoke_permissions_benchmark_times_every_route_in_every_mode() -> None:
         # The project the user owns holds their rank's experiments, readable in every mode.
         assert routes["one_project"]["rows"] >= 3
     basic = sqlite["modes"]["basic_user"]
-    assert basic["first_page"]["total"] == params["experiments"] + 3  # and the ranks' three
+    assert basic["first_page"]["total"] == params["experiments"] + 4  # and a rank's per mode
+    # The control, basic_user measured twice, gives the run's noise floor.
+    assert sqlite["noise_floor_worst_deviation"] >= 0
