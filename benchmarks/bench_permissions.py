@@ -43,7 +43,9 @@ that the machine's load falls on all alike. Reported per route and mode: p50, p9
 (pooled), the requests per second of one client sending back to back, the rows and the
 total the list answered; per route, each mode's ratio to basic_user of p50, of p95, and the
 median of the per-request ratios of a turn (`paired_median`). The issue's target is
-rbac_viewer/basic_user at most 1.10 (`target_met`, on the worst route's p50).
+rbac_viewer/basic_user at most 1.10 (`target_met`, on the worst route's paired median:
+in the first full runs, two identical modes read within 4% of each other by it, within 9%
+by pooled p50 and within 33% by p95).
 
 Setup (not timed): 100 workspaces with 2 projects each, 10,000 experiments copied from one
 made by the service (100 per workspace, one trial each, a tenth owned by `determined`, one
@@ -580,11 +582,12 @@ async def measure_on(
             }
             for route in routes
         }
+    estimators = ("p50", "paired_median", "p95")
     viewer = ratios.get("rbac_viewer_over_basic_user")
-    worst = max((r["p50"] or 0.0) for r in viewer.values()) if viewer else None
+    worst = {k: max((r[k] or 0.0) for r in viewer.values()) for k in estimators} if viewer else None
     # How far two identical modes read apart here: a ratio within this of 1.0 is noise.
     floor = ratios["basic_user_again_over_basic_user"]
-    noise = max(abs((r[k] or 0.0) - 1.0) for r in floor.values() for k in ("p50", "paired_median"))
+    noise = {k: round(max(abs((r[k] or 0.0) - 1.0) for r in floor.values()), 3) for k in estimators}
     result: dict[str, Any] = {
         "authz": authz,
         "setting_present": with_setting,
@@ -599,11 +602,13 @@ async def measure_on(
         "paths": paths,
         "modes": figures,
         "ratios": ratios,
-        "worst_rbac_viewer_over_basic_p50": worst,
-        "target_met": None if worst is None else worst <= TARGET_RATIO,
-        "noise_floor_worst_deviation": round(noise, 3),
-        # The 10% target can be told from noise only where identical modes agree within 5%.
-        "noise_below_half_the_margin": noise < (TARGET_RATIO - 1.0) / 2,
+        # The slowest route's ratio, by each estimator.
+        "worst_rbac_viewer_over_basic_user": worst,
+        # Judged on the paired median: the estimator two identical modes agree best on.
+        "target_met": None if worst is None else worst["paired_median"] <= TARGET_RATIO,
+        "noise_floor_worst_deviation": noise,
+        # The 10% target is told from noise where identical modes agree within 5%.
+        "noise_below_half_the_margin": noise["paired_median"] < (TARGET_RATIO - 1.0) / 2,
     }
     if not with_setting:
         result["skipped_modes"] = {
