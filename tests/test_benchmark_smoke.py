@@ -422,4 +422,9 @@ def test_smoke_permissions_benchmark_times_every_route_in_every_mode() -> None:
     basic = sqlite["modes"]["basic_user"]
     assert basic["first_page"]["total"] == params["experiments"] + 4  # and a rank's per mode
     # The control, basic_user measured twice, gives the run's noise floor.
-    assert set(sqlite["noise_floor_worst_deviation"]) == {"p50", "paired_median", "p95"}
+    assert set(sqlite["noise_floor_worst_deviation"]) == {
+        "p50",
+        "paired_median",
+        "p95",
+        "cpu_paired_median",
+    }
