@@ -98,12 +98,15 @@ async def postgres_reachable(admin_dsn: str) -> str | None:
 
 
 @asynccontextmanager
-async def database(backend: str, admin_dsn: str) -> AsyncIterator[str]:
+async def database(
+    backend: str, admin_dsn: str, prefix: str = "bench_dashboard"
+) -> AsyncIterator[str]:
+    """A new SQLite file or PostgreSQL database (`prefix`_pid_random), gone afterwards."""
     if backend == "sqlite":
-        with tempfile.TemporaryDirectory(prefix="bench-dashboard-") as folder:
+        with tempfile.TemporaryDirectory(prefix=f"{prefix.replace('_', '-')}-") as folder:
             yield f"sqlite:///{folder}/resolute.db"
         return
-    name = f"bench_dashboard_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     conn = await asyncpg.connect(admin_dsn, timeout=10)
     try:
         await conn.execute(f'CREATE DATABASE "{name}"')

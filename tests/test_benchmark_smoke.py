@@ -381,3 +381,50 @@ def test_smoke_fair_share_benchmark_places_the_same_in_every_variant() -> None:
     # Half of the 16 x 8 slots are free; every variant fills them.
     assert placed == {"plain": 64, "fair": 64, "quotas": 64}, placed
     assert report["usage_sums"]["held"] == 64
+
+
+def test_smoke_permissions_benchmark_times_every_route_in_every_mode() -> None:
+    report = run_smoke("bench_permissions")
+    assert report["mode"] == "smoke" and report["machine"]["cpu_model"]
+    params, sqlite = report["parameters"], report["sqlite"]
+    assert "skipped" in report["postgres"], "the smoke runs SQLite only"
+    # The master applies security.authz.type, or (before issue 29's setting) ignores or
+    # rejects it; then only the two modes that mean something without it are measured.
+    authz = sqlite["authz"]
+    assert all(a == "applied" or a.startswith(("ignored", "rejected")) for a in authz.values())
+    if sqlite["setting_present"]:
+        modes = {"basic_user", "basic_user_again", "rbac_viewer", "rbac_admin"}
+        isolation = sqlite["isolation"]
+        assert isolation["as_expected"], isolation
+        viewer = sqlite["modes"]["rbac_viewer"]
+        assert viewer["first_page"]["total"] == isolation["expected_rbac_viewer_total"]
+    else:
+        modes = {"basic_user", "basic_user_again", "rbac_admin"}
+        assert set(sqlite["skipped_modes"]) == {"rbac_viewer"}
+    assert set(sqlite["modes"]) == modes
+    assert set(sqlite["ratios"]) == {f"{m}_over_basic_user" for m in modes - {"basic_user"}}
+    timed = params["rounds"] * params["repeats_per_round"]
+    for name, routes in sqlite["modes"].items():
+        assert set(routes) == {
+            "first_page",
+            "newest_50",
+            "mine_unarchived",
+            "one_project",
+            "report_training",
+            "report_validation",
+            "report_progress",
+        }
+        for route, figures in routes.items():
+            assert figures["n"] == timed and figures["requests_per_s"] > 0, (name, route)
+        assert routes["first_page"]["rows"] == min(200, routes["first_page"]["total"]) > 0
+        # The project the user owns holds their rank's experiments, readable in every mode.
+        assert routes["one_project"]["rows"] >= 3
+    basic = sqlite["modes"]["basic_user"]
+    assert basic["first_page"]["total"] == params["experiments"] + 4  # and a rank's per mode
+    # The control, basic_user measured twice, gives the run's noise floor.
+    assert set(sqlite["noise_floor_worst_deviation"]) == {
+        "p50",
+        "paired_median",
+        "p95",
+        "cpu_paired_median",
+    }
