@@ -347,14 +347,19 @@ async def seed(app: FastAPI, count: int) -> Seeded:
     step = WORKSPACES // VIEWED_WORKSPACES
     viewed = workspace_ids[::step][:VIEWED_WORKSPACES]
     async with session_scope(factory) as session:
-        # What the user may read under rbac: the viewed workspaces' experiments and those of
-        # the built-in one (the service's template experiment lives there).
+        # What the user may read under rbac: the viewed workspaces' experiments, those of
+        # the built-in one (the service's template experiment lives there) and their own
+        # wherever they are (master.services.access).
         readable = await session.scalar(
             select(func.count())
             .select_from(ExperimentModel)
             .join(ProjectModel, ProjectModel.id == ExperimentModel.project_id)
             .join(WorkspaceModel, WorkspaceModel.id == ProjectModel.workspace_id)
-            .where(WorkspaceModel.id.in_(viewed) | (WorkspaceModel.name == DEFAULT_WORKSPACE))
+            .where(
+                WorkspaceModel.id.in_(viewed)
+                | (WorkspaceModel.name == DEFAULT_WORKSPACE)
+                | (ExperimentModel.owner_id == user_id)
+            )
         )
     return Seeded(
         seed_seconds=round(time.perf_counter() - started, 2),
