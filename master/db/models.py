@@ -387,6 +387,9 @@ class TemplateModel(Base):
 
 class ExperimentModel(Base):
     __tablename__ = "experiments"
+    # Where each is and whose: a list of what a user may read (master.services.access)
+    # counts from this index alone.
+    __table_args__ = (Index("ix_experiments_project_id_owner_id", "project_id", "owner_id"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(512))

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import ColumnElement, Select, or_, select, true
+from sqlalchemy import ColumnElement, Select, literal, or_, select, true
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import QueryableAttribute
 
@@ -116,6 +116,7 @@ async def grants_of(session: AsyncSession, user_id: int) -> list[roles.Grant]:
 def forget_grants(session: AsyncSession) -> None:
     """After a change of assignments, the next check reads them again."""
     session.info.pop(_GRANTS, None)
+    session.info.pop(_SIGHTS, None)
 
 
 async def may(
@@ -180,21 +181,42 @@ async def sight(session: AsyncSession, actor: Actor, permission: int) -> Sight:
     cached: dict[int, Sight] = session.info.setdefault(_SIGHTS, {})
     if permission in cached:
         return cached[permission]
-    grants = await grants_of(session, actor.user_id)
+    grants, own = await _grants_and_own_workspaces(session, actor.user_id)
     if roles.holds(grants, permission, None):
         found = EVERYTHING
     else:
-        ids = set(roles.workspaces_giving(grants, permission))
-        ids.update(
-            await session.scalars(
-                select(WorkspaceModel.id).where(
-                    or_(WorkspaceModel.user_id == actor.user_id, WorkspaceModel.immutable)
-                )
-            )
-        )
+        ids = own | roles.workspaces_giving(grants, permission)
         found = Sight(everything=False, workspace_ids=frozenset(ids), user_id=actor.user_id)
     cached[permission] = found
     return found
+
+
+_OWN_WORKSPACES = "own_workspaces"  # session.info: the user's workspaces and the shared one
+_OWN = 0  # no role has this id: the rows of _grants_and_own_workspaces that are not grants
+
+
+async def _grants_and_own_workspaces(
+    session: AsyncSession, user_id: int
+) -> tuple[list[roles.Grant], set[int]]:
+    """The user's grants (as grants_of) and the workspaces they created or everyone shares:
+    one statement for both, since every list under rbac needs them."""
+    owned: dict[int, set[int]] = session.info.setdefault(_OWN_WORKSPACES, {})
+    if user_id in owned and user_id in session.info.get(_GRANTS, {}):
+        return session.info[_GRANTS][user_id], owned[user_id]
+    assigned = (
+        assigned_to(user_id)
+        .order_by(None)
+        .with_only_columns(RoleAssignmentModel.role_id, RoleAssignmentModel.workspace_id)
+    )
+    workspaces = select(literal(_OWN), WorkspaceModel.id).where(
+        or_(WorkspaceModel.user_id == user_id, WorkspaceModel.immutable)
+    )
+    rows = (await session.execute(assigned.union_all(workspaces))).all()
+    grants = [roles.Grant(role_id, ws) for role_id, ws in rows if role_id != _OWN]
+    own = {ws for role_id, ws in rows if role_id == _OWN and ws is not None}
+    session.info.setdefault(_GRANTS, {})[user_id] = grants
+    owned[user_id] = own
+    return grants, own
 
 
 async def sees(
@@ -222,9 +244,15 @@ async def readable(session: AsyncSession, actor: Actor, kind: Listed) -> ColumnE
     if kind in ("experiments", "allocations"):
         seen = await sight(session, actor, roles.VIEW_EXPERIMENT_METADATA)
         projects = select(ProjectModel.id).where(seen.clause(ProjectModel.workspace_id))
-        experiments = or_(
-            ExperimentModel.project_id.in_(projects), ExperimentModel.owner_id == actor.user_id
-        )
+        in_project = ExperimentModel.project_id.expression
+        owned_by = ExperimentModel.owner_id.expression
+        if session.get_bind().dialect.name == "sqlite":
+            # SQLite takes an OR of two indexed columns as a MULTI-INDEX OR, then sorts all
+            # it found for the page (5x the time for 50 of 10,000); as expressions they are
+            # read from ix_experiments_project_id_owner_id, and the page walks the primary
+            # key until its LIMIT.
+            in_project, owned_by = in_project + 0, owned_by + 0
+        experiments = or_(in_project.in_(projects), owned_by == actor.user_id)
         if kind == "experiments":
             return experiments
         return or_(experiments, await readable(session, actor, "tasks"))
@@ -284,6 +312,8 @@ async def _task_place(session: AsyncSession, task: TaskModel | None) -> _Located
 
 async def _task_id_place(session: AsyncSession, value: str) -> _Located | None:
     """A task id is a trial's ("<experiment id>.<request id>") or a command's uuid."""
+    if unstorable(value):  # nothing has such an id; Postgres would refuse to look
+        return None
     experiment, dot, request_id = value.partition(".")
     if dot and _as_id(experiment) is not None:
         experiment_id = await session.scalar(
@@ -298,6 +328,8 @@ async def _task_id_place(session: AsyncSession, value: str) -> _Located | None:
 
 
 async def _allocation_place(session: AsyncSession, value: str) -> _Located | None:
+    if unstorable(value):
+        return None
     row = (
         await session.execute(
             select(AllocationModel.experiment_id, AllocationModel.task_id).where(
@@ -314,6 +346,8 @@ async def _allocation_place(session: AsyncSession, value: str) -> _Located | Non
 
 
 async def _checkpoint_place(session: AsyncSession, value: str) -> _Located | None:
+    if unstorable(value):
+        return None
     experiment_id = await session.scalar(
         select(CheckpointModel.experiment_id).where(CheckpointModel.uuid == value)
     )
