@@ -253,8 +253,9 @@ def job(view: JobView, jobs_ahead: int) -> dict[str, Any]:
     }
 
 
-# What Determined's LimitedJob keeps of a job its reader may not see.
-_LIMITED_JOB_FIELDS = (
+# What Determined's LimitedJob keeps of a job its reader may not see: its place and size,
+# not its name, owner or submission time.
+LIMITED_JOB_FIELDS = (
     "summary",
     "type",
     "resourcePool",
@@ -263,11 +264,14 @@ _LIMITED_JOB_FIELDS = (
     "weight",
     "jobId",
     "workspaceId",
+    "requestedSlots",
+    "allocatedSlots",
+    "progress",
 )
 
 
 def limited_job(full: dict[str, Any]) -> dict[str, Any]:
-    return {k: full[k] for k in _LIMITED_JOB_FIELDS}
+    return {k: full[k] for k in LIMITED_JOB_FIELDS}
 
 
 def pool(view: PoolView, settings: MasterSettings, slot_type: str) -> dict[str, Any]:

@@ -268,7 +268,20 @@ async def test_the_job_queue_keeps_others_places_but_not_their_names(vision: Vis
     [job] = queue["jobs"]
     assert job["full"] is None
     assert job["limited"]["summary"] == {"state": "STATE_QUEUED", "jobsAhead": 0}
-    assert "name" not in job["limited"] and "username" not in job["limited"]
+    # Determined's v1LimitedJob, which its client's `det job list` reads: these and no more.
+    assert set(job["limited"]) == {
+        "allocatedSlots",
+        "isPreemptible",
+        "jobId",
+        "requestedSlots",
+        "resourcePool",
+        "type",
+        "workspaceId",
+        "priority",
+        "progress",
+        "summary",
+        "weight",
+    }
     assert (await ok(await vision.bob.get("/api/v1/job-queues")))["jobs"] == []
     [mine] = (await ok(await vision.alice.get("/api/v1/job-queues-v2")))["jobs"]
     assert mine["full"]["name"] == "hers"
