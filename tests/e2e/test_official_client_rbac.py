@@ -106,7 +106,9 @@ def refused(result: subprocess.CompletedProcess[str], message: str) -> None:
     assert message in result.stderr, describe_run(result)
 
 
-def admin_api(master: MasterProcess, method: str, path: str, body: dict[str, Any]) -> Any:
+def admin_api(
+    master: MasterProcess, method: str, path: str, body: dict[str, Any] | None = None
+) -> Any:
     """A request as admin through the API, for what the client under test is not for."""
     headers = {"Authorization": f"Bearer {master.login('admin')}"}
     reply = master.session.request(method, path, json=body, headers=headers)
@@ -279,10 +281,12 @@ def test_assigning_roles(master: MasterProcess) -> None:
 
 
 def test_editor_kills_another_users_experiment(master: MasterProcess) -> None:
-    """Bob may not kill alice's experiment in `vision` until he is its Editor there."""
+    """Bob may not kill alice's experiment in `vision` until he is its Editor there: without
+    a role he does not see it, as a Viewer he is refused naming whom to ask."""
     (alice, _), (bob, _) = new_user(master, "alice"), new_user(master, "bob")
     vision, vision_id = new_workspace(master, "vision")
-    master.api("POST", f"/api/v1/workspaces/{vision_id}/projects", json={"name": "detection"})
+    admin_api(master, "POST", f"/api/v1/workspaces/{vision_id}/projects", {"name": "detection"})
+    admin(master, "assign-role", "Editor", "-w", vision, "-u", alice)
     config = SINGLE.format(name="alice-run", workspace=vision, project="detection")
     reply = master.session.post(
         "/api/v1/experiments",
@@ -293,8 +297,14 @@ def test_editor_kills_another_users_experiment(master: MasterProcess) -> None:
     experiment_id = reply.json()["experiment"]["id"]
 
     def state() -> str:
-        return str(master.api("GET", f"/api/v1/experiments/{experiment_id}")["experiment"]["state"])
+        found = admin_api(master, "GET", f"/api/v1/experiments/{experiment_id}")
+        return str(found["experiment"]["state"])
 
+    refused(
+        as_user(master, bob, "experiment", "kill", str(experiment_id)),
+        f"experiment {experiment_id} not found",
+    )
+    admin(master, "assign-role", "Viewer", "-w", vision, "-u", bob)
     refused(
         as_user(master, bob, "experiment", "kill", str(experiment_id)),
         f"Failed to kill experiment: Forbidden(experiment {experiment_id} belongs to {alice}; "
