@@ -278,10 +278,11 @@ def open_checkpoint_dir(directory: Path) -> str | None:
     return None
 
 
-def seal_checkpoints(directory: Path, uid: int) -> int:
-    """Give root every entry directly in `directory` (a shared_fs store) that `uid` owns,
-    and all below it, keeping their group and modes: the run that wrote them has ended,
-    and the uid will serve another owner's run next. How many it gave."""
+def seal_checkpoints(directory: Path, uid: int, to: int = 0) -> int:
+    """Give user `to` (root, or the store's owner: runner.Runner._seal) every entry
+    directly in `directory` (a shared_fs store) that `uid` owns, and all below it, keeping
+    their group and modes: the run that wrote them has ended, and the uid will serve
+    another owner's run next. How many it gave."""
     try:
         entries = list(os.scandir(directory))
     except OSError:
@@ -291,11 +292,11 @@ def seal_checkpoints(directory: Path, uid: int) -> int:
         try:
             if entry.stat(follow_symlinks=False).st_uid != uid:
                 continue
-            os.lchown(entry.path, 0, -1)
+            os.lchown(entry.path, to, -1)
             if entry.is_dir(follow_symlinks=False):
                 for below, dirs, files in os.walk(entry.path):
                     for name in (*dirs, *files):
-                        os.lchown(os.path.join(below, name), 0, -1)
+                        os.lchown(os.path.join(below, name), to, -1)
             sealed += 1
         except OSError as exc:  # one that cannot be changed must not keep the others open
             log.warning("checkpoint %s stays uid %d's: %s", entry.path, uid, exc.strerror)

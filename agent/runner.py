@@ -606,22 +606,34 @@ class Runner:
         await asyncio.to_thread(shutil.rmtree, run.work_dir, True)
         await asyncio.to_thread(shutil.rmtree, self._secrets_dir(run), True)
         if run.rank is not None and run.checkpoints is not None:
-            sealed = await asyncio.to_thread(
-                rank_user.seal_checkpoints, run.checkpoints, run.rank.uid
-            )
-            if sealed:
-                log.info(
-                    "allocation %s: %d checkpoint(s) in %s given to root, group kept",
-                    run.allocation_id,
-                    sealed,
-                    run.checkpoints,
-                )
+            await asyncio.to_thread(self._seal, run, run.rank, run.checkpoints)
         if self.rank_uids is not None:  # its files are gone: the uid may serve another run
             self.rank_uids.release(run.allocation_id)
 
     def _user(self, run: AllocationRun) -> RankUser | None:
         """Whom `run`'s processes run as: its own uid, else rank_user (None: the agent's)."""
         return run.rank if run.rank is not None else self.rank_user
+
+    def _seal(self, run: AllocationRun, rank: RankUser, store: Path) -> None:
+        """What the run wrote in its shared_fs store becomes the store's owner's (root, or
+        the user an admin gave the store to, such as the master's on a shared file system,
+        which then reads and deletes it), never a uid of the range."""
+        try:
+            owner = store.stat().st_uid
+        except OSError:
+            return
+        pool = self.rank_uids
+        if pool is not None and pool.first <= owner <= pool.last:
+            owner = 0
+        sealed = rank_user.seal_checkpoints(store, rank.uid, owner)
+        if sealed:
+            log.info(
+                "allocation %s: %d checkpoint(s) in %s given to uid %d, group kept",
+                run.allocation_id,
+                sealed,
+                store,
+                owner,
+            )
 
     def _umask(self, run: AllocationRun) -> int:
         """A run with a uid of its own writes files only its owner's group may read;

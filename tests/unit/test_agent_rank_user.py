@@ -528,6 +528,9 @@ def test_a_run_s_checkpoints_become_root_s_when_it_ends(passable: Path) -> None:
         assert (path.stat().st_uid, path.stat().st_gid) == (0, gid), path
     assert stat.S_IMODE((store / "mine" / "sub" / "weights.bin").stat().st_mode) == 0o640
     assert (store / "another-run-s").stat().st_uid == 61006  # still running: left alone
+    # The store's owner, when an admin gave it to a user (the master's, say), gets them.
+    assert rank_user.seal_checkpoints(store, 61006, to=4242) == 1
+    assert (store / "another-run-s" / "sub" / "weights.bin").stat().st_uid == 4242
     assert rank_user.seal_checkpoints(passable / "absent", 61005) == 0
 
 
