@@ -22,10 +22,12 @@ from agent.gpu import open_nvml
 from agent.link import Agent, Refused
 from agent.netif import list_interfaces
 from agent.rank_user import (
-    DEFAULT_UID_RANGE,
+    DEFAULT_BLOCK,
+    DEFAULT_UID_SPACE,
     SETPRIV,
     RankUser,
     UidPool,
+    default_uid_range,
     for_agent,
     for_range,
     lookup,
@@ -106,7 +108,8 @@ def run(
         None,
         "--rank-uid-range",
         help="START-END: run each allocation's ranks as a uid of their own from this range; "
-        f"an agent running as root without --rank-user uses {DEFAULT_UID_RANGE} "
+        f"an agent running as root without --rank-user uses a block of {DEFAULT_BLOCK} "
+        f"of {DEFAULT_UID_SPACE} picked by its id "
         "(DET_AGENT_RANK_UID_RANGE).",
     ),
     port_range: str | None = typer.Option(
@@ -185,7 +188,7 @@ def run(
         if by_default:
             typer.echo(
                 f"det-agent: as root, this agent runs each allocation's ranks as a uid of "
-                f"their own from {DEFAULT_UID_RANGE} unless told otherwise: fix the above, "
+                f"their own from {DEFAULT_UID_SPACE} unless told otherwise: fix the above, "
                 "set --rank-uid-range or --rank-user, or pass --rank-user root to keep ranks "
                 "as root (they can then read the agent's secrets and every trial's files)",
                 err=True,
@@ -217,9 +220,12 @@ def _rank_user(settings: AgentSettings) -> RankUser | None:
 
 
 def _rank_uids(settings: AgentSettings, by_default: bool = False) -> UidPool:
-    """The uids each allocation's ranks take one of (rank_uid_range, or DEFAULT_UID_RANGE
-    `by_default`); ValueError says why the agent must not start."""
-    pool = UidPool(*parse_uid_range(settings.rank_uid_range or DEFAULT_UID_RANGE))
+    """The uids each allocation's ranks take one of (rank_uid_range, or the agent's block
+    of DEFAULT_UID_SPACE `by_default`); ValueError says why the agent must not start."""
+    if settings.rank_uid_range:
+        pool = UidPool(*parse_uid_range(settings.rank_uid_range))
+    else:
+        pool = UidPool(*default_uid_range(settings.id))
     warnings = for_range(
         pool, euid=os.geteuid(), setpriv=SETPRIV, join_token_file=settings.join_token_file
     )

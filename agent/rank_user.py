@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import grp
+import hashlib
 import logging
 import os
 import pwd
@@ -42,14 +43,19 @@ class RankUser:
 # uids below this are system and login users on every distribution.
 FIRST_RANK_UID = 1000
 
-# What an agent running as root uses when given neither rank_user nor rank_uid_range: the
-# start of the range systemd's UIDS-GIDS.md leaves unused (1879048192-2147483647), clear
-# of login users, systemd's dynamic users (61184-65519) and its container ranges.
-DEFAULT_UID_RANGE = "1879048192-1879113727"
+# What an agent running as root uses when given neither rank_user nor rank_uid_range: a
+# block of DEFAULT_BLOCK uids of this space, the first half of the range systemd's
+# UIDS-GIDS.md leaves unused (1879048192-2147483647), clear of login users, systemd's
+# dynamic users (61184-65519) and its container ranges. The agent's id picks the block
+# (default_uid_range), so agents on several nodes, or on one, rarely hand out the same uid
+# at once (a shared_fs store would see their runs as one user); disjoint rank_uid_range
+# settings make it certain.
+DEFAULT_UID_SPACE = "1879048192-2013265919"
+DEFAULT_BLOCK = 1024
 # An allocation with a uid of its own runs in its owner's group, this plus the owner's
 # user id on the master, the same on every agent: a later run of the same owner reads the
 # checkpoints it wrote (mode 0750/0640, RANK_UMASK); another owner's runs cannot.
-OWNER_GID_BASE = 1879113728
+OWNER_GID_BASE = 2013265920
 # Files a rank with a uid of its own creates: its owner's group may read them, nobody else.
 RANK_UMASK = 0o027
 
@@ -66,6 +72,15 @@ def parse_uid_range(text: str) -> tuple[int, int]:
             f"{text!r}: START-END must satisfy {FIRST_RANK_UID} <= START <= END < 2**31"
         )
     return first, last
+
+
+def default_uid_range(agent_id: str) -> tuple[int, int]:
+    """The block of DEFAULT_UID_SPACE an agent with this id uses by default."""
+    low, high = parse_uid_range(DEFAULT_UID_SPACE)
+    blocks = (high - low + 1) // DEFAULT_BLOCK
+    digest = hashlib.sha256(agent_id.encode()).digest()
+    first = low + int.from_bytes(digest[:8], "big") % blocks * DEFAULT_BLOCK
+    return first, first + DEFAULT_BLOCK - 1
 
 
 def range_user(uid: int, gid: int | None = None) -> RankUser:
@@ -199,7 +214,7 @@ ROOT_RANKS_WARNING = (
     "rank_user is root: every rank runs as root and can read this agent's join token (and "
     "its file), its credential, its environment and /proc, and every other allocation's "
     "run directory and checkpoints; leave rank_user unset (each allocation then gets a uid "
-    f"of its own, from {DEFAULT_UID_RANGE}) or name an unprivileged user"
+    f"of its own, from a block of {DEFAULT_UID_SPACE}) or name an unprivileged user"
 )
 
 

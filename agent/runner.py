@@ -79,7 +79,7 @@ class AllocationRun:
     started_at: float = float("inf")  # time.monotonic() when its ranks were spawned
     rank: RankUser | None = None  # its own uid of rank_uid_range, if the agent has one
     # Its shared_fs checkpoint directory on this agent, when `rank` is its own uid: opened
-    # to the ranks before they start, and what they wrote given to root when they end.
+    # to the ranks before they start, and what they wrote given to its owner when they end.
     checkpoints: Path | None = None
     # The experiment's bind_mounts and private /dev/shm (0: the host's), made in the
     # process's mount namespace; a per_slot launch gets one only when it asks for these.

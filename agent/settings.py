@@ -16,7 +16,7 @@ from agent import ports, rank_user
 from resolute._yaml_settings import YamlFileSource, absolute_path
 
 CONFIG_FILE_ENV = "DET_AGENT_CONFIG_FILE"
-DEFAULT_UID_RANGE = rank_user.DEFAULT_UID_RANGE  # the field rank_user hides the module
+DEFAULT_UID_SPACE = rank_user.DEFAULT_UID_SPACE  # the field rank_user hides the module
 
 
 class AgentSettings(BaseSettings):
@@ -82,7 +82,7 @@ class AgentSettings(BaseSettings):
             "own from this range (in the group of the experiment's owner, no passwd entry "
             "needed), so trials cannot read each other's files, S3 keys or /proc; needs "
             "root. Unset on an agent running as root without rank_user: "
-            f"{DEFAULT_UID_RANGE}."
+            f"a block of 1024 uids of {DEFAULT_UID_SPACE} picked by the agent's id."
         ),
     )
     port_range: str = Field(

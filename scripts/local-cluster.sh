@@ -35,7 +35,7 @@ fi
 # root, explicitly and saying so; set DET_AGENT_RANK_USER or DET_AGENT_RANK_UID_RANGE to decide.
 ranks=()
 if [[ "$(id -u)" == 0 && -z "${DET_AGENT_RANK_USER:-}${DET_AGENT_RANK_UID_RANGE:-}" ]]; then
-    uid=$("$BIN/python" -c 'from agent.rank_user import DEFAULT_UID_RANGE as r; print(r.split("-")[0])')
+    uid=$("$BIN/python" -c 'from agent.rank_user import DEFAULT_UID_SPACE as r; print(r.split("-")[0])')
     python=$(cd "$(dirname "$BIN/python")" && pwd)/python
     if ! setpriv --reuid="$uid" --regid="$uid" --clear-groups -- /bin/sh -c \
         'cd -- "$1" && cd / && exec "$2" -c "import resolute"' sh "$DATA_DIR" "$python" \

@@ -164,7 +164,7 @@ def test_a_rank_user_root_is_accepted_with_a_warning() -> None:
     # What the ranks can then read, and the way back to the default.
     for words in ("join token", "credential", "/proc", "run directory and checkpoints"):
         assert words in warnings[0]
-    assert rank_user.DEFAULT_UID_RANGE in warnings[0]
+    assert rank_user.DEFAULT_UID_SPACE in warnings[0]
 
 
 def test_an_agent_that_is_not_root_cannot_switch() -> None:
@@ -480,9 +480,15 @@ def test_a_run_takes_its_owner_s_group_when_the_master_names_the_owner() -> None
 
 
 def test_the_default_range_is_clear_of_login_dynamic_and_container_users() -> None:
-    first, last = rank_user.parse_uid_range(rank_user.DEFAULT_UID_RANGE)
+    first, last = rank_user.parse_uid_range(rank_user.DEFAULT_UID_SPACE)
     assert 1879048192 <= first <= last < 2**31  # systemd's unused range (UIDS-GIDS.md)
     assert last < rank_user.OWNER_GID_BASE  # owner groups never meet a rank's own gid
+    # Each agent takes a block of it by its id: the same every start, others elsewhere.
+    blocks = {rank_user.default_uid_range(f"node-{n}") for n in range(50)}
+    assert rank_user.default_uid_range("node-0") in blocks and len(blocks) == 50
+    for low, high in blocks:
+        assert first <= low and high <= last and high - low + 1 == rank_user.DEFAULT_BLOCK
+        assert (low - first) % rank_user.DEFAULT_BLOCK == 0
 
 
 def test_a_shared_fs_store_is_opened_to_the_ranks_uids(tmp_path: Path) -> None:
