@@ -54,10 +54,12 @@ DEFAULT_UID_SPACE = "1879048192-2013265919"
 DEFAULT_BLOCK = 1024
 # An allocation with a uid of its own runs in its owner's group, this plus the owner's
 # user id on the master, the same on every agent: a later run of the same owner reads the
-# checkpoints it wrote (mode 0750/0640, RANK_UMASK); another owner's runs cannot.
+# checkpoints it wrote (RANK_UMASK, then seal_checkpoints); another owner's runs cannot.
 OWNER_GID_BASE = 2013265920
-# Files a rank with a uid of its own creates: its owner's group may read them, nobody else.
-RANK_UMASK = 0o027
+# Files a rank with a uid of its own creates: its owner's group may use them, nobody else.
+# Group write lets the ranks of one trial on several agents (a uid each, one group) write
+# one checkpoint; seal_checkpoints takes it away when the run ends.
+RANK_UMASK = 0o007
 
 
 def parse_uid_range(text: str) -> tuple[int, int]:
@@ -296,8 +298,9 @@ def open_checkpoint_dir(directory: Path) -> str | None:
 def seal_checkpoints(directory: Path, uid: int, to: int = 0) -> int:
     """Give user `to` (root, or the store's owner: runner.Runner._seal) every entry
     directly in `directory` (a shared_fs store) that `uid` owns, and all below it, keeping
-    their group and modes: the run that wrote them has ended, and the uid will serve
-    another owner's run next. How many it gave."""
+    their group, which may then read them but no longer change them (g-w): the run that
+    wrote them has ended, and the uid will serve another owner's run next. How many it
+    gave."""
     try:
         entries = list(os.scandir(directory))
     except OSError:
@@ -307,11 +310,11 @@ def seal_checkpoints(directory: Path, uid: int, to: int = 0) -> int:
         try:
             if entry.stat(follow_symlinks=False).st_uid != uid:
                 continue
-            os.lchown(entry.path, to, -1)
+            _seal(entry.path, to)
             if entry.is_dir(follow_symlinks=False):
                 for below, dirs, files in os.walk(entry.path):
                     for name in (*dirs, *files):
-                        os.lchown(os.path.join(below, name), to, -1)
+                        _seal(os.path.join(below, name), to)
             sealed += 1
         except OSError as exc:  # one that cannot be changed must not keep the others open
             log.warning("checkpoint %s stays uid %d's: %s", entry.path, uid, exc.strerror)
@@ -333,6 +336,13 @@ def run_problem(rank: RankUser, python: str, setpriv: str) -> str | None:
         return None
     detail = (probe.stderr.strip().splitlines() or ["no output"])[-1]
     return f"user {rank.name!r} cannot run {python} with the training library ({detail})"
+
+
+def _seal(path: str, to: int) -> None:
+    os.lchown(path, to, -1)
+    info = os.lstat(path)
+    if not stat.S_ISLNK(info.st_mode) and info.st_mode & stat.S_IWGRP:
+        os.chmod(path, stat.S_IMODE(info.st_mode) & ~stat.S_IWGRP)
 
 
 def chown_tree(root: Path, rank: RankUser) -> None:

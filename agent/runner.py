@@ -340,8 +340,13 @@ class Runner:
         if run.checkpoints is None:
             return None
         problem = rank_user.open_checkpoint_dir(run.checkpoints)
-        if problem or run.per_agent or SETPRIV is None:
+        if problem:
             return problem
+        # What the uid left there when this agent could not seal it (it was killed): the
+        # uid's earlier run's, maybe another owner's.
+        self._seal(run, run.rank, run.checkpoints)
+        if run.per_agent or SETPRIV is None:
+            return None
         problem = rank_user.reach_problem(
             run.rank, run.checkpoints, SETPRIV, "checkpoint_storage.host_path"
         )

@@ -279,7 +279,7 @@ def two_owners_two_trials(plain: Plain, tmp_path: Path) -> None:
     for path in (stored, stored / "weights.bin"):
         info = path.stat()
         assert (info.st_uid, info.st_gid) == (0, OWNER_GID_BASE + owners[0]), path
-        assert stat.S_IMODE(info.st_mode) & 0o007 == 0, (path, oct(info.st_mode))
+        assert stat.S_IMODE(info.st_mode) & 0o027 == 0, (path, oct(info.st_mode))
     assert restored["uuid"] == second["first"]["uuid"], restored
     assert restored["data"] == "the first trial's weights", restored
     # The second trial's own checkpoint was written and is root's after its run too.

@@ -527,11 +527,12 @@ def test_a_run_s_checkpoints_become_root_s_when_it_ends(passable: Path) -> None:
     for name, uid in (("mine", 61005), ("another-run-s", 61006)):
         (store / name / "sub").mkdir(parents=True)
         (store / name / "sub" / "weights.bin").write_bytes(b"x")
-        (store / name / "sub" / "weights.bin").chmod(0o640)
+        (store / name / "sub" / "weights.bin").chmod(0o660)  # as RANK_UMASK leaves it
         rank_user.chown_tree(store / name, rank_user.range_user(uid, gid))
     assert rank_user.seal_checkpoints(store, 61005) == 1
     for path in (store / "mine", store / "mine" / "sub", store / "mine" / "sub" / "weights.bin"):
         assert (path.stat().st_uid, path.stat().st_gid) == (0, gid), path
+    # Its group reads it still, changes it no more.
     assert stat.S_IMODE((store / "mine" / "sub" / "weights.bin").stat().st_mode) == 0o640
     assert (store / "another-run-s").stat().st_uid == 61006  # still running: left alone
     # The store's owner, when an admin gave it to a user (the master's, say), gets them.
