@@ -192,8 +192,8 @@ def for_agent(
         who = "root, the agent's user," if euid == 0 else "the agent's own user"
         warnings.append(
             f"ranks run as {who} and can read its credentials and its join token; run the "
-            "agent as root with rank_user (--rank-user, DET_AGENT_RANK_USER) set to an "
-            "unprivileged user, or rank_uid_range (--rank-uid-range) to a uid range"
+            "agent as root: each allocation's ranks then run as a uid of their own "
+            "(rank_uid_range), or as rank_user (--rank-user, DET_AGENT_RANK_USER)"
         )
         return None, warnings
     if euid != 0:
