@@ -22,9 +22,12 @@ from agent.gpu import open_nvml
 from agent.link import Agent, Refused
 from agent.netif import list_interfaces
 from agent.rank_user import (
+    DEFAULT_BLOCK,
+    DEFAULT_UID_SPACE,
     SETPRIV,
     RankUser,
     UidPool,
+    default_uid_range,
     for_agent,
     for_range,
     lookup,
@@ -93,7 +96,10 @@ def run(
         None, "--join-token-file", help="Read the join token from a file."
     ),
     rank_user: str | None = typer.Option(
-        None, "--rank-user", help="Run ranks as this unprivileged user (DET_AGENT_RANK_USER)."
+        None,
+        "--rank-user",
+        help="Run every rank as this user instead of a uid of its own per allocation; "
+        "`root` keeps ranks as root, warned about at start (DET_AGENT_RANK_USER).",
     ),
     rank_group: str | None = typer.Option(
         None, "--rank-group", help="The ranks' group (DET_AGENT_RANK_GROUP)."
@@ -101,7 +107,9 @@ def run(
     rank_uid_range: str | None = typer.Option(
         None,
         "--rank-uid-range",
-        help="START-END: run each allocation's ranks as a uid of their own from this range "
+        help="START-END: run each allocation's ranks as a uid of their own from this range; "
+        f"an agent running as root without --rank-user uses a block of {DEFAULT_BLOCK} "
+        f"of {DEFAULT_UID_SPACE} picked by its id "
         "(DET_AGENT_RANK_UID_RANGE).",
     ),
     port_range: str | None = typer.Option(
@@ -166,14 +174,25 @@ def run(
             "(security.tls) and this agent --master-cert",
             settings.master,
         )
+    # As root, ranks get a uid of their own per allocation unless the admin names their user
+    # (root included, explicitly): the safe way is the default.
+    by_default = os.geteuid() == 0 and not settings.rank_user and not settings.rank_uid_range
     try:
-        if settings.rank_uid_range:
-            uids, rank = _rank_uids(settings), None
+        if settings.rank_uid_range or by_default:
+            uids, rank = _rank_uids(settings, by_default), None
         else:
             uids, rank = None, _rank_user(settings)
     except ValueError as exc:
-        field = "rank_uid_range" if settings.rank_uid_range else "rank_user"
+        field = "rank_user" if settings.rank_user else "rank_uid_range"
         typer.echo(f"det-agent: setting {field}: {exc}", err=True)
+        if by_default:
+            typer.echo(
+                f"det-agent: as root, this agent runs each allocation's ranks as a uid of "
+                f"their own from {DEFAULT_UID_SPACE} unless told otherwise: fix the above, "
+                "set --rank-uid-range or --rank-user, or pass --rank-user root to keep ranks "
+                "as root (they can then read the agent's secrets and every trial's files)",
+                err=True,
+            )
         raise typer.Exit(2) from None
     sys.exit(asyncio.run(_serve(settings, rank, uids)))
 
@@ -200,11 +219,13 @@ def _rank_user(settings: AgentSettings) -> RankUser | None:
     return rank
 
 
-def _rank_uids(settings: AgentSettings) -> UidPool:
-    """The uids each allocation's ranks take one of; ValueError says why the agent must
-    not start."""
-    assert settings.rank_uid_range is not None
-    pool = UidPool(*parse_uid_range(settings.rank_uid_range))
+def _rank_uids(settings: AgentSettings, by_default: bool = False) -> UidPool:
+    """The uids each allocation's ranks take one of (rank_uid_range, or the agent's block
+    of DEFAULT_UID_SPACE `by_default`); ValueError says why the agent must not start."""
+    if settings.rank_uid_range:
+        pool = UidPool(*parse_uid_range(settings.rank_uid_range))
+    else:
+        pool = UidPool(*default_uid_range(settings.id))
     warnings = for_range(
         pool, euid=os.geteuid(), setpriv=SETPRIV, join_token_file=settings.join_token_file
     )
@@ -213,7 +234,11 @@ def _rank_uids(settings: AgentSettings) -> UidPool:
     assert SETPRIV is not None  # for_range refuses without it
     # Every uid of the range is "other" to the work dir: the first stands for them all.
     _check_reach(settings, range_user(pool.first), SETPRIV)
-    log.info("ranks run as a uid of their own per allocation, from %s", pool)
+    log.info(
+        "ranks run as a uid of their own per allocation, from %s%s, in their owner's group",
+        pool,
+        " (the default for an agent running as root)" if by_default else "",
+    )
     return pool
 
 

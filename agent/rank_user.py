@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import grp
+import hashlib
+import logging
 import os
 import pwd
 import shutil
@@ -21,6 +23,8 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 SETPRIV = shutil.which("setpriv")
 ENV = shutil.which("env") or "/usr/bin/env"
@@ -39,6 +43,24 @@ class RankUser:
 # uids below this are system and login users on every distribution.
 FIRST_RANK_UID = 1000
 
+# What an agent running as root uses when given neither rank_user nor rank_uid_range: a
+# block of DEFAULT_BLOCK uids of this space, the first half of the range systemd's
+# UIDS-GIDS.md leaves unused (1879048192-2147483647), clear of login users, systemd's
+# dynamic users (61184-65519) and its container ranges. The agent's id picks the block
+# (default_uid_range), so agents on several nodes, or on one, rarely hand out the same uid
+# at once (a shared_fs store would see their runs as one user); disjoint rank_uid_range
+# settings make it certain.
+DEFAULT_UID_SPACE = "1879048192-2013265919"
+DEFAULT_BLOCK = 1024
+# An allocation with a uid of its own runs in its owner's group, this plus the owner's
+# user id on the master, the same on every agent: a later run of the same owner reads the
+# checkpoints it wrote (RANK_UMASK, then seal_checkpoints); another owner's runs cannot.
+OWNER_GID_BASE = 2013265920
+# Files a rank with a uid of its own creates: its owner's group may use them, nobody else.
+# Group write lets the ranks of one trial on several agents (a uid each, one group) write
+# one checkpoint; seal_checkpoints takes it away when the run ends.
+RANK_UMASK = 0o007
+
 
 def parse_uid_range(text: str) -> tuple[int, int]:
     """`START-END` (rank_uid_range) as two ints; ValueError says what is wrong with it."""
@@ -54,9 +76,26 @@ def parse_uid_range(text: str) -> tuple[int, int]:
     return first, last
 
 
-def range_user(uid: int) -> RankUser:
-    """A uid of rank_uid_range as a RankUser: its own group, no passwd entry needed."""
-    return RankUser(f"rank-{uid}", uid, uid, init_groups=False)
+def default_uid_range(agent_id: str) -> tuple[int, int]:
+    """The block of DEFAULT_UID_SPACE an agent with this id uses by default."""
+    low, high = parse_uid_range(DEFAULT_UID_SPACE)
+    blocks = (high - low + 1) // DEFAULT_BLOCK
+    digest = hashlib.sha256(agent_id.encode()).digest()
+    first = low + int.from_bytes(digest[:8], "big") % blocks * DEFAULT_BLOCK
+    return first, first + DEFAULT_BLOCK - 1
+
+
+def range_user(uid: int, gid: int | None = None) -> RankUser:
+    """A uid of rank_uid_range as a RankUser: group `gid` (its owner's, owner_group), else
+    its own; no passwd entry needed."""
+    return RankUser(f"rank-{uid}", uid, uid if gid is None else gid, init_groups=False)
+
+
+def owner_group(owner_id: int) -> int | None:
+    """The gid of the master's user `owner_id` (None: unknown, an older master)."""
+    if owner_id <= 0 or OWNER_GID_BASE + owner_id >= 2**31:
+        return None
+    return OWNER_GID_BASE + owner_id
 
 
 class UidPool:
@@ -70,15 +109,15 @@ class UidPool:
     def __str__(self) -> str:
         return f"{self.first}-{self.last}"
 
-    def take(self, owner: str) -> RankUser:
-        """The lowest free uid, now `owner`'s (the same one if asked again); RuntimeError
-        when every uid is in use."""
+    def take(self, owner: str, gid: int | None = None) -> RankUser:
+        """The lowest free uid, now `owner`'s (the same one if asked again), in group
+        `gid` (None: the uid's own); RuntimeError when every uid is in use."""
         if owner not in self._held:
             used = set(self._held.values())
             if len(used) > self.last - self.first:
                 raise RuntimeError(f"no free uid in rank_uid_range {self} ({len(used)} runs)")
             self._held[owner] = next(u for u in range(self.first, self.last + 1) if u not in used)
-        return range_user(self._held[owner])
+        return range_user(self._held[owner], gid)
 
     def release(self, owner: str) -> None:
         self._held.pop(owner, None)
@@ -153,8 +192,8 @@ def for_agent(
         who = "root, the agent's user," if euid == 0 else "the agent's own user"
         warnings.append(
             f"ranks run as {who} and can read its credentials and its join token; run the "
-            "agent as root with rank_user (--rank-user, DET_AGENT_RANK_USER) set to an "
-            "unprivileged user, or rank_uid_range (--rank-uid-range) to a uid range"
+            "agent as root: each allocation's ranks then run as a uid of their own "
+            "(rank_uid_range), or as rank_user (--rank-user, DET_AGENT_RANK_USER)"
         )
         return None, warnings
     if euid != 0:
@@ -169,11 +208,16 @@ def for_agent(
             "util-linux's setpriv is not installed, and it is what switches the ranks' user"
         )
     if rank.uid == 0:
-        warnings.append(
-            "rank_user is root: ranks can read the agent's credentials and its join token; "
-            "name an unprivileged user"
-        )
+        warnings.append(ROOT_RANKS_WARNING)
     return rank, warnings
+
+
+ROOT_RANKS_WARNING = (
+    "rank_user is root: every rank runs as root and can read this agent's join token (and "
+    "its file), its credential, its environment and /proc, and every other allocation's "
+    "run directory and checkpoints; leave rank_user unset (each allocation then gets a uid "
+    f"of its own, from a block of {DEFAULT_UID_SPACE}) or name an unprivileged user"
+)
 
 
 def for_range(
@@ -205,7 +249,9 @@ def _token_file_warnings(join_token_file: Path | None) -> list[str]:
     return []
 
 
-def reach_problem(rank: RankUser, work_dir: Path, setpriv: str) -> str | None:
+def reach_problem(
+    rank: RankUser, work_dir: Path, setpriv: str, what: str = "work_dir"
+) -> str | None:
     """None if `rank` can enter `work_dir` (its run directories live below it), else why
     not. Asked of the kernel as that user, so every directory above counts."""
     probe = subprocess.run(
@@ -219,9 +265,60 @@ def reach_problem(rank: RankUser, work_dir: Path, setpriv: str) -> str | None:
         return None
     detail = (probe.stderr.strip().splitlines() or ["no output"])[-1]
     return (
-        f"user {rank.name!r} cannot enter work_dir {work_dir.resolve()} ({detail}); every "
-        f"directory above it must be searchable by that user (chmod o+x, or move work_dir)"
+        f"user {rank.name!r} cannot enter {what} {work_dir.resolve()} ({detail}); every "
+        f"directory above it must be searchable by that user (chmod o+x, or move {what})"
     )
+
+
+def open_checkpoint_dir(directory: Path) -> str | None:
+    """Make `directory` (a shared_fs store) one where ranks with uids of their own can
+    write checkpoints: created if missing; others may create and enter entries (o+wx) but
+    not list them (o-r), and the sticky bit keeps them from removing each other's. None,
+    or what went wrong; what it changed is logged."""
+    try:
+        if not directory.exists():
+            directory.mkdir(parents=True)
+            log.info("checkpoint storage %s created for the ranks' uids", directory)
+        mode = stat.S_IMODE(directory.stat().st_mode)
+        wanted = (mode | stat.S_ISVTX | 0o003) & ~0o004
+        if mode != wanted:
+            directory.chmod(wanted)
+            log.info(
+                "checkpoint storage %s: mode %04o -> %04o, so the ranks' uids can write "
+                "checkpoints in it, each its own, which the others can neither list nor remove",
+                directory,
+                mode,
+                wanted,
+            )
+    except OSError as exc:
+        return f"checkpoint storage {directory}: {exc.strerror}"
+    return None
+
+
+def seal_checkpoints(directory: Path, uid: int, to: int = 0) -> int:
+    """Give user `to` (root, or the store's owner: runner.Runner._seal) every entry
+    directly in `directory` (a shared_fs store) that `uid` owns, and all below it, keeping
+    their group, which may then read them but no longer change them (g-w): the run that
+    wrote them has ended, and the uid will serve another owner's run next. How many it
+    gave."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return 0
+    sealed = 0
+    for entry in entries:
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != uid:
+                continue
+            _seal(entry.path, to)
+            if entry.is_dir(follow_symlinks=False):
+                for below, dirs, files in os.walk(entry.path):
+                    for name in (*dirs, *files):
+                        _seal(os.path.join(below, name), to)
+            sealed += 1
+        except OSError as exc:  # one that cannot be changed must not keep the others open
+            log.warning("checkpoint %s stays uid %d's: %s", entry.path, uid, exc.strerror)
+    return sealed
 
 
 def run_problem(rank: RankUser, python: str, setpriv: str) -> str | None:
@@ -239,6 +336,13 @@ def run_problem(rank: RankUser, python: str, setpriv: str) -> str | None:
         return None
     detail = (probe.stderr.strip().splitlines() or ["no output"])[-1]
     return f"user {rank.name!r} cannot run {python} with the training library ({detail})"
+
+
+def _seal(path: str, to: int) -> None:
+    os.lchown(path, to, -1)
+    info = os.lstat(path)
+    if not stat.S_ISLNK(info.st_mode) and info.st_mode & stat.S_IWGRP:
+        os.chmod(path, stat.S_IMODE(info.st_mode) & ~stat.S_IWGRP)
 
 
 def chown_tree(root: Path, rank: RankUser) -> None:

@@ -21,7 +21,7 @@ import signal
 import sys
 import tarfile
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +78,9 @@ class AllocationRun:
     per_agent: bool = False  # Determined's layout: one process, ranks tagged by its output
     started_at: float = float("inf")  # time.monotonic() when its ranks were spawned
     rank: RankUser | None = None  # its own uid of rank_uid_range, if the agent has one
+    # Its shared_fs checkpoint directory on this agent, when `rank` is its own uid: opened
+    # to the ranks before they start, and what they wrote given to its owner when they end.
+    checkpoints: Path | None = None
     # The experiment's bind_mounts and private /dev/shm (0: the host's), made in the
     # process's mount namespace; a per_slot launch gets one only when it asks for these.
     mounts: list[bootstrap.Mount] = field(default_factory=list)
@@ -178,7 +181,7 @@ class Runner:
         self.runs[allocation_id] = run
         try:
             if self.rank_uids is not None:
-                run.rank = self.rank_uids.take(allocation_id)
+                run.rank = self.rank_uids.take(allocation_id, rank_user.owner_group(start.owner_id))
             # Beside the allocation's directory, not in it: that is the ranks' cwd.
             storage_secrets.move_s3_keys(
                 start.env, start.info_files, self._secrets_dir(run), self._user(run)
@@ -194,6 +197,12 @@ class Runner:
                 if self.master_cert_file is not None:
                     shutil.copyfile(self.master_cert_file, run.work_dir / MASTER_CERT)
                 problem = await asyncio.to_thread(self._mounts_problem, run)
+                if problem:
+                    run.kind, run.message = pb.EXIT_KIND_UNRUNNABLE, problem
+                    self._note(run, -1, f"cannot start: {problem}")
+                    run.stopping = True
+            if not run.stopping and run.rank is not None:
+                problem = await asyncio.to_thread(self._checkpoints_problem, start, run)
                 if problem:
                     run.kind, run.message = pb.EXIT_KIND_UNRUNNABLE, problem
                     self._note(run, -1, f"cannot start: {problem}")
@@ -322,6 +331,32 @@ class Runner:
             mounts=run.mounts,
         )
 
+    def _checkpoints_problem(self, start: pb.StartAllocation, run: AllocationRun) -> str | None:
+        """Open the trial's shared_fs store to its ranks' own uid (rank_user.
+        open_checkpoint_dir) and check they can reach it: why they cannot, else None. A
+        per_agent trial reaches it through its mount, so only the store itself counts."""
+        assert run.rank is not None
+        run.checkpoints = shared_fs_directory(start.env)
+        if run.checkpoints is None:
+            return None
+        problem = rank_user.open_checkpoint_dir(run.checkpoints)
+        if problem:
+            return problem
+        # What the uid left there when this agent could not seal it (it was killed): the
+        # uid's earlier run's, maybe another owner's.
+        self._seal(run, run.rank, run.checkpoints)
+        if run.per_agent or SETPRIV is None:
+            return None
+        problem = rank_user.reach_problem(
+            run.rank, run.checkpoints, SETPRIV, "checkpoint_storage.host_path"
+        )
+        if problem:
+            return (
+                f"{problem}; or start the agent with --rank-user root to run ranks as root "
+                "(they can then read its secrets and every trial's files)"
+            )
+        return None
+
     def _mounts_problem(self, run: AllocationRun) -> str | None:
         """Why the experiment's mounts cannot be made here (a host path missing on this
         agent, say), checked before anything of the trial runs; their mount points are
@@ -354,6 +389,7 @@ class Runner:
             *_die_with_agent([sys.executable, "-m", "resolute.storage_check"], self._user(run)),
             cwd=run.work_dir,
             env=env,
+            umask=self._umask(run),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
@@ -399,6 +435,7 @@ class Runner:
             *_die_with_agent(argv, None if run.namespaced else self._user(run)),
             cwd=run.work_dir,
             env=env,
+            umask=self._umask(run),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -573,12 +610,40 @@ class Runner:
         )
         await asyncio.to_thread(shutil.rmtree, run.work_dir, True)
         await asyncio.to_thread(shutil.rmtree, self._secrets_dir(run), True)
+        if run.rank is not None and run.checkpoints is not None:
+            await asyncio.to_thread(self._seal, run, run.rank, run.checkpoints)
         if self.rank_uids is not None:  # its files are gone: the uid may serve another run
             self.rank_uids.release(run.allocation_id)
 
     def _user(self, run: AllocationRun) -> RankUser | None:
         """Whom `run`'s processes run as: its own uid, else rank_user (None: the agent's)."""
         return run.rank if run.rank is not None else self.rank_user
+
+    def _seal(self, run: AllocationRun, rank: RankUser, store: Path) -> None:
+        """What the run wrote in its shared_fs store becomes the store's owner's (root, or
+        the user an admin gave the store to, such as the master's on a shared file system,
+        which then reads and deletes it), never a uid of the range."""
+        try:
+            owner = store.stat().st_uid
+        except OSError:
+            return
+        pool = self.rank_uids
+        if pool is not None and pool.first <= owner <= pool.last:
+            owner = 0
+        sealed = rank_user.seal_checkpoints(store, rank.uid, owner)
+        if sealed:
+            log.info(
+                "allocation %s: %d checkpoint(s) in %s given to uid %d, group kept",
+                run.allocation_id,
+                sealed,
+                store,
+                owner,
+            )
+
+    def _umask(self, run: AllocationRun) -> int:
+        """A run with a uid of its own writes files only its owner's group may read;
+        others keep the agent's umask (-1: unchanged)."""
+        return rank_user.RANK_UMASK if run.rank is not None else -1
 
     def _switch(self, run: AllocationRun) -> list[str]:
         """setpriv's command prefix that drops to the run's user; empty without one."""
@@ -615,6 +680,24 @@ class Runner:
 def _signal_group(process: asyncio.subprocess.Process, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, sig)
+
+
+def shared_fs_directory(env: Mapping[str, str]) -> Path | None:
+    """Where a trial's shared_fs checkpoints go on this agent (host_path, and storage_path
+    inside it), read from its config; None for another store or no config."""
+    try:
+        config = json.loads(env.get(storage_secrets.CONFIG_VARIABLE, ""))
+    except ValueError:
+        return None
+    storage = config.get("checkpoint_storage") if isinstance(config, dict) else None
+    if not isinstance(storage, dict) or storage.get("type") != "shared_fs":
+        return None
+    host_path = storage.get("host_path")
+    if not isinstance(host_path, str) or not host_path:
+        return None
+    storage_path = storage.get("storage_path")
+    # The master checked that an absolute storage_path lies inside host_path.
+    return Path(host_path) / storage_path if isinstance(storage_path, str) else Path(host_path)
 
 
 def _lay_out_determined(

@@ -16,6 +16,7 @@ from agent import ports, rank_user
 from resolute._yaml_settings import YamlFileSource, absolute_path
 
 CONFIG_FILE_ENV = "DET_AGENT_CONFIG_FILE"
+DEFAULT_UID_SPACE = rank_user.DEFAULT_UID_SPACE  # the field rank_user hides the module
 
 
 class AgentSettings(BaseSettings):
@@ -64,9 +65,11 @@ class AgentSettings(BaseSettings):
     rank_user: str | None = Field(
         default=None,
         description=(
-            "Run ranks (and every process the agent starts for a trial) as this unprivileged "
-            "user, so they cannot read the agent's credentials; needs an agent running as "
-            "root. Unset: ranks run as the agent's user."
+            "Run ranks (and every process the agent starts for a trial) as this user, shared "
+            "by every allocation, instead of a uid of their own per allocation; needs an "
+            "agent running as root. `root` keeps them as root, warned about at start: they "
+            "can then read the agent's secrets and every trial's files. Unset: as root, a "
+            "uid of their own (rank_uid_range); otherwise the agent's own user."
         ),
     )
     rank_group: str | None = Field(
@@ -75,9 +78,11 @@ class AgentSettings(BaseSettings):
     rank_uid_range: str | None = Field(
         default=None,
         description=(
-            "START-END (e.g. 61000-61999): instead of rank_user, run each allocation's ranks "
-            "as a uid of their own from this range (its own group, no passwd entry needed), "
-            "so trials cannot read each other's files, S3 keys or /proc; needs root."
+            "START-END: instead of rank_user, run each allocation's ranks as a uid of their "
+            "own from this range (in the group of the experiment's owner, no passwd entry "
+            "needed), so trials cannot read each other's files, S3 keys or /proc; needs "
+            "root. Unset on an agent running as root without rank_user: "
+            f"a block of 1024 uids of {DEFAULT_UID_SPACE} picked by the agent's id."
         ),
     )
     port_range: str = Field(

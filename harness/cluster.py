@@ -415,7 +415,13 @@ class AgentProcess(Process):
         netns: str | None = None,
         pool: str | None = None,
         args: Sequence[str] = (),
+        ranks_as_root: bool = True,
     ) -> None:
+        """`ranks_as_root`: an agent running as root keeps its ranks as root, explicitly
+        (`--rank-user root`), instead of its default, a uid of their own per allocation.
+        The suite's work dirs and checkpoints live under pytest's 0700 directories and its
+        interpreter may sit under root's 0700 home, which no such uid can reach; the tests
+        of that default (tests/e2e/test_rank_isolation.py) pass False."""
         self.master = master
         self.id = agent_id
         self.work_dir = work_dir
@@ -433,6 +439,9 @@ class AgentProcess(Process):
         elif join_token:
             command += ["--join-token", join_token]
         command += list(args)
+        rank_options = ("--rank-user", "--rank-uid-range")
+        if ranks_as_root and os.geteuid() == 0 and not any(a in args for a in rank_options):
+            command += ["--rank-user", "root"]
         if "--port-range" not in args:
             command += ["--port-range", agent_port_range()]
         if netns is not None:

@@ -204,6 +204,7 @@ class LaunchAssembler:
                         shared_fs_host_path=launch.shared_fs_host_path(experiment.config),
                         bind_mounts=bind_mounts,
                         shm_size_bytes=shm_size_bytes,
+                        owner_id=experiment.owner_id or 0,
                     )
                 ),
             )
@@ -289,6 +290,7 @@ class LaunchAssembler:
                 layout=pb.LAUNCH_LAYOUT_PER_SLOT,
                 bind_mounts=_bind_mounts(task.config),
                 shm_size_bytes=shm_size_bytes,
+                owner_id=owner.id,
             )
         )
         return agent_launch.agent_id, message

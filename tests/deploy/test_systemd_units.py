@@ -1,7 +1,7 @@
 """deploy/resolute-master.service and deploy/resolute-agent.service: what systemd itself says
 of them (`systemd-analyze verify`, where it is installed), and the choices the README makes
 for them: the master as its own user in a read-only system, the agent as root starting ranks
-as resolute-rank, the join token read from a root-only file."""
+as a uid of their own per allocation, the join token read from a root-only file."""
 
 from __future__ import annotations
 
@@ -96,7 +96,8 @@ def test_the_agent_runs_as_root_and_reads_its_token_from_a_file() -> None:
     unit = parse_unit(UNITS["agent"])
     assert one(unit, "User") in (None, "root")  # it starts ranks as another user
     env = environment(unit)
-    assert env["DET_AGENT_RANK_USER"] == "resolute-rank"
+    # No rank setting: as root, each allocation's ranks get a uid of their own.
+    assert "DET_AGENT_RANK_USER" not in env and "DET_AGENT_RANK_UID_RANGE" not in env
     assert env["DET_AGENT_JOIN_TOKEN_FILE"] == "/etc/resolute/agent_join_token"
     # Never in the unit: its command line is in /proc/*/cmdline and `systemctl show` for all.
     assert "DET_AGENT_JOIN_TOKEN" not in env

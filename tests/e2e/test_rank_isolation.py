@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from agent.rank_user import OWNER_GID_BASE
 from harness.cluster import AgentProcess
 from tests.conftest import require
 from tests.e2e.agents import create_experiment, trial_logs, wait_trial_state, write_experiment
@@ -200,7 +201,9 @@ def isolated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Isolated]:
         checkpoints = root / "checkpoints"  # an admin gives the rank user its storage
         checkpoints.mkdir()
         os.chown(checkpoints, nobody.pw_uid, nobody.pw_gid)
-        agent = AgentProcess(master, "ranks-as-nobody", root / "work", slots=1, join_token="")
+        agent = AgentProcess(
+            master, "ranks-as-nobody", root / "work", slots=1, join_token="", ranks_as_root=False
+        )
         # The token as a systemd EnvironmentFile would give it too, so /proc/<agent>/environ
         # holds it; and the token file on the command line, never the token.
         agent.command = [
@@ -352,7 +355,7 @@ def test_with_a_uid_range_two_trials_cannot_read_each_other(
     checkpoints.mkdir()
     checkpoints.chmod(0o1777)
     master = MasterProcess(tmp_path_factory.mktemp("rank-uid-range") / "data", label="uids")
-    agent = AgentProcess(master, "ranks-own-uids", root / "work", slots=2)
+    agent = AgentProcess(master, "ranks-own-uids", root / "work", slots=2, ranks_as_root=False)
     agent.command += ["--rank-uid-range", "-".join(map(str, UID_RANGE))]
     try:
         master.start()
@@ -382,7 +385,9 @@ def test_with_a_uid_range_two_trials_cannot_read_each_other(
         uids = [first["uid"], second["uid"]]
         assert uids[0] != uids[1], reports
         assert all(UID_RANGE[0] <= uid <= UID_RANGE[1] for uid in uids), reports
-        assert (first["gid"], second["gid"]) == tuple(uids), reports
+        # Both run in their owner's group: the same owner, so the same group.
+        owner = master.api("GET", f"/api/v1/experiments/{experiments[0]}")["experiment"]["userId"]
+        assert first["gid"] == second["gid"] == OWNER_GID_BASE + owner, reports
         # The first was running (its pid and directory are real) while the second tried.
         assert second["first"]["cwd"].startswith(str(agent.work_dir / "allocations")), second
         assert second["first_file"] == "PermissionError", second

@@ -6,6 +6,7 @@ tests run real processes and need root (CI runs as root)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pwd
 import shutil
@@ -23,6 +24,7 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from agent import bootstrap, rank_user, storage_secrets
+from agent import runner as runner_module
 from agent.main import app
 from agent.rank_user import RankUser
 from agent.runner import AllocationRun, Runner
@@ -158,7 +160,11 @@ def test_a_rank_user_root_is_accepted_with_a_warning() -> None:
     root = RankUser("root", 0, 0)
     rank, warnings = rank_user.for_agent(root, euid=0, egid=0, setpriv=SETPRIV)
     assert rank == root
-    assert ["can read the agent's credentials" in w for w in warnings] == [True]
+    assert warnings == [rank_user.ROOT_RANKS_WARNING]
+    # What the ranks can then read, and the way back to the default.
+    for words in ("join token", "credential", "/proc", "run directory and checkpoints"):
+        assert words in warnings[0]
+    assert rank_user.DEFAULT_UID_SPACE in warnings[0]
 
 
 def test_an_agent_that_is_not_root_cannot_switch() -> None:
@@ -462,6 +468,77 @@ def test_each_run_takes_the_lowest_free_uid_until_none_is_left() -> None:
     assert pool.take("4.1").uid == 61001  # the lowest free, not the next one up
     pool.release("1.1")
     assert pool.take("5.1").uid == 61000
+
+
+def test_a_run_takes_its_owner_s_group_when_the_master_names_the_owner() -> None:
+    pool = rank_user.UidPool(61000, 61001)
+    gid = rank_user.owner_group(7)
+    assert gid == rank_user.OWNER_GID_BASE + 7
+    assert pool.take("1.1", gid) == rank_user.RankUser("rank-61000", 61000, gid, init_groups=False)
+    assert rank_user.owner_group(0) is None  # an older master's start names no owner
+    assert pool.take("2.1", None).gid == 61001
+
+
+def test_the_default_range_is_clear_of_login_dynamic_and_container_users() -> None:
+    first, last = rank_user.parse_uid_range(rank_user.DEFAULT_UID_SPACE)
+    assert 1879048192 <= first <= last < 2**31  # systemd's unused range (UIDS-GIDS.md)
+    assert last < rank_user.OWNER_GID_BASE  # owner groups never meet a rank's own gid
+    # Each agent takes a block of it by its id: the same every start, others elsewhere.
+    blocks = {rank_user.default_uid_range(f"node-{n}") for n in range(50)}
+    assert rank_user.default_uid_range("node-0") in blocks and len(blocks) == 50
+    for low, high in blocks:
+        assert first <= low and high <= last and high - low + 1 == rank_user.DEFAULT_BLOCK
+        assert (low - first) % rank_user.DEFAULT_BLOCK == 0
+
+
+def test_a_shared_fs_store_is_opened_to_the_ranks_uids(tmp_path: Path) -> None:
+    created = tmp_path / "new" / "checkpoints"
+    assert rank_user.open_checkpoint_dir(created) is None
+    assert stat.S_IMODE(created.stat().st_mode) & 0o1007 == 0o1003
+    existing = tmp_path / "existing"
+    existing.mkdir(mode=0o755)
+    existing.chmod(0o755)
+    assert rank_user.open_checkpoint_dir(existing) is None
+    assert stat.S_IMODE(existing.stat().st_mode) == 0o1753
+    assert rank_user.open_checkpoint_dir(existing) is None  # twice changes nothing
+
+
+def test_where_a_trial_s_shared_fs_checkpoints_go() -> None:
+    def where(storage: dict[str, object]) -> Path | None:
+        config = json.dumps({"checkpoint_storage": storage})
+        return runner_module.shared_fs_directory({storage_secrets.CONFIG_VARIABLE: config})
+
+    assert where({"type": "shared_fs", "host_path": "/ckpt"}) == Path("/ckpt")
+    assert where({"type": "shared_fs", "host_path": "/ckpt", "storage_path": "a/b"}) == Path(
+        "/ckpt/a/b"
+    )
+    assert where({"type": "shared_fs", "host_path": "/ckpt", "storage_path": "/ckpt/c"}) == (
+        Path("/ckpt/c")
+    )
+    assert where({"type": "s3", "bucket": "b"}) is None
+    assert runner_module.shared_fs_directory({}) is None
+
+
+def test_a_run_s_checkpoints_become_root_s_when_it_ends(passable: Path) -> None:
+    require_root()
+    store = passable / "checkpoints"
+    store.mkdir()
+    gid = rank_user.OWNER_GID_BASE + 3
+    for name, uid in (("mine", 61005), ("another-run-s", 61006)):
+        (store / name / "sub").mkdir(parents=True)
+        (store / name / "sub" / "weights.bin").write_bytes(b"x")
+        (store / name / "sub" / "weights.bin").chmod(0o660)  # as RANK_UMASK leaves it
+        rank_user.chown_tree(store / name, rank_user.range_user(uid, gid))
+    assert rank_user.seal_checkpoints(store, 61005) == 1
+    for path in (store / "mine", store / "mine" / "sub", store / "mine" / "sub" / "weights.bin"):
+        assert (path.stat().st_uid, path.stat().st_gid) == (0, gid), path
+    # Its group reads it still, changes it no more.
+    assert stat.S_IMODE((store / "mine" / "sub" / "weights.bin").stat().st_mode) == 0o640
+    assert (store / "another-run-s").stat().st_uid == 61006  # still running: left alone
+    # The store's owner, when an admin gave it to a user (the master's, say), gets them.
+    assert rank_user.seal_checkpoints(store, 61006, to=4242) == 1
+    assert (store / "another-run-s" / "sub" / "weights.bin").stat().st_uid == 4242
+    assert rank_user.seal_checkpoints(passable / "absent", 61005) == 0
 
 
 def test_a_range_uid_switches_without_a_passwd_entry_and_with_no_groups() -> None:

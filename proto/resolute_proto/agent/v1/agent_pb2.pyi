@@ -288,7 +288,7 @@ class RankSpec(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., slot_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StartAllocation(_message.Message):
-    __slots__ = ("allocation_id", "trial_id", "experiment_id", "ranks", "argv", "env", "model_definition", "stop_grace_s", "layout", "info_files", "shared_fs_host_path", "bind_mounts", "shm_size_bytes")
+    __slots__ = ("allocation_id", "trial_id", "experiment_id", "ranks", "argv", "env", "model_definition", "stop_grace_s", "layout", "info_files", "shared_fs_host_path", "bind_mounts", "shm_size_bytes", "owner_id")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -316,6 +316,7 @@ class StartAllocation(_message.Message):
     SHARED_FS_HOST_PATH_FIELD_NUMBER: _ClassVar[int]
     BIND_MOUNTS_FIELD_NUMBER: _ClassVar[int]
     SHM_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OWNER_ID_FIELD_NUMBER: _ClassVar[int]
     allocation_id: str
     trial_id: int
     experiment_id: int
@@ -329,7 +330,8 @@ class StartAllocation(_message.Message):
     shared_fs_host_path: str
     bind_mounts: _containers.RepeatedCompositeFieldContainer[BindMount]
     shm_size_bytes: int
-    def __init__(self, allocation_id: _Optional[str] = ..., trial_id: _Optional[int] = ..., experiment_id: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankSpec, _Mapping]]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., model_definition: _Optional[bytes] = ..., stop_grace_s: _Optional[float] = ..., layout: _Optional[_Union[LaunchLayout, str]] = ..., info_files: _Optional[_Mapping[str, str]] = ..., shared_fs_host_path: _Optional[str] = ..., bind_mounts: _Optional[_Iterable[_Union[BindMount, _Mapping]]] = ..., shm_size_bytes: _Optional[int] = ...) -> None: ...
+    owner_id: int
+    def __init__(self, allocation_id: _Optional[str] = ..., trial_id: _Optional[int] = ..., experiment_id: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankSpec, _Mapping]]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., model_definition: _Optional[bytes] = ..., stop_grace_s: _Optional[float] = ..., layout: _Optional[_Union[LaunchLayout, str]] = ..., info_files: _Optional[_Mapping[str, str]] = ..., shared_fs_host_path: _Optional[str] = ..., bind_mounts: _Optional[_Iterable[_Union[BindMount, _Mapping]]] = ..., shm_size_bytes: _Optional[int] = ..., owner_id: _Optional[int] = ...) -> None: ...
 
 class BindMount(_message.Message):
     __slots__ = ("host_path", "container_path", "read_only")
