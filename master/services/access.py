@@ -15,10 +15,12 @@ are decided without reading roles.
 
 from __future__ import annotations
 
+import uuid as uuidlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import ColumnElement, Select, literal, or_, select, true
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import QueryableAttribute
@@ -178,16 +180,16 @@ async def sight(session: AsyncSession, actor: Actor, permission: int) -> Sight:
     it, the ones the actor owns, and the built-in one everyone shares. Once per request."""
     if reads_everything(session, actor):
         return EVERYTHING
-    cached: dict[int, Sight] = session.info.setdefault(_SIGHTS, {})
-    if permission in cached:
-        return cached[permission]
+    cached: dict[tuple[int, int], Sight] = session.info.setdefault(_SIGHTS, {})
+    if (actor.user_id, permission) in cached:
+        return cached[actor.user_id, permission]
     grants, own = await _grants_and_own_workspaces(session, actor.user_id)
     if roles.holds(grants, permission, None):
         found = EVERYTHING
     else:
         ids = own | roles.workspaces_giving(grants, permission)
         found = Sight(everything=False, workspace_ids=frozenset(ids), user_id=actor.user_id)
-    cached[permission] = found
+    cached[actor.user_id, permission] = found
     return found
 
 
@@ -273,11 +275,26 @@ class _Located:
     owner_id: int | None
 
 
+_ROUTE_INT = TypeAdapter(int)
+
+
 def _as_id(value: str) -> int | None:
-    """A path's id as the int the route will take, or None for one it will refuse itself."""
-    if not value.isdigit() or len(value) > 10 or int(value) > MAX_INT:
+    """A path's id as the int the route will take (FastAPI parses it with pydantic, which
+    takes "7.0", "+7" and "007" for 7), or None for one it will refuse itself."""
+    try:
+        number = _ROUTE_INT.validate_python(value)
+    except ValidationError:
         return None
-    return int(value)
+    return number if 0 <= number <= MAX_INT else None
+
+
+def _as_uuid(value: str) -> str | None:
+    """A checkpoint's uuid as the routes look it up (any spelling uuid.UUID takes, stored
+    lowercase), or None for what is not one."""
+    try:
+        return str(uuidlib.UUID(value))
+    except ValueError:
+        return None
 
 
 _EXPERIMENT_PLACE = select(ProjectModel.workspace_id, ExperimentModel.owner_id).join(
@@ -315,7 +332,8 @@ async def _task_id_place(session: AsyncSession, value: str) -> _Located | None:
     if unstorable(value):  # nothing has such an id; Postgres would refuse to look
         return None
     experiment, dot, request_id = value.partition(".")
-    if dot and _as_id(experiment) is not None:
+    # logs.get_task_target's rule for a trial's task id.
+    if dot and experiment.isascii() and experiment.isdigit() and len(experiment) <= 10:
         experiment_id = await session.scalar(
             select(TrialModel.experiment_id).where(
                 TrialModel.experiment_id == int(experiment), TrialModel.request_id == request_id
@@ -346,10 +364,11 @@ async def _allocation_place(session: AsyncSession, value: str) -> _Located | Non
 
 
 async def _checkpoint_place(session: AsyncSession, value: str) -> _Located | None:
-    if unstorable(value):
+    uuid = _as_uuid(value)
+    if uuid is None:
         return None
     experiment_id = await session.scalar(
-        select(CheckpointModel.experiment_id).where(CheckpointModel.uuid == value)
+        select(CheckpointModel.experiment_id).where(CheckpointModel.uuid == uuid)
     )
     return await _experiment_place(session, experiment_id)
 
@@ -390,7 +409,8 @@ async def _model_place(session: AsyncSession, value: str) -> _Located | None:
         return None
     place = select(ModelModel.workspace_id, ModelModel.owner_id)
     row = (await session.execute(place.where(ModelModel.name == value))).first()
-    if row is None and _as_id(value) is not None:
+    # find_model's rule for an id: ASCII digits, any number of leading zeros.
+    if row is None and value.isascii() and value.isdigit() and int(value) <= MAX_INT:
         row = (await session.execute(place.where(ModelModel.id == int(value)))).first()
     return None if row is None else _Located(roles.VIEW_MODEL_REGISTRY, *row)
 
@@ -462,11 +482,22 @@ _PLACES: dict[str, tuple[_Finder, Callable[[str], str]]] = {
 }
 
 
+# Parameters the routes take as ints: their refusals name the int ("7" for "007").
+_INT_PARAMETERS = {
+    "experiment_id",
+    "trial_id",
+    "run_id",
+    "workspace_id",
+    "project_id",
+    "webhook_id",
+}
+
+
 async def check_readable(session: AsyncSession, actor: Actor, parameter: str, value: str) -> None:
     """What a request names outside its path (a query's or a body's id), checked as
     check_sight checks the path: `parameter` is one of its path parameters' names."""
     if not reads_everything(session, actor):
-        await _check_place(session, actor, _PLACES[parameter], value)
+        await _check_place(session, actor, parameter, value)
 
 
 async def hidden(session: AsyncSession, actor: Actor, parameter: str, value: str) -> bool:
@@ -499,18 +530,14 @@ async def require_experiment_creator(
     )
 
 
-async def _check_place(
-    session: AsyncSession,
-    actor: Actor,
-    place: tuple[_Finder, Callable[[str], str]],
-    value: str,
-) -> None:
-    find, missing = place
+async def _check_place(session: AsyncSession, actor: Actor, parameter: str, value: str) -> None:
+    find, missing = _PLACES[parameter]
     found = await find(session, value)
     if found is None:
         return  # the route answers for what does not exist
     if not await sees(session, actor, found.permission, found.workspace_id, found.owner_id):
-        raise NotFound(missing(value))
+        named = str(_as_id(value)) if parameter in _INT_PARAMETERS else value
+        raise NotFound(missing(named))
 
 
 async def check_sight(
@@ -522,11 +549,10 @@ async def check_sight(
     if reads_everything(session, actor):
         return
     for name, value in path_params.items():
-        place = _PLACES.get(name)
-        if place is None and name == "name" and "/templates/" in route:
-            place = _PLACES["template_name"]
-        if place is not None:
-            await _check_place(session, actor, place, value)
+        if name == "name" and "/templates/" in route:
+            name = "template_name"
+        if name in _PLACES:
+            await _check_place(session, actor, name, value)
 
 
 def require_admin(actor: Actor, what: str) -> None:
@@ -635,15 +661,18 @@ async def require_checkpoints_owner(
     uuids are left to the service, which names them."""
     if actor.admin:
         return
-    experiments = (
-        await session.scalars(
-            select(CheckpointModel.experiment_id)
+    found = (
+        await session.execute(
+            select(CheckpointModel.uuid, CheckpointModel.experiment_id)
             .where(CheckpointModel.uuid.in_(uuids))
-            .distinct()
-            .order_by(CheckpointModel.experiment_id)
+            .order_by(CheckpointModel.experiment_id, CheckpointModel.uuid)
         )
     ).all()
-    for experiment_id in experiments:
+    # One the actor may not see is named as the service names a missing one.
+    hidden_ones = [uuid for uuid, _ in found if await hidden(session, actor, "uuid", uuid)]
+    if hidden_ones:
+        raise NotFound(f"checkpointUuids: no checkpoint {', '.join(hidden_ones)}")
+    for experiment_id in dict.fromkeys(experiment_id for _, experiment_id in found):
         await require_experiment_owner(session, actor, experiment_id, what)
 
 
@@ -652,7 +681,7 @@ async def require_job_owner(session: AsyncSession, actor: Actor, job_id: str, wh
     experiment_id = await session.scalar(
         select(ExperimentModel.id).where(ExperimentModel.job_id == job_id)
     )
-    if experiment_id is None:
+    if experiment_id is None or await hidden(session, actor, "job_id", job_id):
         raise NotFound(f"job {job_id} not found")
     await require_experiment_owner(session, actor, experiment_id, what)
 
@@ -786,15 +815,16 @@ async def check_task_scope(
             return
         if method == "GET" and (route == "/api/v1/models" or route.startswith("/api/v1/models/")):
             # Batch inference reads the model version it serves (`client.get_model(...)`
-            # with the run's token); the registry is open to every signed-in user to read.
+            # with the run's token): what its owner may read (check_sight, after this).
             return
         if method == "GET" and route in ("/api/v1/checkpoints/{uuid}", "/checkpoints/{uuid}"):
             # Restoring reads a checkpoint by uuid, maybe another experiment's: one of the
             # same owner's (source_checkpoint_uuid), never another user's files.
+            uuid = _as_uuid(path_params.get("uuid", ""))  # as the route spells it
             owner = await session.scalar(
                 select(ExperimentModel.owner_id)
                 .join(CheckpointModel, CheckpointModel.experiment_id == ExperimentModel.id)
-                .where(CheckpointModel.uuid == path_params.get("uuid", ""))
+                .where(CheckpointModel.uuid == uuid)
             )
             if owner is not None and owner != user_id:
                 raise refusal

@@ -164,7 +164,7 @@ async def prepare_experiment(
         request.project_id,
         _text_or_none(merged, "workspace"),
         _text_or_none(merged, "project"),
-        lambda project: access.hidden(session, actor, "project_id", str(project.id)),
+        lambda kind, found: access.hidden(session, actor, kind, str(found)),
     )
     workspace = await workspaces.get_workspace(session, project.workspace_id)
     await access.require_experiment_creator(session, actor, workspace, project)
@@ -613,14 +613,22 @@ async def list_experiments(
     return [_view(r) for r in rows], total
 
 
-async def move_experiment(session: AsyncSession, experiment_id: int, project_id: int) -> None:
-    """Moves the experiment, running or not, to another open project; one that has not
-    ended must be in a pool the destination's workspace may use, else a move would be a
-    way into a pool bound to other workspaces."""
+async def move_experiment(
+    session: AsyncSession, actor: access.Actor, experiment_id: int, project_id: int
+) -> None:
+    """Moves the experiment, running or not, to another open project, one the actor may
+    add experiments to; one that has not ended must be in a pool the destination's
+    workspace may use, else a move would be a way into a pool bound to other workspaces."""
     experiment = await session.get(ExperimentModel, experiment_id)
     if experiment is None:
         raise NotFound(f"experiment {experiment_id} not found")
     destination = await session.get(ProjectModel, project_id)
+    if destination is not None:
+        if await access.hidden(session, actor, "project_id", str(project_id)):
+            # As for one that does not exist (move_experiment_project's words).
+            raise InvalidArgument(f"destinationProjectId: project {project_id} does not exist")
+        workspace = await workspaces.get_workspace(session, destination.workspace_id)
+        await access.require_experiment_creator(session, actor, workspace, destination)
     if destination is not None and not ExperimentState(experiment.state).is_terminal:
         # Checked before the move, which logs it (an unknown project is its refusal).
         workspace = await workspaces.get_workspace(session, destination.workspace_id)

@@ -292,7 +292,7 @@ async def get_trial_target(session: AsyncSession, trial_id: int) -> LogTarget:
 async def get_task_target(session: AsyncSession, task_id: str) -> LogTarget:
     experiment_id, dot, request_id = task_id.partition(".")
     trial = None
-    if dot and experiment_id.isdigit() and len(experiment_id) <= 10:
+    if dot and experiment_id.isascii() and experiment_id.isdigit() and len(experiment_id) <= 10:
         trial = await session.scalar(
             select(TrialModel).where(
                 TrialModel.experiment_id == int(experiment_id),

@@ -398,20 +398,21 @@ async def _name_is_free(session: AsyncSession, name: str, field: str = "name") -
 
 
 async def _workspace(
-    session: AsyncSession, workspace_id: int | None, workspace_name: str | None
+    session: AsyncSession, actor: Actor, workspace_id: int | None, workspace_name: str | None
 ) -> WorkspaceModel:
+    """Where a model goes; one the actor may not see is named as one that does not exist."""
     if workspace_name:
         if unstorable(workspace_name):
             raise NotFound(f"workspaceName: no workspace named {workspace_name!r}")
         ws = await session.scalar(
             select(WorkspaceModel).where(WorkspaceModel.name == workspace_name)
         )
-        if ws is None:
+        if ws is None or await access.hidden(session, actor, "workspace_id", str(ws.id)):
             raise NotFound(f"workspaceName: no workspace named {workspace_name!r}")
         return ws
     if workspace_id:
         found = await session.get(WorkspaceModel, workspace_id)
-        if found is None:
+        if found is None or await access.hidden(session, actor, "workspace_id", str(found.id)):
             raise NotFound(f"workspaceId: no workspace {workspace_id}")
         return found
     return await default_workspace(session)
@@ -437,7 +438,7 @@ async def create_model(
         labels=check_labels(labels),
         metadata_=check_metadata(metadata),
         archived=False,
-        workspace_id=(await _workspace(session, workspace_id, workspace_name)).id,
+        workspace_id=(await _workspace(session, actor, workspace_id, workspace_name)).id,
         owner_id=actor.user_id,
     )
     await _name_is_free(session, name)
@@ -485,7 +486,9 @@ async def patch_model(
         updates["metadata_"] = check_metadata(changes["metadata"])
     if moving:
         updates["workspace_id"] = (
-            await _workspace(session, changes.get("workspace_id"), changes.get("workspace_name"))
+            await _workspace(
+                session, actor, changes.get("workspace_id"), changes.get("workspace_name")
+            )
         ).id
     for key, value in updates.items():
         setattr(row, key, value)
@@ -544,7 +547,11 @@ async def delete_model(session: AsyncSession, actor: Actor, identifier: str) -> 
     log.info("model %r deleted by %s with %d versions", row.name, actor.username, versions)
 
 
-async def _registrable_checkpoint(session: AsyncSession, uuid: Any, field: str) -> CheckpointModel:
+async def _registrable_checkpoint(
+    session: AsyncSession, actor: Actor, uuid: Any, field: str
+) -> CheckpointModel:
+    """A completed checkpoint the actor may read (one they may not is "no checkpoint", as
+    one that does not exist)."""
     if not isinstance(uuid, str) or not uuid.strip():
         raise InvalidArgument(f"{field}: give the uuid of a checkpoint to register")
     try:
@@ -552,7 +559,7 @@ async def _registrable_checkpoint(session: AsyncSession, uuid: Any, field: str) 
     except ValueError:
         canonical = None  # not a uuid, so not a checkpoint's
     checkpoint = await session.get(CheckpointModel, canonical) if canonical else None
-    if checkpoint is None:
+    if checkpoint is None or await access.hidden(session, actor, "uuid", checkpoint.uuid):
         raise NotFound(f"{field}: no checkpoint {uuid}")
     if checkpoint.state != COMPLETED:
         shown = (
@@ -599,7 +606,7 @@ async def register_version(
         raise InvalidArgument(
             f"modelName: model {model.name!r} is archived; unarchive it to register versions"
         )
-    checkpoint = await _registrable_checkpoint(session, checkpoint_uuid, "checkpointUuid")
+    checkpoint = await _registrable_checkpoint(session, actor, checkpoint_uuid, "checkpointUuid")
     fields = dict(
         name=_short_text(name, "name"),
         comment=_text(comment, "comment"),
@@ -643,7 +650,7 @@ async def patch_version(
         uuid = checkpoint.get("uuid") if isinstance(checkpoint, dict) else None
         if uuid != row.checkpoint_uuid:
             updates["checkpoint_uuid"] = (
-                await _registrable_checkpoint(session, uuid, "checkpoint.uuid")
+                await _registrable_checkpoint(session, actor, uuid, "checkpoint.uuid")
             ).uuid
     if changes.get("name") is not None:
         updates["name"] = _short_text(changes["name"], "name")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Numeric, case, cast, func, select
+from sqlalchemy import ColumnElement, Numeric, case, cast, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
@@ -76,17 +76,23 @@ class Comparison:
 
 
 async def trials_of_experiment(
-    session: AsyncSession, experiment_id: int, trial_ids: Sequence[int]
+    session: AsyncSession,
+    experiment_id: int,
+    trial_ids: Sequence[int],
+    readable: ColumnElement[bool],
 ) -> list[int]:
     """`trial_ids` without repeats, in order, once each is known to be the experiment's;
-    else NotFound naming the first that is not (absent, or another experiment's)."""
+    else NotFound naming the first that is not (absent, or another experiment's). One of
+    an experiment the caller may not read (`readable`) is absent."""
     wanted = list(dict.fromkeys(trial_ids))
     if not wanted:
         return []
     found = dict(
         (
             await session.execute(
-                select(TrialModel.id, TrialModel.experiment_id).where(TrialModel.id.in_(wanted))
+                select(TrialModel.id, TrialModel.experiment_id)
+                .join(ExperimentModel, ExperimentModel.id == TrialModel.experiment_id)
+                .where(TrialModel.id.in_(wanted), readable)
             )
         ).all()
     )

@@ -11,13 +11,15 @@ from sqlalchemy import ColumnElement, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.db.models import (
+    ExperimentModel,
     ModelVersionModel,
     TrialMetricModel,
+    TrialModel,
     TrialSourceModel,
     UserModel,
 )
 from master.errors import InvalidArgument, NotFound
-from master.services import model_registry, trial_reports
+from master.services import access, model_registry, trial_reports
 
 _PREFIX = "TRIAL_SOURCE_INFO_TYPE_"
 KINDS = ("INFERENCE", "FINE_TUNING")
@@ -51,8 +53,12 @@ async def report(
     if (model_id is None) != (model_version is None):
         raise InvalidArgument(f"{field}.modelVersion: give modelId and modelVersion together")
     trial = await trial_reports.trial_for_report(session, trial_id, user, "report its source")
+    # What its owner may not read is named as missing (master.services.access).
+    actor = access.Actor.of(user)
     try:
         checkpoint = await trial_reports.get_checkpoint(session, checkpoint_uuid)
+        if await access.hidden(session, actor, "uuid", checkpoint.uuid):
+            raise NotFound(f"checkpoint {checkpoint_uuid} not found")
     except NotFound as exc:
         raise NotFound(f"{field}.checkpointUuid: {exc}") from None
     version_id = None
@@ -62,7 +68,7 @@ async def report(
                 ModelVersionModel.model_id == model_id, ModelVersionModel.version == model_version
             )
         )
-        if version is None:
+        if version is None or await access.hidden(session, actor, "model_name", str(model_id)):
             raise NotFound(f"{field}.modelVersion: model {model_id} has no version {model_version}")
         if version.checkpoint_uuid != checkpoint.uuid:
             raise InvalidArgument(
@@ -94,9 +100,19 @@ async def report(
 
 
 async def _metrics_of_trials_using(
-    session: AsyncSession, used: ColumnElement[bool], kind: str | None, group: str | None
+    session: AsyncSession,
+    used: ColumnElement[bool],
+    kind: str | None,
+    group: str | None,
+    readable: ColumnElement[bool],
 ) -> Sequence[TrialMetricModel]:
-    users = select(TrialSourceModel.trial_id).where(used)
+    """Of the trials the caller may read (`readable`, on their experiments)."""
+    users = (
+        select(TrialSourceModel.trial_id)
+        .join(TrialModel, TrialModel.id == TrialSourceModel.trial_id)
+        .join(ExperimentModel, ExperimentModel.id == TrialModel.experiment_id)
+        .where(used, readable)
+    )
     if kind is not None:
         users = users.where(TrialSourceModel.kind == kind)
     query = select(TrialMetricModel).where(TrialMetricModel.trial_id.in_(users))
@@ -109,20 +125,31 @@ async def _metrics_of_trials_using(
 
 
 async def checkpoint_metrics(
-    session: AsyncSession, uuid: str, kind_name: str | None, group: str | None
+    session: AsyncSession,
+    actor: access.Actor,
+    uuid: str,
+    kind_name: str | None,
+    group: str | None,
 ) -> Sequence[TrialMetricModel]:
     """The reports of every trial that used the checkpoint."""
     kind = kind_of(kind_name, "trialSourceInfoType", required=False)
     checkpoint = await trial_reports.get_checkpoint(session, uuid)
     used = TrialSourceModel.checkpoint_uuid == checkpoint.uuid
-    return await _metrics_of_trials_using(session, used, kind, group)
+    readable = await access.readable(session, actor, "experiments")
+    return await _metrics_of_trials_using(session, used, kind, group, readable)
 
 
 async def version_metrics(
-    session: AsyncSession, model: str, number: int, kind_name: str | None, group: str | None
+    session: AsyncSession,
+    actor: access.Actor,
+    model: str,
+    number: int,
+    kind_name: str | None,
+    group: str | None,
 ) -> Sequence[TrialMetricModel]:
     """The reports of every trial that reported using this model version."""
     kind = kind_of(kind_name, "trialSourceInfoType", required=False)
     version = (await model_registry.get_version(session, model, number)).row
     used = TrialSourceModel.model_version_id == version.id
-    return await _metrics_of_trials_using(session, used, kind, group)
+    readable = await access.readable(session, actor, "experiments")
+    return await _metrics_of_trials_using(session, used, kind, group, readable)

@@ -181,7 +181,7 @@ async def project_for_experiment(
     project_id: int | None,
     workspace_name: str | None,
     project_name: str | None,
-    hidden: Callable[[ProjectModel], Awaitable[bool]],
+    hidden: Callable[[str, int], Awaitable[bool]],
 ) -> ProjectModel:
     """Where a new experiment goes: the request's projectId, else the config's
     `workspace:`/`project:` names, else the built-in project. Unknown ids or names are a
@@ -192,20 +192,20 @@ async def project_for_experiment(
         ws = await session.scalar(
             select(WorkspaceModel).where(WorkspaceModel.name == workspace_name)
         )
-        if ws is None:
+        if ws is None or await hidden("workspace_id", ws.id):
             raise InvalidArgument(f"workspace: workspace {workspace_name!r} does not exist")
         by_names = await session.scalar(
             select(ProjectModel).where(
                 ProjectModel.workspace_id == ws.id, ProjectModel.name == project_name
             )
         )
-        if by_names is None or await hidden(by_names):
+        if by_names is None or await hidden("project_id", by_names.id):
             raise InvalidArgument(
                 f"project: project {project_name!r} does not exist in workspace {workspace_name!r}"
             )
     if project_id:
         project = await session.get(ProjectModel, project_id)
-        if project is None or await hidden(project):
+        if project is None or await hidden("project_id", project.id):
             raise InvalidArgument(f"projectId: project {project_id} does not exist")
         if by_names is not None and by_names.id != project.id:
             raise InvalidArgument(

@@ -8,11 +8,12 @@ from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request, Response
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.api.deps import MAX_INT, SessionDep
 from master.core import roles
 from master.core.expconf import parse_yaml
-from master.errors import AlreadyExists, InvalidArgument, MasterError
+from master.errors import AlreadyExists, InvalidArgument, MasterError, NotFound
 from master.services import access, templates
 from master.services.configs import config_errors_as_invalid_argument
 from master.web.common import (
@@ -92,11 +93,18 @@ async def templates_page(
         "rows": rows,
         "name": name,
         "workspace": workspace or 0,
-        "workspaces": await templates.workspace_names(session),
+        "workspaces": await _workspace_names(session, web.actor),
         "notice": NOTICES.get(notice),
         "pager": page_links("/ui/templates", paged, total, len(rows), params),
     }
     return page_response(request, "templates.html", context, web=web)
+
+
+async def _workspace_names(session: AsyncSession, actor: access.Actor) -> dict[int, str]:
+    """The workspaces the user may see, by id, for the page's choices and names."""
+    seen = await access.sight(session, actor, roles.VIEW_WORKSPACE)
+    names = await templates.workspace_names(session)
+    return {ws: name for ws, name in names.items() if seen.sees(ws)}
 
 
 async def _form_page(
@@ -117,7 +125,7 @@ async def _form_page(
         "name": name,
         "text": text,
         "workspace_id": workspace_id,
-        "workspaces": await templates.workspace_names(session),
+        "workspaces": await _workspace_names(session, web.actor),
         "errors": errors or FieldErrors(),
         "notice": notice,
         "action": NEW_PATH if creating else f"/ui/templates/{quote(name, safe='')}",
@@ -157,6 +165,10 @@ async def create_template(request: Request, session: SessionDep, web: WebSession
     try:
         workspace_id = _form_workspace(form)
         await templates.template_workspace(session, workspace_id)
+        if workspace_id and await access.hidden(
+            session, web.actor, "workspace_id", str(workspace_id)
+        ):
+            raise NotFound(f"workspaceId: workspace {workspace_id} not found")
     except MasterError as exc:  # unknown (404), archived or being deleted (400)
         errors.workspace = exc.message.removeprefix("workspaceId: ")
     config: dict[str, Any] | None = None

@@ -17,7 +17,7 @@ from master.core import launch
 from master.core.errors import ConfigError
 from master.core.expconf import SEARCHER_NAMES, SearcherName, parse_yaml
 from master.db.models import ExperimentState, TrialModel, TrialState
-from master.errors import InvalidArgument, MasterError
+from master.errors import InvalidArgument, MasterError, NotFound
 from master.services import (
     access,
     auth,
@@ -311,11 +311,13 @@ async def _live_context(
 
 
 async def _selected_trial(
-    session: AsyncSession, experiment_id: int, trial_id: int | None
+    session: AsyncSession, actor: access.Actor, experiment_id: int, trial_id: int | None
 ) -> TrialModel | None:
     if trial_id is None:
         return None
     trial = await experiments.get_trial(session, trial_id)
+    if await access.hidden(session, actor, "trial_id", str(trial_id)):
+        raise NotFound(f"trial {trial_id} not found")  # as get_trial says of a missing one
     if trial.experiment_id != experiment_id:
         raise InvalidArgument(
             f"trial: trial {trial_id} is not a trial of experiment {experiment_id}"
@@ -330,12 +332,13 @@ CheckpointPaging = Annotated[Paging, Depends(paging_by(CHECKPOINTS_PER_PAGE))]
 
 async def _experiment_context(
     session: AsyncSession,
+    actor: access.Actor,
     experiment_id: int,
     trials_page: int,
     trial: int | None,
     checkpoints_paged: Paging,
 ) -> dict[str, Any]:
-    selected = await _selected_trial(session, experiment_id, trial)
+    selected = await _selected_trial(session, actor, experiment_id, trial)
     live = await _live_context(
         session, experiment_id, trials_page, selected.id if selected else None
     )
@@ -375,7 +378,7 @@ async def experiment_page(
     trial: SelectedTrial = None,
 ) -> Response:
     context = await _experiment_context(
-        session, experiment_id, trials_page, trial, checkpoints_paged
+        session, web.actor, experiment_id, trials_page, trial, checkpoints_paged
     )
     return page_response(request, "experiment.html", context, web=web)
 
@@ -390,7 +393,7 @@ async def experiment_live(
     trial: SelectedTrial = None,
 ) -> Response:
     """The part of the page that changes while trials run: state, actions, trials."""
-    selected = await _selected_trial(session, experiment_id, trial)
+    selected = await _selected_trial(session, web.actor, experiment_id, trial)
     context = await _live_context(
         session, experiment_id, trials_page, selected.id if selected else None
     )
@@ -427,7 +430,7 @@ async def _page_with_error(
     request: Request, session: AsyncSession, web: WebSession, experiment_id: int, exc: MasterError
 ) -> Response:
     context = await _experiment_context(
-        session, experiment_id, 1, None, Paging(1, CHECKPOINTS_PER_PAGE)
+        session, web.actor, experiment_id, 1, None, Paging(1, CHECKPOINTS_PER_PAGE)
     )
     context["error"] = exc.message
     return page_response(request, "experiment.html", context, web=web)
@@ -512,7 +515,8 @@ async def compare_trials(
     if best is not None:
         selected = await trial_compare.best_trials(session, view.experiment, best)
     elif trial:
-        selected = await trial_compare.trials_of_experiment(session, experiment_id, trial)
+        readable = await access.readable(session, web.actor, "experiments")
+        selected = await trial_compare.trials_of_experiment(session, experiment_id, trial, readable)
     else:
         selected = [t.id for t in choices[: trial_compare.MAX_COMPARED]]
     searcher_metric, _smaller = trial_reports.searcher_metric(view.experiment.config)

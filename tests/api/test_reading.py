@@ -319,3 +319,46 @@ async def test_what_a_request_names_in_its_body_is_checked_too(vision: Vision) -
     body = assignment("Editor", user=vision.bob_id, ws=vision.workspace)
     await ok(await vision.admin.post("/api/v1/roles/add-assignments", json=body))
     await ok(await vision.bob.post("/api/v1/experiments", json=into))
+
+
+async def test_other_spellings_of_an_id_find_nothing_more(vision: Vision) -> None:
+    """The routes read "7.0", "+7" and "007" as 7, an upper-case uuid as the stored one and
+    "0003" as model 3: each spelling of something hidden answers as for nothing there."""
+    e, t, w, uuid = vision.experiment, vision.trial, vision.workspace, vision.params["uuid"]
+    for path, missing, named in (
+        (f"/api/v1/experiments/{e}.0", "/api/v1/experiments/987654.0", e),
+        (f"/api/v1/experiments/%2B{e}/model_def", "/api/v1/experiments/%2B987654/model_def", e),
+        (f"/api/v1/trials/000{t}/logs", "/api/v1/trials/000987654/logs", t),
+        (f"/api/v1/workspaces/{w}.0", "/api/v1/workspaces/987654.0", w),
+    ):
+        hidden = refusal(await vision.bob.get(path), 404)
+        absent = refusal(await vision.bob.get(missing), 404)
+        assert hidden == absent.replace("987654", str(named)), path
+    for path in (f"/api/v1/checkpoints/{uuid.upper()}", f"/checkpoints/{uuid.upper()}"):
+        assert (await vision.bob.get(path)).status_code == 404, path
+    model_id = (await ok(await vision.alice.get("/api/v1/models/hers")))["model"]["id"]
+    assert (await vision.bob.get(f"/api/v1/models/000{model_id}")).status_code == 404
+    # Unicode digits are no id: refused by the route's validation, never a server error.
+    for path in ("/api/v1/experiments/%C2%B2", "/api/v1/models/%C2%B2", "/api/v1/tasks/%C2%B2.1"):
+        assert (await vision.bob.get(path)).status_code < 500, path
+
+
+async def test_a_hidden_checkpoint_cannot_be_registered_or_deleted(vision: Vision) -> None:
+    uuid = vision.params["uuid"]
+    await ok(await vision.bob.post("/api/v1/models", json={"name": "bobs"}))
+    for given in (uuid, "0f0f0f0f-0000-4000-8000-0000000000aa"):
+        reply = await vision.bob.post(
+            "/api/v1/models/bobs/versions", json={"checkpointUuid": given}
+        )
+        assert refusal(reply, 404) == f"checkpointUuid: no checkpoint {given}"
+        reply = await vision.bob.request(
+            "DELETE", "/api/v1/checkpoints", json={"checkpointUuids": [given]}
+        )
+        assert refusal(reply, 404) == f"checkpointUuids: no checkpoint {given}"
+    # Nor moved into: bob's experiment does not go into alice's project.
+    his = await ok(
+        await vision.bob.post("/api/v1/experiments", json={"config": CONFIG.format(name="his")})
+    )
+    move = {"destinationProjectId": vision.project}
+    reply = await vision.bob.post(f"/api/v1/experiments/{his['experiment']['id']}/move", json=move)
+    assert refusal(reply, 400) == f"destinationProjectId: project {vision.project} does not exist"

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Body, Query
 
 from master.api.deps import MAX_INT, CurrentActor, CurrentUser, SessionDep
 from master.core import roles
-from master.errors import InvalidArgument
+from master.errors import InvalidArgument, NotFound
 from master.schemas.common import DbInt, Pagination
 from master.schemas.experiments import Empty
 from master.schemas.templates import (
@@ -67,11 +67,19 @@ def _body_name(path_name: str, body: TemplateCreate) -> None:
         raise InvalidArgument(f"name: the body says {body.name!r} but the path says {path_name!r}")
 
 
+async def _check_workspace(session: SessionDep, actor: Actor, workspace_id: int | None) -> None:
+    """A workspace the caller may not see is named as templates.template_workspace names
+    one that does not exist."""
+    if workspace_id and await access.hidden(session, actor, "workspace_id", str(workspace_id)):
+        raise NotFound(f"workspaceId: workspace {workspace_id} not found")
+
+
 @router.post("/templates/{name}")
 async def create_template(
     name: str, body: TemplateCreate, session: SessionDep, user: CurrentUser
 ) -> TemplateResponse:
     _body_name(name, body)
+    await _check_workspace(session, Actor.of(user), body.workspace_id)
     row = await templates.create_template(session, name, body.config, body.workspace_id, user.id)
     return TemplateResponse(template=Template.of(row))
 
@@ -81,6 +89,7 @@ async def put_template(
     name: str, body: TemplateCreate, session: SessionDep, user: CurrentUser
 ) -> TemplateResponse:
     _body_name(name, body)
+    await _check_workspace(session, Actor.of(user), body.workspace_id)
     if await templates.template_exists(session, name):
         await access.require_template_owner(session, Actor.of(user), name, "replace it")
     row = await templates.put_template(session, name, body.config, body.workspace_id, user.id)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from fastapi import APIRouter, Query
 
-from master.api.deps import CurrentUser, ObjectId, SessionDep
+from master.api.deps import CurrentActor, CurrentUser, ObjectId, SessionDep
 from master.db.models import TrialMetricModel
 from master.schemas.experiments import MetricsReportOut
 from master.schemas.registry import (
@@ -46,11 +46,11 @@ async def report_trial_source(
 async def checkpoint_metrics(
     checkpoint_uuid: str,
     session: SessionDep,
-    _user: CurrentUser,
+    actor: CurrentActor,
     kind: str | None = Query(None, alias="trialSourceInfoType"),
     group: str | None = Query(None, alias="metricGroup"),
 ) -> SourceMetrics:
-    rows = await trial_sources.checkpoint_metrics(session, checkpoint_uuid, kind, group)
+    rows = await trial_sources.checkpoint_metrics(session, actor, checkpoint_uuid, kind, group)
     return _reports(rows)
 
 
@@ -59,9 +59,9 @@ async def version_metrics(
     model_name: str,
     version: ObjectId,
     session: SessionDep,
-    _user: CurrentUser,
+    actor: CurrentActor,
     kind: str | None = Query(None, alias="trialSourceInfoType"),
     group: str | None = Query(None, alias="metricGroup"),
 ) -> SourceMetrics:
-    rows = await trial_sources.version_metrics(session, model_name, version, kind, group)
+    rows = await trial_sources.version_metrics(session, actor, model_name, version, kind, group)
     return _reports(rows)

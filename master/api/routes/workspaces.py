@@ -407,7 +407,11 @@ async def move_project(
     # Taking someone else's project out of its workspace is deleting it there (WorkspaceAdmin):
     # the destination may be a workspace of the mover's own.
     await access.require_project_owner(session, actor, project_id, "move it", roles.DELETE_PROJECT)
-    await experiments.move_project(session, project_id, body.destination_workspace_id)
+    destination = body.destination_workspace_id
+    if await access.hidden(session, actor, "workspace_id", str(destination)):
+        # As for one that does not exist (workspaces.move_project's words).
+        raise InvalidArgument(f"destinationWorkspaceId: workspace {destination} does not exist")
+    await experiments.move_project(session, project_id, destination)
     return {}
 
 
@@ -436,5 +440,5 @@ async def move_experiment(
     await access.require_experiment_owner(
         session, actor, experiment_id, "move it", roles.DELETE_EXPERIMENT
     )
-    await experiments.move_experiment(session, experiment_id, body.destination_project_id)
+    await experiments.move_experiment(session, actor, experiment_id, body.destination_project_id)
     return {}
