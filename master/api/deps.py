@@ -79,17 +79,15 @@ def bearer_token(request: Request) -> str:
 async def current_user(request: Request, session: SessionDep) -> UserModel:
     user = await auth.user_for_token(session, bearer_token(request))
     route = getattr(request.scope.get("route"), "path", request.url.path)
+    actor = access.Actor.of(user)
+    params = dict(request.path_params)
     if session.info.get(access.TOKEN_KIND) == access.TASK:
-        await access.check_task_scope(
-            session,
-            session.info[access.TOKEN_TRIAL_ID],
-            user.id,
-            request.method,
-            route,
-            dict(request.path_params),
-        )
-    # A run's token too: its ranks read what their owner may (their own trial always).
-    await access.check_sight(session, access.Actor.of(user), route, dict(request.path_params))
+        trial_id = session.info[access.TOKEN_TRIAL_ID]
+        # Its own trial's routes need nothing more: the run's owner reads what they own.
+        if await access.check_task_scope(session, trial_id, user.id, request.method, route, params):
+            await access.check_sight(session, actor, route, params)
+    else:
+        await access.check_sight(session, actor, route, params)
     return user
 
 

@@ -802,9 +802,11 @@ async def check_task_scope(
     method: str,
     route: str,
     path_params: dict[str, str],
-) -> None:
+) -> bool:
     """A run's token (DET_SESSION_TOKEN, the allocation token) opens only its own trial's
-    routes: anything a rank's code can read, a rank of another user's trial must not."""
+    routes: anything a rank's code can read, a rank of another user's trial must not.
+    True where the route reads something not of its own trial or its owner's, which the
+    caller then checks as the owner's reading (check_sight)."""
     refusal = PermissionDenied(
         f"this token belongs to the ranks of trial {trial_id}: it opens only that trial's "
         f"routes, not {method} {route}"
@@ -812,11 +814,11 @@ async def check_task_scope(
     scoped = {k: v for k, v in path_params.items() if k in _SCOPED_PARAMETERS}
     if not scoped:
         if (method, route) in _TASK_ROUTES_WITHOUT_SCOPE:
-            return
+            return False
         if method == "GET" and (route == "/api/v1/models" or route.startswith("/api/v1/models/")):
             # Batch inference reads the model version it serves (`client.get_model(...)`
             # with the run's token): what its owner may read (check_sight, after this).
-            return
+            return True
         if method == "GET" and route in ("/api/v1/checkpoints/{uuid}", "/checkpoints/{uuid}"):
             # Restoring reads a checkpoint by uuid, maybe another experiment's: one of the
             # same owner's (source_checkpoint_uuid), never another user's files.
@@ -828,7 +830,7 @@ async def check_task_scope(
             )
             if owner is not None and owner != user_id:
                 raise refusal
-            return
+            return False  # the owner's own
         raise refusal
     trial = await session.get(TrialModel, trial_id)
     if trial is None:
@@ -852,6 +854,7 @@ async def check_task_scope(
             )
             if owner != trial.id:
                 raise refusal
+    return False  # its own trial, its owner's
 
 
 def require_token_for_trial(token_trial_id: int | None, trial_id: int) -> None:
