@@ -11,7 +11,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from tests.api.test_access import alice, refusal  # noqa: F401 - alice is a fixture
+from tests.api.test_access import alice, give_viewer, refusal  # noqa: F401 - alice is a fixture
 from tests.api.test_workspaces import (
     SINGLE,
     deleter_pass,
@@ -102,14 +102,21 @@ async def test_put_moves_a_template_and_zero_leaves_it(api: httpx.AsyncClient) -
 
 async def test_only_the_owner_moves_a_template(
     api: httpx.AsyncClient,
+    admin: httpx.AsyncClient,
     alice: httpx.AsyncClient,  # noqa: F811 - the fixture
 ) -> None:
     vision = (await new_workspace(api, "vision"))["id"]
     assert (await post_template(api, "mine", 0)).status_code == 200
     body = {"name": "mine", "config": TEMPLATE_CONFIG, "workspaceId": vision}
+    # alice holds no role in determined's vision: for her it does not exist.
+    hidden = f"workspaceId: workspace {vision} not found"
+    assert refusal(await alice.put("/api/v1/templates/mine", json=body), 404) == hidden
+    assert refusal(await post_template(alice, "hers", vision), 404) == hidden
+    # As its Viewer she sees it: moving determined's template there is his to do.
+    await give_viewer(admin, alice, vision)
     refusal(await alice.put("/api/v1/templates/mine", json=body), 403)
     assert await listed(api, workspaceIds=vision) == []
-    # As in Determined without roles, anyone may add a template to any workspace.
+    # Adding a template of her own to a workspace she sees takes no role yet.
     assert (await post_template(alice, "hers", vision)).status_code == 200
 
 
