@@ -305,10 +305,8 @@ _EXPERIMENT_PLACE = select(ProjectModel.workspace_id, ExperimentModel.owner_id).
 async def _experiment_place(session: AsyncSession, experiment_id: int | None) -> _Located | None:
     if experiment_id is None:
         return None
-    row = (
-        await session.execute(_EXPERIMENT_PLACE.where(ExperimentModel.id == experiment_id))
-    ).first()
-    return None if row is None else _Located(roles.VIEW_EXPERIMENT_METADATA, *row)
+    place = _EXPERIMENT_PLACE.where(ExperimentModel.id == experiment_id)
+    return await _located(session, roles.VIEW_EXPERIMENT_METADATA, place)
 
 
 async def _trial_place(session: AsyncSession, value: str) -> _Located | None:
@@ -373,34 +371,30 @@ async def _checkpoint_place(session: AsyncSession, value: str) -> _Located | Non
     return await _experiment_place(session, experiment_id)
 
 
+async def _located(
+    session: AsyncSession, permission: int, place: Select[int | None, int | None]
+) -> _Located | None:
+    """The first row of `place` (a workspace id and an owner id), or None."""
+    row = (await session.execute(place)).first()
+    return None if row is None else _Located(permission, *row)
+
+
 async def _workspace_place(session: AsyncSession, value: str) -> _Located | None:
     workspace_id = _as_id(value)
-    owner = (
-        None
-        if workspace_id is None
-        else (
-            await session.execute(
-                select(WorkspaceModel.user_id).where(WorkspaceModel.id == workspace_id)
-            )
-        ).first()
+    if workspace_id is None:
+        return None
+    place = select(WorkspaceModel.id, WorkspaceModel.user_id)
+    return await _located(
+        session, roles.VIEW_WORKSPACE, place.where(WorkspaceModel.id == workspace_id)
     )
-    return None if owner is None else _Located(roles.VIEW_WORKSPACE, workspace_id, owner[0])
 
 
 async def _project_place(session: AsyncSession, value: str) -> _Located | None:
     project_id = _as_id(value)
-    row = (
-        None
-        if project_id is None
-        else (
-            await session.execute(
-                select(ProjectModel.workspace_id, ProjectModel.user_id).where(
-                    ProjectModel.id == project_id
-                )
-            )
-        ).first()
-    )
-    return None if row is None else _Located(roles.VIEW_PROJECT, *row)
+    if project_id is None:
+        return None
+    place = select(ProjectModel.workspace_id, ProjectModel.user_id)
+    return await _located(session, roles.VIEW_PROJECT, place.where(ProjectModel.id == project_id))
 
 
 async def _model_place(session: AsyncSession, value: str) -> _Located | None:
@@ -408,24 +402,21 @@ async def _model_place(session: AsyncSession, value: str) -> _Located | None:
     if unstorable(value):
         return None
     place = select(ModelModel.workspace_id, ModelModel.owner_id)
-    row = (await session.execute(place.where(ModelModel.name == value))).first()
+    found = await _located(
+        session, roles.VIEW_MODEL_REGISTRY, place.where(ModelModel.name == value)
+    )
     # find_model's rule for an id: ASCII digits, any number of leading zeros.
-    if row is None and value.isascii() and value.isdigit() and int(value) <= MAX_INT:
-        row = (await session.execute(place.where(ModelModel.id == int(value)))).first()
-    return None if row is None else _Located(roles.VIEW_MODEL_REGISTRY, *row)
+    if found is None and value.isascii() and value.isdigit() and int(value) <= MAX_INT:
+        by_id = place.where(ModelModel.id == int(value))
+        found = await _located(session, roles.VIEW_MODEL_REGISTRY, by_id)
+    return found
 
 
 async def _template_place(session: AsyncSession, value: str) -> _Located | None:
     if unstorable(value):
         return None
-    row = (
-        await session.execute(
-            select(TemplateModel.workspace_id, TemplateModel.owner_id).where(
-                TemplateModel.name == value
-            )
-        )
-    ).first()
-    return None if row is None else _Located(roles.VIEW_TEMPLATES, *row)
+    place = select(TemplateModel.workspace_id, TemplateModel.owner_id)
+    return await _located(session, roles.VIEW_TEMPLATES, place.where(TemplateModel.name == value))
 
 
 async def _job_place(session: AsyncSession, value: str) -> _Located | None:
