@@ -429,6 +429,7 @@ def bench_logins(ours: Master, naive: Master, params: Params) -> dict[str, Any]:
             entry |= {
                 "logins_per_s_median": statistics.median(w["logins_per_s"] for w in windows),
                 "logins_per_s_rounds": [w["logins_per_s"] for w in windows],
+                "logins_total": sum(w["logins_total"] for w in windows),
                 "login_latency": ms_summary(
                     [s for w in windows for s in w["login_latencies"]], digits=3, mean=True
                 ),
