@@ -50,9 +50,9 @@ from master.db.session import (
     session_scope,
 )
 from master.grpc_server import start_server
+from master.services import access, interactive
 from master.services import allocations as allocation_service
 from master.services import auth as auth_service
-from master.services import interactive
 from master.services import workspaces as workspace_service
 from master.services.agent_enrolment import read_or_create_join_token
 from master.services.agent_link import AgentHub, HubLoop
@@ -220,6 +220,7 @@ def create_app(settings: MasterSettings) -> FastAPI:
                 await _refuse_open_default_users(session, settings)
                 await workspace_service.ensure_defaults(session)
                 await allocation_service.ensure_scheduler_state(session)
+                await access.ensure_access_state(session)
                 await allocation_service.enqueue_orphaned_trials(session)
 
         if leadership is None:
@@ -352,6 +353,7 @@ def create_app(settings: MasterSettings) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=request_body_limit(settings))
     app.add_middleware(JsonBodyMiddleware)
     app.state.preemption = PreemptionSignals()
+    app.state.sights = access.SightCache()  # who reads which workspaces, per generation
     app.state.master_logs = MasterLogBuffer()
     # The proxy to notebooks, TensorBoards and shells; the sign-in cookies stay here.
     app.state.proxy_pool = ProxyPool(strip_cookies=frozenset({COOKIE, PROXY_COOKIE}))

@@ -19,6 +19,7 @@ from harness.cluster import MasterProcess
 from master.app import create_app
 from master.db.models import Base
 from master.db.session import session_scope
+from master.services import access as access_service
 from master.services import allocations as allocation_service
 from master.services import auth as auth_service
 from master.services import webhooks as webhook_service
@@ -211,10 +212,13 @@ async def reset_database(application: FastAPI) -> None:
         await auth_service.ensure_default_users(session, "", iterations=1_000)
         await workspace_service.ensure_defaults(session)
         await allocation_service.ensure_scheduler_state(session)
+        await access_service.ensure_access_state(session)
     # In-memory preemption signals belong to the cleared rows, and SQLite reuses their
     # allocation ids: an earlier test's signal must not reach this one.
     signals = PreemptionSignals()
     application.state.preemption = application.state.agent_hub.preemption = signals
+    # The access generation starts again with its row: what was read under it went too.
+    application.state.sights = access_service.SightCache()
     # Failed logins of an earlier test must not slow this one's down.
     application.state.login_limiter = auth_service.LoginLimiter()
     # The webhook triggers known for this database went with its rows.

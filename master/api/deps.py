@@ -35,6 +35,7 @@ async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
     settings: MasterSettings = request.app.state.settings
     async with session_scope(factory) as session:
         session.info[access.OPEN_READING] = settings.security.authz.type == "basic"
+        session.info[access.SHARED_SIGHTS] = request.app.state.sights
         yield session
     for action in session.info.get(AFTER_COMMIT, ()):
         action()

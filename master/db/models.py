@@ -871,6 +871,19 @@ class SchedulerStateModel(Base):
     usage_accounted_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
+class AccessStateModel(Base):
+    """One row. `generation` changes (by triggers in the database, migration 0031) with
+    every write to what decides who reads which workspace: role assignments, group
+    memberships and groups, workspaces' owners. A master keeps each user's readable
+    workspaces in memory for as long as the generation it read with them is current, so
+    a change made by any master, standby or tool is seen on the next request."""
+
+    __tablename__ = "access_state"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    generation: Mapped[int] = mapped_column(Integer().with_variant(BigInteger(), "postgresql"))
+
+
 class AgentMetricModel(Base):
     """One system-metrics sample of one agent; trimmed by the retention loop."""
 

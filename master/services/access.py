@@ -29,6 +29,7 @@ from master.core import roles
 from master.core.text import unstorable
 from master.db.models import (
     MAX_INT,
+    AccessStateModel,
     AllocationModel,
     CheckpointModel,
     ExperimentModel,
@@ -53,6 +54,11 @@ TASK = "task"
 # session.info key set for each request (deps.get_session): True where every signed-in user
 # reads everything (security.authz.type basic). Absent: workspaces are kept apart.
 OPEN_READING = "open_reading"
+# session.info keys: the access generation the request's token check read (ACCESS_GENERATION,
+# auth.user_for_token; None where the database has no access_state row) and the master's
+# SightCache (SHARED_SIGHTS, deps.get_session).
+ACCESS_GENERATION = "access_generation"
+SHARED_SIGHTS = "shared_sights"
 
 # Routes without an object in their path that a run's ranks call (Determined's harness
 # and the resolute library): what they report names its trial in the body, and the
@@ -116,9 +122,11 @@ async def grants_of(session: AsyncSession, user_id: int) -> list[roles.Grant]:
 
 
 def forget_grants(session: AsyncSession) -> None:
-    """After a change of assignments, the next check reads them again."""
+    """After a change of assignments, the next check reads them again (and this request
+    no longer trusts the generation it read before its change)."""
     session.info.pop(_GRANTS, None)
     session.info.pop(_SIGHTS, None)
+    session.info.pop(ACCESS_GENERATION, None)
 
 
 async def may(
@@ -170,6 +178,36 @@ class Sight:
 EVERYTHING = Sight(everything=True)
 
 
+async def ensure_access_state(session: AsyncSession) -> None:
+    """The generation's row (migration 0031 makes it; without it nothing is cached)."""
+    if await session.get(AccessStateModel, 1) is None:
+        session.add(AccessStateModel(id=1, generation=0))
+        await session.flush()
+
+
+class SightCache:
+    """Each user's Sights across requests, valid for one access generation (access_state,
+    which triggers change with every write to roles, groups and workspaces' owners): a
+    user's list needs no statement of its own but the token check, which reads the
+    generation with the token. One per master process."""
+
+    def __init__(self) -> None:
+        self._generation: int | None = None
+        self._sights: dict[tuple[int, int], Sight] = {}
+
+    def get(self, generation: int, user_id: int, permission: int) -> Sight | None:
+        if generation != self._generation:
+            return None
+        return self._sights.get((user_id, permission))
+
+    def put(self, generation: int, user_id: int, permission: int, found: Sight) -> None:
+        """`found` was read after `generation` was: if the generation has moved on since,
+        the next request's differs and finds nothing stored under it."""
+        if generation != self._generation:
+            self._generation, self._sights = generation, {}
+        self._sights[user_id, permission] = found
+
+
 def reads_everything(session: AsyncSession, actor: Actor) -> bool:
     return actor.admin or bool(session.info.get(OPEN_READING))
 
@@ -183,12 +221,20 @@ async def sight(session: AsyncSession, actor: Actor, permission: int) -> Sight:
     cached: dict[tuple[int, int], Sight] = session.info.setdefault(_SIGHTS, {})
     if (actor.user_id, permission) in cached:
         return cached[actor.user_id, permission]
-    grants, own = await _grants_and_own_workspaces(session, actor.user_id)
-    if roles.holds(grants, permission, None):
-        found = EVERYTHING
-    else:
-        ids = own | roles.workspaces_giving(grants, permission)
-        found = Sight(everything=False, workspace_ids=frozenset(ids), user_id=actor.user_id)
+    shared: SightCache | None = session.info.get(SHARED_SIGHTS)
+    generation: int | None = session.info.get(ACCESS_GENERATION)
+    found = None
+    if shared is not None and generation is not None:
+        found = shared.get(generation, actor.user_id, permission)
+    if found is None:
+        grants, own = await _grants_and_own_workspaces(session, actor.user_id)
+        if roles.holds(grants, permission, None):
+            found = EVERYTHING
+        else:
+            ids = own | roles.workspaces_giving(grants, permission)
+            found = Sight(everything=False, workspace_ids=frozenset(ids), user_id=actor.user_id)
+        if shared is not None and generation is not None:
+            shared.put(generation, actor.user_id, permission, found)
     cached[actor.user_id, permission] = found
     return found
 
@@ -383,18 +429,21 @@ async def _workspace_place(session: AsyncSession, value: str) -> _Located | None
     workspace_id = _as_id(value)
     if workspace_id is None:
         return None
-    place = select(WorkspaceModel.id, WorkspaceModel.user_id)
-    return await _located(
-        session, roles.VIEW_WORKSPACE, place.where(WorkspaceModel.id == workspace_id)
-    )
+    # The row, not two columns: the route that follows finds it in the session's identity map.
+    workspace = await session.get(WorkspaceModel, workspace_id)
+    if workspace is None:
+        return None
+    return _Located(roles.VIEW_WORKSPACE, workspace.id, workspace.user_id)
 
 
 async def _project_place(session: AsyncSession, value: str) -> _Located | None:
     project_id = _as_id(value)
     if project_id is None:
         return None
-    place = select(ProjectModel.workspace_id, ProjectModel.user_id)
-    return await _located(session, roles.VIEW_PROJECT, place.where(ProjectModel.id == project_id))
+    project = await session.get(ProjectModel, project_id)  # as _workspace_place
+    if project is None:
+        return None
+    return _Located(roles.VIEW_PROJECT, project.workspace_id, project.user_id)
 
 
 async def _model_place(session: AsyncSession, value: str) -> _Located | None:
@@ -502,22 +551,38 @@ async def hidden(session: AsyncSession, actor: Actor, parameter: str, value: str
     )
 
 
+async def require_creator(
+    session: AsyncSession,
+    actor: Actor,
+    workspace: WorkspaceModel,
+    permission: int,
+    what: str,
+    owner_id: int | None = None,
+) -> None:
+    """Making something in a workspace (`what`: "add experiments to project 'p' of
+    workspace 'w'", ...): anyone in the shared built-in workspace and under open reading
+    (Determined's open-source rule); else the workspace's owner, `owner_id` (a project's),
+    or whoever holds `permission` there."""
+    if reads_everything(session, actor) or workspace.immutable:
+        return
+    if actor.user_id in (workspace.user_id, owner_id):
+        return
+    if await may(session, actor, permission, workspace.id):
+        return
+    raise PermissionDenied(
+        f"user {actor.username} may not {what}; its owner or an admin may"
+        + holders(permission, "there")
+    )
+
+
 async def require_experiment_creator(
     session: AsyncSession, actor: Actor, workspace: WorkspaceModel, project: ProjectModel
 ) -> None:
-    """Adding an experiment to a project: anyone in the shared built-in workspace and
-    under open reading (Determined's open-source rule); else its workspace's owner, the
-    project's, or whoever holds CREATE_EXPERIMENT there (an Editor)."""
-    if reads_everything(session, actor) or workspace.immutable:
-        return
-    if actor.user_id in (workspace.user_id, project.user_id):
-        return
-    if await may(session, actor, roles.CREATE_EXPERIMENT, workspace.id):
-        return
-    raise PermissionDenied(
-        f"project {project.name!r} of workspace {workspace.name!r}: user {actor.username} may "
-        "not add experiments there; its owner or an admin may"
-        + holders(roles.CREATE_EXPERIMENT, "there")
+    """Adding an experiment to a project: its workspace's owner, the project's, or an
+    Editor there (CREATE_EXPERIMENT); anyone in the built-in workspace."""
+    what = f"add experiments to project {project.name!r} of workspace {workspace.name!r}"
+    await require_creator(
+        session, actor, workspace, roles.CREATE_EXPERIMENT, what, owner_id=project.user_id
     )
 
 

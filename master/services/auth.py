@@ -26,7 +26,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from master.core.credentials import client_side_hash, new_token
-from master.db.models import UserModel, UserSessionModel
+from master.db.models import AccessStateModel, UserModel, UserSessionModel
 from master.errors import (
     AlreadyExists,
     InvalidArgument,
@@ -36,7 +36,14 @@ from master.errors import (
     Unauthenticated,
 )
 from master.services import counters
-from master.services.access import TASK, TOKEN_KIND, TOKEN_TRIAL_ID, Actor, may_act_for_user
+from master.services.access import (
+    ACCESS_GENERATION,
+    TASK,
+    TOKEN_KIND,
+    TOKEN_TRIAL_ID,
+    Actor,
+    may_act_for_user,
+)
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -220,16 +227,25 @@ async def confirm_token_live(session: AsyncSession, what: str) -> None:
         raise Unauthenticated(STALE_RUN)
 
 
+_ACCESS_GENERATION = (
+    select(AccessStateModel.generation).where(AccessStateModel.id == 1).scalar_subquery()
+)
+
+
 async def user_for_token(session: AsyncSession, token: str) -> UserModel:
     # The token and its user in one statement: every authenticated request starts here.
+    # With them the access generation, for the readers' cache (access.SightCache).
     found = (
         await session.execute(
-            select(UserSessionModel, UserModel)
+            select(UserSessionModel, UserModel, _ACCESS_GENERATION)
             .outerjoin(UserModel, UserModel.id == UserSessionModel.user_id)
             .where(UserSessionModel.token_hash == _token_digest(token))
         )
     ).first()
-    row, user = found if found is not None else (None, None)
+    row: UserSessionModel | None = None
+    user: UserModel | None = None
+    if found is not None:
+        row, user, session.info[ACCESS_GENERATION] = found
     if row is None or row.expires_at <= datetime.now(UTC):
         raise Unauthenticated("invalid or expired token; log in again")
     if row.revoked_at is not None:

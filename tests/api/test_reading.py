@@ -6,13 +6,14 @@ every signed-in user reads everything, as before."""
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI
+from sqlalchemy import text
 
 from master.db.models import CheckpointModel
 from master.db.session import session_scope
@@ -261,6 +262,66 @@ async def test_lists_leave_out_what_a_user_may_not_read(app: FastAPI, vision: Vi
         assert await _listed(vision.bob) == everything
     finally:
         app.state.settings = settings
+
+
+async def test_a_change_of_roles_made_anywhere_is_seen_at_the_next_request(
+    app: FastAPI, vision: Vision
+) -> None:
+    """A master keeps each user's readable workspaces between requests (access.SightCache),
+    valid while the database's access generation stands: a role given, a group joined or a
+    workspace made by another master, a standby or plain SQL is seen at once. Plain SQL
+    here, so that nothing in this master's own code could have told its cache."""
+    experiment = f"/api/v1/experiments/{vision.experiment}"
+    await _gone(vision.bob.get(experiment))
+    await _gone(vision.bob.get(experiment))  # the second from what the master kept
+    engine = app.state.engine
+
+    async def sql(statement: str, **values: Any) -> Any:
+        async with engine.begin() as conn:
+            result = await conn.execute(text(statement), values)
+            return result.scalar() if result.returns_rows else None
+
+    viewer = await sql(
+        "INSERT INTO role_assignments (role_id, workspace_id, user_id, created_at) "
+        "VALUES (4, :ws, :user, CURRENT_TIMESTAMP) RETURNING id",
+        ws=vision.workspace,
+        user=vision.bob_id,
+    )
+    await ok(await vision.bob.get(experiment))
+    await sql("DELETE FROM role_assignments WHERE id = :id", id=viewer)
+    await _gone(vision.bob.get(experiment))
+    # Through a group bob joins, and gone again when the group is.
+    group = await sql(
+        "INSERT INTO user_groups (name, created_at) VALUES ('seers', CURRENT_TIMESTAMP) "
+        "RETURNING id"
+    )
+    await sql(
+        "INSERT INTO role_assignments (role_id, workspace_id, group_id, created_at) "
+        "VALUES (4, :ws, :group, CURRENT_TIMESTAMP)",
+        ws=vision.workspace,
+        group=group,
+    )
+    await _gone(vision.bob.get(experiment))  # not a member yet
+    await sql(
+        "INSERT INTO user_group_members (group_id, user_id) VALUES (:group, :user)",
+        group=group,
+        user=vision.bob_id,
+    )
+    await ok(await vision.bob.get(experiment))
+    await sql("DELETE FROM user_groups WHERE id = :id", id=group)
+    await _gone(vision.bob.get(experiment))
+    # A workspace handed to bob is his to read.
+    await sql(
+        "UPDATE workspaces SET user_id = :user WHERE id = :ws",
+        user=vision.bob_id,
+        ws=vision.workspace,
+    )
+    await ok(await vision.bob.get(experiment))
+
+
+async def _gone(request: Awaitable[httpx.Response]) -> None:
+    reply = await request
+    assert reply.status_code == 404, reply.text
 
 
 async def test_the_job_queue_keeps_others_places_but_not_their_names(vision: Vision) -> None:
