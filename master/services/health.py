@@ -17,6 +17,7 @@ from master.db.models import (
 )
 from master.db.session import DatabaseHealth, is_outage
 from master.services import counters, quotas
+from master.services.access import EVERYTHING, Sight
 from master.services.agent_link import AgentHub
 from master.services.leadership import Leadership
 from master.services.prometheus import Exposition
@@ -43,14 +44,16 @@ async def scrape(
     health: DatabaseHealth,
     scheduler: SchedulerLoop,
     settings: MasterSettings,
+    seen: Sight = EVERYTHING,
 ) -> str:
-    """Everything; during a database outage, what memory holds (resolute_database_up 0)
-    rather than an error, so the scrape itself shows the outage."""
+    """Everything (per-workspace series only of the workspaces `seen` covers); during a
+    database outage, what memory holds (resolute_database_up 0) rather than an error, so
+    the scrape itself shows the outage."""
     out = Exposition()
     try:
         async with factory() as session:
             await _database_metrics(out, session)
-            await _quota_metrics(out, session, settings)
+            await _quota_metrics(out, session, settings, seen)
     except Exception as exc:
         if not is_outage(exc):
             raise
@@ -138,11 +141,13 @@ async def _database_metrics(out: Exposition, session: AsyncSession) -> None:
     )
 
 
-async def _quota_metrics(out: Exposition, session: AsyncSession, settings: MasterSettings) -> None:
+async def _quota_metrics(
+    out: Exposition, session: AsyncSession, settings: MasterSettings, seen: Sight
+) -> None:
     """Each workspace's quota and the slots it holds, per pool (quotas.pool_shares): for
     every quota in force and every workspace holding slots, quota or not (without one, all
-    it holds is borrowed: the scheduler may reclaim it)."""
-    shares = await quotas.pool_shares(session, settings)
+    it holds is borrowed: the scheduler may reclaim it). Only workspaces the scraper sees."""
+    shares = [s for s in await quotas.pool_shares(session, settings) if seen.sees(s.workspace_id)]
 
     def labels(share: quotas.PoolShare) -> dict[str, str]:
         return {"workspace": share.workspace_name, "pool": share.pool}

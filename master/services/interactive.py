@@ -133,6 +133,13 @@ async def create_task(
     if request.workspace_id:
         await access.check_readable(session, actor, "workspace_id", str(request.workspace_id))
     workspace = await workspaces.resolve_workspace(session, request.workspace_id)
+    await access.require_creator(
+        session,
+        actor,
+        workspace,
+        roles.CREATE_NSC,
+        f"start a {kind} in workspace {workspace.name!r}",
+    )
     pool = await pool_bindings.choose_pool(
         session, settings, workspace, config.resources.resource_pool, config.resources.slots
     )

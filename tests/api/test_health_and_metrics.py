@@ -16,6 +16,7 @@ from sqlalchemy import event
 from master.db.session import DatabaseHealth
 from master.settings import ResourcePoolSettings, WorkspaceQuotaSettings
 from resolute_proto.agent.v1 import agent_pb2 as pb
+from tests.api.test_access import PASSWORD, create_user, sign_in
 from tests.api.test_agent_link import exited, started_gang
 from tests.api.test_workspaces import workspaces_of
 
@@ -128,8 +129,14 @@ async def test_the_scrape_shows_each_workspaces_quota_held_and_borrowed_slots(
         )
         assert reply.status_code == 200, reply.text
         text = (await api.get("/metrics")).text
+        # A user without a role in vision is not told that it exists, nor its quota.
+        await create_user(admin, "carol")
+        async with sign_in(app, "carol", PASSWORD) as carol:
+            carols = (await carol.get("/metrics")).text
     finally:
         app.state.settings = settings
+    assert 'workspace="Uncategorized"' in carols
+    assert "vision" not in carols
     uncategorized, vision = (
         f'{{pool="default",workspace="{name}"}}' for name in ("Uncategorized", "vision")
     )

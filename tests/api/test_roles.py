@@ -165,6 +165,16 @@ def webhook(workspace_id: int) -> dict[str, Any]:
     }
 
 
+async def start_command(s: Scene) -> httpx.Response:
+    body = {"config": {"entrypoint": "true"}, "workspaceId": s.workspaces["vision"]}
+    return await s.bob.post("/api/v1/commands", json=body)
+
+
+async def put_template(s: Scene) -> httpx.Response:
+    body = {"config": {"description": "x"}, "workspaceId": s.workspaces["vision"]}
+    return await s.bob.post(f"/api/v1/templates/bobs-{s.bob_id}", json=body)
+
+
 async def add_webhook(s: Scene) -> httpx.Response:
     return await s.bob.post("/api/v1/webhooks", json=webhook(s.workspaces["vision"]))
 
@@ -211,6 +221,8 @@ ACTIONS: dict[str, Callable[[Scene], Awaitable[httpx.Response | bool]]] = {
     "rename the workspace": rename_workspace,
     "give a role in the workspace": give_role,
     "kill a command": kill_command,
+    "start a command in the workspace": start_command,
+    "put a template in the workspace": put_template,
     "add a webhook to the workspace": add_webhook,
     "move a project to a workspace of one's own": move_project,
     "list the workspace's webhooks": list_webhooks,
@@ -371,6 +383,52 @@ async def test_assignments_are_listed_for_users_groups_and_roles(
     hidden = refusal(await api.get(f"/api/v1/roles/search/by-group/{group}"), 404)
     unknown = refusal(await api.get("/api/v1/roles/search/by-group/4242"), 404)
     assert (hidden, unknown) == (f"user group {group} not found", "user group 4242 not found")
+
+
+async def test_a_workspace_admin_sees_the_assignments_of_workspaces_it_reads_only(
+    app: FastAPI, admin: httpx.AsyncClient
+) -> None:
+    """Who holds what in a workspace names the workspace: a WorkspaceAdmin of vision lists
+    the assignments in vision and across the cluster, never those in nlp, kept from it."""
+    carol = await create_user(admin, "carol")
+    dave = await create_user(admin, "dave")
+    group = (
+        await ok(await admin.post("/api/v1/groups", json={"name": "team", "addUsers": [dave]}))
+    )["group"]["groupId"]
+    vision, nlp = [
+        (await ok(await admin.post("/api/v1/workspaces", json={"name": name})))["workspace"]["id"]
+        for name in ("vision", "nlp")
+    ]
+    for body in (
+        assignment("WorkspaceAdmin", user=carol, ws=vision),
+        assignment("Editor", user=dave, ws=vision),
+        assignment("Editor", user=dave, ws=nlp),
+        assignment("Viewer", group=group, ws=nlp),
+        assignment("Viewer", user=dave),
+    ):
+        await ok(await admin.post("/api/v1/roles/add-assignments", json=body))
+
+    def scopes(described: dict[str, Any]) -> list[tuple[str, int]]:
+        return sorted(  # 0: across the cluster
+            (r["role"]["name"], a["roleAssignment"].get("scopeWorkspaceId") or 0)
+            for r in described["roles"]
+            for a in r["userRoleAssignments"] + r["groupRoleAssignments"]
+        )
+
+    async with sign_in(app, "carol", PASSWORD) as as_carol:
+        of_dave = await ok(await as_carol.get(f"/api/v1/roles/search/by-user/{dave}"))
+        assert scopes(of_dave) == [("Editor", vision), ("Viewer", 0)]
+        editors = await ok(
+            await as_carol.post("/api/v1/roles/search/by-ids", json={"roleIds": [5]})
+        )
+        assert scopes(editors) == [("Editor", vision)]
+        of_group = await ok(await as_carol.get(f"/api/v1/roles/search/by-group/{group}"))
+        assert of_group == {"roles": [], "assignments": []}
+    # The cluster's admins see them all, dave's group's included.
+    of_dave = await ok(await admin.get(f"/api/v1/roles/search/by-user/{dave}"))
+    assert scopes(of_dave) == sorted(
+        [("Editor", vision), ("Editor", nlp), ("Viewer", nlp), ("Viewer", 0)]
+    )
 
 
 async def assignments_now(admin: httpx.AsyncClient) -> list[Any]:

@@ -116,8 +116,11 @@ async def test_only_the_owner_moves_a_template(
     await give_viewer(admin, alice, vision)
     refusal(await alice.put("/api/v1/templates/mine", json=body), 403)
     assert await listed(api, workspaceIds=vision) == []
-    # Adding a template of her own to a workspace she sees takes no role yet.
-    assert (await post_template(alice, "hers", vision)).status_code == 200
+    # A template of her own there takes CREATE_TEMPLATES (an Editor's), not a Viewer's.
+    refused = refusal(await post_template(alice, "hers", vision), 403)
+    assert "may not put templates in workspace 'vision'" in refused
+    assert "PERMISSION_TYPE_CREATE_TEMPLATES" in refused
+    assert await listed(api, workspaceIds=vision) == []
 
 
 BAD_IDS = [

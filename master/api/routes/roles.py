@@ -69,6 +69,15 @@ async def _require_role_reader(session: SessionDep, actor: Actor, what: str) -> 
         raise _not_a_role_reader(actor, what)
 
 
+async def _in_sight(
+    session: SessionDep, actor: Actor, held: list[role_service.Held]
+) -> list[role_service.Held]:
+    """Another's assignments as `actor` may see them: those across the cluster and in
+    workspaces the actor reads; one elsewhere would name a workspace kept from them."""
+    seen = await access.sight(session, actor, roles.VIEW_WORKSPACE)
+    return [h for h in held if h.workspace_id is None or seen.sees(h.workspace_id)]
+
+
 @router.post("/roles/search/by-ids")
 async def roles_by_id(
     body: RolesById, session: SessionDep, actor: CurrentActor
@@ -84,7 +93,9 @@ async def roles_by_id(
         if role is None:
             raise NotFound(f"roleIds[{i}]: role {role_id} not found")
         if reader:
-            held = await role_service.assignments_of_role(session, role)
+            held = await _in_sight(
+                session, actor, await role_service.assignments_of_role(session, role)
+            )
         else:
             held = [h for h in mine if h.role.id == role_id]
             if not held:
@@ -97,9 +108,11 @@ async def roles_by_id(
 async def roles_of_user(
     user_id: ObjectId, session: SessionDep, actor: CurrentActor
 ) -> RolesWithAssignments:
-    if user_id != actor.user_id:
+    if user_id == actor.user_id:
+        held = await role_service.held_by_user(session, user_id)
+    else:
         await _require_role_reader(session, actor, "seeing another user's roles")
-    held = await role_service.held_by_user(session, user_id)
+        held = await _in_sight(session, actor, await role_service.held_by_user(session, user_id))
     return RolesWithAssignments(roles=RoleWithAssignments.each(held))
 
 
@@ -112,9 +125,8 @@ async def roles_of_group(
     if not member and not await access.may_anywhere(session, actor, roles.ASSIGN_ROLES):
         raise NotFound(f"user group {group_id} not found")
     await user_groups.get_group(session, group_id)  # 404 for an unknown group
-    found, summaries = RoleAssignmentSummary.each(
-        await role_service.held_by_group(session, group_id)
-    )
+    held = await _in_sight(session, actor, await role_service.held_by_group(session, group_id))
+    found, summaries = RoleAssignmentSummary.each(held)
     return GroupRoles(roles=found, assignments=summaries)
 
 

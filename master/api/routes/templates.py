@@ -69,9 +69,15 @@ def _body_name(path_name: str, body: TemplateCreate) -> None:
 
 async def _check_workspace(session: SessionDep, actor: Actor, workspace_id: int | None) -> None:
     """A workspace the caller may not see is named as templates.template_workspace names
-    one that does not exist."""
-    if workspace_id and await access.hidden(session, actor, "workspace_id", str(workspace_id)):
+    one that does not exist; one they see takes templates from its owner and whoever
+    holds CREATE_TEMPLATES there (an Editor)."""
+    if not workspace_id:
+        return  # the built-in workspace, open to all
+    if await access.hidden(session, actor, "workspace_id", str(workspace_id)):
         raise NotFound(f"workspaceId: workspace {workspace_id} not found")
+    workspace = await templates.template_workspace(session, workspace_id)
+    what = f"put templates in workspace {workspace.name!r}"
+    await access.require_creator(session, actor, workspace, roles.CREATE_TEMPLATES, what)
 
 
 @router.post("/templates/{name}")
