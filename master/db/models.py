@@ -388,8 +388,11 @@ class TemplateModel(Base):
 class ExperimentModel(Base):
     __tablename__ = "experiments"
     # Where each is and whose: a list of what a user may read (master.services.access)
-    # counts from this index alone.
-    __table_args__ = (Index("ix_experiments_project_id_owner_id", "project_id", "owner_id"),)
+    # counts from the first index alone, and on SQLite pages through the second in id order.
+    __table_args__ = (
+        Index("ix_experiments_project_id_owner_id", "project_id", "owner_id"),
+        Index("ix_experiments_id_project_id_owner_id", "id", "project_id", "owner_id"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(512))

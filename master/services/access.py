@@ -284,21 +284,30 @@ Listed = Literal[
 ]
 
 
-async def readable(session: AsyncSession, actor: Actor, kind: Listed) -> ColumnElement[bool]:
+async def readable(
+    session: AsyncSession, actor: Actor, kind: Listed, project_id: int | None = None
+) -> ColumnElement[bool]:
     """The condition a list's rows of `kind` meet when the actor may read them (the
-    allocations' query joins experiments and tasks)."""
+    allocations' query joins experiments and tasks). `project_id`: the list is of that
+    project's experiments only."""
     if reads_everything(session, actor):
         return true()
     if kind in ("experiments", "allocations"):
         seen = await sight(session, actor, roles.VIEW_EXPERIMENT_METADATA)
+        if project_id is not None:
+            project = await session.get(ProjectModel, project_id)
+            if project is not None and seen.sees(project.workspace_id):
+                return true()  # every experiment in it: no test per row
         projects = select(ProjectModel.id).where(seen.clause(ProjectModel.workspace_id))
         in_project = ExperimentModel.project_id.expression
         owned_by = ExperimentModel.owner_id.expression
         if session.get_bind().dialect.name == "sqlite":
             # SQLite takes an OR of two indexed columns as a MULTI-INDEX OR, then sorts all
             # it found for the page (5x the time for 50 of 10,000); as expressions they are
-            # read from ix_experiments_project_id_owner_id, and the page walks the primary
-            # key until its LIMIT.
+            # read from a covering index: the count's from ix_experiments_project_id_owner_id,
+            # and the page walks ix_experiments_id_project_id_owner_id in id order until its
+            # LIMIT, reading only the rows it keeps (the table's rows, configs and all,
+            # cost 1.6x as much to test).
             in_project, owned_by = in_project + 0, owned_by + 0
         experiments = or_(in_project.in_(projects), owned_by == actor.user_id)
         if kind == "experiments":
@@ -417,6 +426,15 @@ async def _checkpoint_place(session: AsyncSession, value: str) -> _Located | Non
     return await _experiment_place(session, experiment_id)
 
 
+_KEPT = "kept_for_the_request"  # session.info
+
+
+def _keep(session: AsyncSession, row: object) -> None:
+    """Holds a row a check loaded until the request ends: the session's identity map holds
+    rows weakly, and the route's own lookup of it then needs no statement."""
+    session.info.setdefault(_KEPT, []).append(row)
+
+
 async def _located(
     session: AsyncSession, permission: int, place: Select[int | None, int | None]
 ) -> _Located | None:
@@ -433,6 +451,7 @@ async def _workspace_place(session: AsyncSession, value: str) -> _Located | None
     workspace = await session.get(WorkspaceModel, workspace_id)
     if workspace is None:
         return None
+    _keep(session, workspace)
     return _Located(roles.VIEW_WORKSPACE, workspace.id, workspace.user_id)
 
 
@@ -443,6 +462,7 @@ async def _project_place(session: AsyncSession, value: str) -> _Located | None:
     project = await session.get(ProjectModel, project_id)  # as _workspace_place
     if project is None:
         return None
+    _keep(session, project)
     return _Located(roles.VIEW_PROJECT, project.workspace_id, project.user_id)
 
 

@@ -149,7 +149,7 @@ async def list_experiments(
         sort_by=sort_by,
         descending=_check_order(order_by),
         project_id=project_id,
-        readable=await access.readable(session, actor, "experiments"),
+        readable=await access.readable(session, actor, "experiments", project_id or None),
     )
     return ExperimentList(
         experiments=[Experiment.of(v) for v in views],
