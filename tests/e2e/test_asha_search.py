@@ -151,7 +151,9 @@ def test_honoured_stops_save_the_batches_determined_trained(
     expected = expected_stops(SEARCHER)
     units = asha.parse_config(SEARCHER).brackets[0].rung_units
 
+    # The two searches run side by side, one slot each (each runs one trial at a time).
     honoured = run_search(master, work / "honoured", ignore_stops=False, searcher=SEARCHER)
+    ignored = run_search(master, work / "ignored", ignore_stops=True, searcher=SEARCHER)
     assert wait_done(master, honoured)["state"] == "STATE_COMPLETED"
     trials = trials_of(master, honoured)
     assert len(trials) == SEARCHER["max_trials"]
@@ -170,7 +172,6 @@ def test_honoured_stops_save_the_batches_determined_trained(
             assert trial["endReason"].startswith(f"stopped by the searcher at rung {rung}")
             assert trial["latestCheckpointUuid"], trial
 
-    ignored = run_search(master, work / "ignored", ignore_stops=True, searcher=SEARCHER)
     assert wait_done(master, ignored)["state"] == "STATE_COMPLETED"
     ignored_trials = trials_of(master, ignored)
     # The same trials from the same seed; the same decisions, which nobody obeyed.
