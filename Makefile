@@ -64,7 +64,16 @@ $(TRIAL_VENV)/.installed: | $(BIN)/.installed-run
 
 trial-venv: $(TRIAL_VENV)/.installed
 
-run: $(BIN)/.installed-run
+# Where PYTHONDONTWRITEBYTECODE is set (this machine sets it) nothing writes the project's
+# own .pyc files, so every master, agent and CLI the suite starts compiled our modules again
+# at each start: 0.25 s of a master's 1.9 s of start-up CPU, measured. Compiled once here
+# (Python still checks each .pyc against its source, so an edited module is compiled in
+# memory as before).
+.PHONY: bytecode
+bytecode: $(BIN)/.installed-run
+	$(BIN)/python -m compileall -q -j 0 master agent cli resolute proto/resolute_proto harness benchmarks migrations
+
+run: $(BIN)/.installed-run bytecode
 	BIN=$(BIN) PORT=$(PORT) DATA_DIR=$(DATA_DIR) bash scripts/local-cluster.sh
 
 migrate: $(BIN)/.installed-run
@@ -117,7 +126,7 @@ SETUP := install official-client trial-venv postgres debian-packages azurite
 # (xdist's own reordering off). PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 3
 PYTEST_ENV = DET_OFFICIAL_CLIENT=$(abspath $(DET_VENV))/bin/det DET_TRIAL_VENV=$(abspath $(TRIAL_VENV))
-pytest: $(SETUP)
+pytest: $(SETUP) bytecode
 	$(PYTEST_ENV) $(BIN)/pytest --numprocesses=$(PYTEST_WORKERS) --dist=loadfile --no-loadscope-reorder --durations=50
 
 # The e2e and web tests with one busy process per core (scripts/test-stress.sh), on two
