@@ -294,7 +294,7 @@ async def readable(
         return true()
     if kind in ("experiments", "allocations"):
         seen = await sight(session, actor, roles.VIEW_EXPERIMENT_METADATA)
-        if project_id is not None:
+        if kind == "experiments" and project_id is not None:
             project = await session.get(ProjectModel, project_id)
             if project is not None and seen.sees(project.workspace_id):
                 return true()  # every experiment in it: no test per row

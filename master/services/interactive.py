@@ -138,7 +138,7 @@ async def create_task(
         actor,
         workspace,
         roles.CREATE_NSC,
-        f"start a {kind} in workspace {workspace.name!r}",
+        f"start a {kind.lower()} in workspace {workspace.name!r}",
     )
     pool = await pool_bindings.choose_pool(
         session, settings, workspace, config.resources.resource_pool, config.resources.slots

@@ -431,6 +431,30 @@ async def test_a_workspace_admin_sees_the_assignments_of_workspaces_it_reads_onl
     )
 
 
+async def test_a_viewer_may_not_start_tasks_where_it_only_reads(
+    app: FastAPI, admin: httpx.AsyncClient
+) -> None:
+    bob = await create_user(admin, "bob")
+    ws = (await ok(await admin.post("/api/v1/workspaces", json={"name": "vision"})))["workspace"][
+        "id"
+    ]
+    await ok(
+        await admin.post(
+            "/api/v1/roles/add-assignments", json=assignment("Viewer", user=bob, ws=ws)
+        )
+    )
+    async with sign_in(app, "bob", PASSWORD) as as_bob:
+        for kind in ("commands", "notebooks", "shells"):
+            body = {"config": {"entrypoint": "true"}, "workspaceId": ws}
+            refused = refusal(await as_bob.post(f"/api/v1/{kind}", json=body), 403)
+            assert refused.startswith(f"user bob may not start a {kind[:-1]} in workspace 'vision'")
+            assert "PERMISSION_TYPE_CREATE_NSC" in refused
+        # Nothing was queued.
+        assert (await ok(await admin.get("/api/v1/commands")))["commands"] == []
+        # In the shared workspace anyone may.
+        await ok(await as_bob.post("/api/v1/commands", json={"config": {"entrypoint": "true"}}))
+
+
 async def assignments_now(admin: httpx.AsyncClient) -> list[Any]:
     """Every role's assignments, to show that a refused request changed nothing."""
     found = await ok(
