@@ -58,6 +58,30 @@ async def test_upgrade_check_downgrade(
         await engine.dispose()
 
 
+async def test_every_access_trigger_exists_at_head(
+    backend: str, database_url_factory: Callable[[str], str], tmp_path: pytest.TempPathFactory
+) -> None:
+    """The triggers that move the access generation (0031): a later migration that rebuilds
+    one of their tables on SQLite (Alembic's batch mode) drops them without a word, and
+    masters would then keep stale readers' workspaces."""
+    url = async_database_url(database_url_factory(backend), tmp_path)  # type: ignore[arg-type]
+    engine = create_engine(url)
+    access_migration = ScriptDirectory.from_config(alembic_config()).get_revision("0031").module
+    try:
+        await run_alembic(engine, "upgrade", "head")
+        async with engine.connect() as conn:
+            if backend == "sqlite":
+                listed = "SELECT name FROM sqlite_master WHERE type = 'trigger'"
+            else:
+                listed = "SELECT tgname FROM pg_trigger WHERE NOT tgisinternal"
+            found = set((await conn.scalars(text(listed))).all())
+        dialect = "postgresql" if backend == "postgres" else "sqlite"
+        expected = access_migration.trigger_names(dialect)
+        assert expected and expected <= found, expected - found
+    finally:
+        await engine.dispose()
+
+
 async def test_reports_are_numbered_in_step_order_when_0016_upgrades(
     backend: str, database_url_factory: Callable[[str], str], tmp_path: Path
 ) -> None:

@@ -15,6 +15,7 @@ are decided without reading roles.
 
 from __future__ import annotations
 
+import secrets
 import uuid as uuidlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -179,9 +180,10 @@ EVERYTHING = Sight(everything=True)
 
 
 async def ensure_access_state(session: AsyncSession) -> None:
-    """The generation's row (migration 0031 makes it; without it nothing is cached)."""
+    """The generation's row (migration 0031 makes it; without it nothing is cached), from a
+    random start as there: a value a master's cache knew never comes back with other data."""
     if await session.get(AccessStateModel, 1) is None:
-        session.add(AccessStateModel(id=1, generation=0))
+        session.add(AccessStateModel(id=1, generation=secrets.randbelow(2**62)))
         await session.flush()
 
 

@@ -638,8 +638,11 @@ async def move_experiment(
     await workspaces.move_experiment_project(session, experiment, project_id)
 
 
-async def move_project(session: AsyncSession, project_id: int, destination_id: int) -> None:
-    """Moves the project to another workspace. Its experiments that have not ended keep
+async def move_project(
+    session: AsyncSession, project_id: int, destination_id: int, actor: access.Actor
+) -> None:
+    """Moves the project to another workspace, one the actor may add projects to (as
+    workspaces.move_project checks). Its experiments that have not ended keep
     their pools, so each of those pools must be one the destination may use, as for
     move_experiment: else moving a project would be a way into a pool bound to others."""
     destination = await session.get(WorkspaceModel, destination_id)
@@ -656,7 +659,7 @@ async def move_project(session: AsyncSession, project_id: int, destination_id: i
             await pool_bindings.refuse_unusable(
                 session, pool, destination, "destinationWorkspaceId"
             )
-    await workspaces.move_project(session, project_id, destination_id)
+    await workspaces.move_project(session, project_id, destination_id, actor)
 
 
 async def list_trials(

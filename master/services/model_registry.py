@@ -418,6 +418,23 @@ async def _workspace(
     return await default_workspace(session)
 
 
+async def _destination(
+    session: AsyncSession,
+    actor: Actor,
+    workspace_id: int | None,
+    workspace_name: str | None,
+    now_in: int | None = None,
+) -> WorkspaceModel:
+    """Where a model is put (made or moved): a workspace the actor sees, and where they may
+    make models (CREATE_MODEL_REGISTRY, an Editor's; its owner; anyone in Uncategorized),
+    unless the model is there already (`now_in`)."""
+    ws = await _workspace(session, actor, workspace_id, workspace_name)
+    if ws.id != now_in:
+        what = f"put models in workspace {ws.name!r}"
+        await access.require_creator(session, actor, ws, roles.CREATE_MODEL_REGISTRY, what)
+    return ws
+
+
 async def create_model(
     session: AsyncSession,
     actor: Actor,
@@ -438,7 +455,7 @@ async def create_model(
         labels=check_labels(labels),
         metadata_=check_metadata(metadata),
         archived=False,
-        workspace_id=(await _workspace(session, actor, workspace_id, workspace_name)).id,
+        workspace_id=(await _destination(session, actor, workspace_id, workspace_name)).id,
         owner_id=actor.user_id,
     )
     await _name_is_free(session, name)
@@ -486,8 +503,12 @@ async def patch_model(
         updates["metadata_"] = check_metadata(changes["metadata"])
     if moving:
         updates["workspace_id"] = (
-            await _workspace(
-                session, actor, changes.get("workspace_id"), changes.get("workspace_name")
+            await _destination(
+                session,
+                actor,
+                changes.get("workspace_id"),
+                changes.get("workspace_name"),
+                now_in=row.workspace_id,
             )
         ).id
     for key, value in updates.items():
@@ -507,13 +528,18 @@ async def move_model(
         session, actor, identifier, "move it", roles.DELETE_OTHER_USER_MODEL_REGISTRY
     )
     destination = await session.get(WorkspaceModel, workspace_id) if workspace_id else None
-    if destination is None:
+    if destination is None or await access.hidden(
+        session, actor, "workspace_id", str(destination.id)
+    ):
         raise NotFound(f"destinationWorkspaceId: no workspace {workspace_id}")
     if destination.deleting or destination.archived:
         state = "being deleted" if destination.deleting else "archived"
         raise InvalidArgument(
             f"destinationWorkspaceId: workspace {destination.name!r} ({destination.id}) is {state}"
         )
+    if destination.id != row.workspace_id:
+        what = f"put models in workspace {destination.name!r}"
+        await access.require_creator(session, actor, destination, roles.CREATE_MODEL_REGISTRY, what)
     if row.workspace_id != destination.id:
         row.workspace_id = destination.id
         row.last_updated_time = utcnow()

@@ -151,6 +151,13 @@ async def is_group_member(session: AsyncSession, user_id: int, group_id: int) ->
     return found is not None
 
 
+async def groups_of(session: AsyncSession, user_id: int) -> set[int]:
+    rows = await session.scalars(
+        select(UserGroupMemberModel.group_id).where(UserGroupMemberModel.user_id == user_id)
+    )
+    return set(rows.all())
+
+
 # -- assigning -------------------------------------------------------------------------------
 
 
@@ -245,6 +252,15 @@ def _refuse_too_many(items: Sequence[Assignment]) -> None:
 async def assign(session: AsyncSession, actor: Actor, items: Sequence[Assignment]) -> None:
     _refuse_too_many(items)
     checked = [(item, *await _check(session, actor, item)) for item in items]
+    for item, _role, _where in checked:
+        ws = await session.get(WorkspaceModel, item.workspace_id) if item.workspace_id else None
+        if ws is not None and ws.deleting:
+            # Nothing new goes into a workspace on its way out (and a role's row must not
+            # wait on the deletion's locks: Postgres would end one of the two as a deadlock).
+            raise InvalidArgument(
+                f"{item.field}.roleAssignment.scopeWorkspaceId: workspace {ws.name!r} "
+                f"({ws.id}) is being deleted"
+            )
     seen: set[tuple[int, int | None, int | None, int | None]] = set()
     for item, role, where in checked:
         key = (item.role_id, item.workspace_id, item.user_id, item.group_id)

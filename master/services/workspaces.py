@@ -21,6 +21,7 @@ from sqlalchemy import ColumnElement, delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from master.core import roles
 from master.db.models import (
     ExperimentModel,
     ExperimentState,
@@ -32,7 +33,7 @@ from master.db.models import (
     WorkspacePinModel,
 )
 from master.errors import AlreadyExists, Conflict, InvalidArgument, NotFound
-from master.services import allocations, checkpoint_gc
+from master.services import access, allocations, checkpoint_gc
 
 log = logging.getLogger(__name__)
 
@@ -753,7 +754,9 @@ async def set_project_archived(session: AsyncSession, project_id: int, archived:
     )
 
 
-async def move_project(session: AsyncSession, project_id: int, destination_id: int) -> None:
+async def move_project(
+    session: AsyncSession, project_id: int, destination_id: int, actor: access.Actor
+) -> None:
     project = await get_project(session, project_id)
     _refuse_built_in_project(project, "move")
     _refuse_deleting(project, "project")
@@ -767,6 +770,8 @@ async def move_project(session: AsyncSession, project_id: int, destination_id: i
         raise InvalidArgument(
             f"destinationWorkspaceId: workspace {destination.name!r} ({destination.id}) is {state}"
         )
+    what = f"add projects to workspace {destination.name!r}"
+    await access.require_creator(session, actor, destination, roles.CREATE_PROJECT, what)
     await _refuse_clashing_project(
         session, destination.id, project.name, "destinationWorkspaceId", project.id
     )

@@ -164,12 +164,15 @@ async def create_template(request: Request, session: SessionDep, web: WebSession
         errors.name = exc.message
     try:
         workspace_id = _form_workspace(form)
-        await templates.template_workspace(session, workspace_id)
+        # Hidden first: the workspace's state would name it.
         if workspace_id and await access.hidden(
             session, web.actor, "workspace_id", str(workspace_id)
         ):
             raise NotFound(f"workspaceId: workspace {workspace_id} not found")
-    except MasterError as exc:  # unknown (404), archived or being deleted (400)
+        workspace = await templates.template_workspace(session, workspace_id)
+        what = f"put templates in workspace {workspace.name!r}"
+        await access.require_creator(session, web.actor, workspace, roles.CREATE_TEMPLATES, what)
+    except MasterError as exc:  # unknown (404), archived or being deleted (400), refused (403)
         errors.workspace = exc.message.removeprefix("workspaceId: ")
     config: dict[str, Any] | None = None
     try:

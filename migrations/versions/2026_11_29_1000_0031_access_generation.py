@@ -3,13 +3,18 @@
 A master keeps each user's readable workspaces in memory while the generation it read them
 under is current (master.services.access). Triggers rather than the master's own code bump
 it, so that a change made through any master, a standby's forwarded write or plain SQL is
-never missed.
+never missed (not a Postgres restore with triggers disabled: bump the row after one).
+
+A SQLite table rebuilt by a later migration (Alembic's batch mode) loses its triggers:
+such a migration must create them again (WATCHED and create_triggers below);
+tests/test_migrations.py checks that every one exists at head.
 
 Revision ID: 0031
 Revises: 0030
 Create Date: 2026-11-29 10:00:00.000000
 """
 
+import secrets
 from collections.abc import Sequence
 
 import sqlalchemy as sa
@@ -31,8 +36,34 @@ WATCHED = {
 }
 
 
-def _trigger_name(table: str, event: str) -> str:
+def trigger_names(dialect: str) -> set[str]:
+    """The triggers create_triggers makes on `dialect`."""
+    if dialect == "postgresql":
+        return {f"access_changed_{table}" for table in WATCHED}
+    return {_sqlite_trigger(table, event) for table, events in WATCHED.items() for event in events}
+
+
+def _sqlite_trigger(table: str, event: str) -> str:
     return f"access_changed_{table}_{event.split()[0].lower()}"
+
+
+def create_triggers(table: str) -> None:
+    events = WATCHED[table]
+    if op.get_bind().dialect.name == "postgresql":
+        # BEFORE the statement: the row lock on access_state is taken before the statement's
+        # own locks (a foreign key's on its workspace), so two writers meet in one order.
+        # TRUNCATE too: it fires no DELETE trigger.
+        op.execute(
+            f"CREATE TRIGGER access_changed_{table} BEFORE {' OR '.join(events)} OR TRUNCATE "
+            f"ON {table} FOR EACH STATEMENT EXECUTE FUNCTION access_changed()"
+        )
+        return
+    # SQLite has row triggers only, one event each, and one writer at a time.
+    for event in events:
+        op.execute(
+            f"CREATE TRIGGER {_sqlite_trigger(table, event)} AFTER {event} ON {table} "
+            f"BEGIN {BUMP}; END"
+        )
 
 
 def upgrade() -> None:
@@ -44,25 +75,17 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_access_state")),
     )
-    op.execute("INSERT INTO access_state (id, generation) VALUES (1, 0)")
+    # A random start: a database restored to an older generation (or this row made again)
+    # never meets a master's cache at a value it already knew with other data.
+    start = secrets.randbelow(2**62)
+    op.execute(f"INSERT INTO access_state (id, generation) VALUES (1, {start})")
     if op.get_bind().dialect.name == "postgresql":
         op.execute(
             "CREATE FUNCTION access_changed() RETURNS trigger AS $$ "
             f"BEGIN {BUMP}; RETURN NULL; END $$ LANGUAGE plpgsql"
         )
-        for table, events in WATCHED.items():
-            op.execute(
-                f"CREATE TRIGGER access_changed_{table} AFTER {' OR '.join(events)} "
-                f"ON {table} FOR EACH STATEMENT EXECUTE FUNCTION access_changed()"
-            )
-        return
-    # SQLite has row triggers only, one event each.
-    for table, events in WATCHED.items():
-        for event in events:
-            op.execute(
-                f"CREATE TRIGGER {_trigger_name(table, event)} AFTER {event} ON {table} "
-                f"BEGIN {BUMP}; END"
-            )
+    for table in WATCHED:
+        create_triggers(table)
 
 
 def downgrade() -> None:
@@ -71,7 +94,6 @@ def downgrade() -> None:
             op.execute(f"DROP TRIGGER access_changed_{table} ON {table}")
         op.execute("DROP FUNCTION access_changed()")
     else:
-        for table, events in WATCHED.items():
-            for event in events:
-                op.execute(f"DROP TRIGGER {_trigger_name(table, event)}")
+        for name in trigger_names("sqlite"):
+            op.execute(f"DROP TRIGGER {name}")
     op.drop_table("access_state")

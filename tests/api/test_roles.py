@@ -175,6 +175,16 @@ async def put_template(s: Scene) -> httpx.Response:
     return await s.bob.post(f"/api/v1/templates/bobs-{s.bob_id}", json=body)
 
 
+async def create_project(s: Scene) -> httpx.Response:
+    ws = s.workspaces["vision"]
+    return await s.bob.post(f"/api/v1/workspaces/{ws}/projects", json={"name": f"bobs-{s.bob_id}"})
+
+
+async def create_model(s: Scene) -> httpx.Response:
+    body = {"name": f"bobs-{s.bob_id}", "workspaceId": s.workspaces["vision"]}
+    return await s.bob.post("/api/v1/models", json=body)
+
+
 async def add_webhook(s: Scene) -> httpx.Response:
     return await s.bob.post("/api/v1/webhooks", json=webhook(s.workspaces["vision"]))
 
@@ -223,6 +233,8 @@ ACTIONS: dict[str, Callable[[Scene], Awaitable[httpx.Response | bool]]] = {
     "kill a command": kill_command,
     "start a command in the workspace": start_command,
     "put a template in the workspace": put_template,
+    "create a project in the workspace": create_project,
+    "create a model in the workspace": create_model,
     "add a webhook to the workspace": add_webhook,
     "move a project to a workspace of one's own": move_project,
     "list the workspace's webhooks": list_webhooks,
@@ -429,6 +441,24 @@ async def test_a_workspace_admin_sees_the_assignments_of_workspaces_it_reads_onl
     assert scopes(of_dave) == sorted(
         [("Editor", vision), ("Editor", nlp), ("Viewer", nlp), ("Viewer", 0)]
     )
+    # One's own and one's groups' assignments are one's to see wherever they are: dave's
+    # group holds ModelRegistryViewer in audio, which shows dave no workspace there.
+    audio = (await ok(await admin.post("/api/v1/workspaces", json={"name": "audio"})))["workspace"][
+        "id"
+    ]
+    for body in (
+        assignment("ModelRegistryViewer", group=group, ws=audio),
+        assignment("WorkspaceAdmin", user=dave, ws=vision),  # so he reads assignments
+    ):
+        await ok(await admin.post("/api/v1/roles/add-assignments", json=body))
+    async with sign_in(app, "dave", PASSWORD) as as_dave:
+        of_group = await ok(await as_dave.get(f"/api/v1/roles/search/by-group/{group}"))
+        assert sorted((a["roleId"], a["scopeWorkspaceIds"]) for a in of_group["assignments"]) == [
+            (4, [nlp]),
+            (6, [audio]),
+        ]
+        held = await ok(await as_dave.post("/api/v1/roles/search/by-ids", json={"roleIds": [6]}))
+        assert scopes(held) == [("ModelRegistryViewer", audio)]
 
 
 async def test_a_viewer_may_not_start_tasks_where_it_only_reads(

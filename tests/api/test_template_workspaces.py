@@ -123,6 +123,28 @@ async def test_only_the_owner_moves_a_template(
     assert await listed(api, workspaceIds=vision) == []
 
 
+async def test_an_owner_replaces_a_template_where_it_is_without_the_right_to_add_one(
+    api: httpx.AsyncClient,
+    admin: httpx.AsyncClient,
+    alice: httpx.AsyncClient,  # noqa: F811 - the fixture
+) -> None:
+    """alice put her template in vision as its Editor, then kept only Viewer there: she may
+    still replace it where it is (as PATCH lets her), not add another there."""
+    vision = (await new_workspace(api, "vision"))["id"]
+    me = (await alice.get("/api/v1/me")).json()["user"]["id"]
+    scope = {"role": {"roleId": 5}, "scopeWorkspaceId": vision}  # Editor
+    body = {"userRoleAssignments": [{"userId": me, "roleAssignment": scope}]}
+    assert (await admin.post("/api/v1/roles/add-assignments", json=body)).status_code == 200
+    assert (await post_template(alice, "hers", vision)).status_code == 200
+    assert (await admin.post("/api/v1/roles/remove-assignments", json=body)).status_code == 200
+    await give_viewer(admin, alice, vision)
+    replaced = {"name": "hers", "config": {"description": "again"}, "workspaceId": vision}
+    reply = await alice.put("/api/v1/templates/hers", json=replaced)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["template"]["config"] == {"description": "again"}
+    refusal(await post_template(alice, "another", vision), 403)
+
+
 BAD_IDS = [
     pytest.param(424242, 404, "workspaceId: workspace 424242 not found", id="unknown"),
     pytest.param(-1, 400, "workspaceId", id="negative"),
@@ -177,9 +199,17 @@ async def test_a_deleted_workspace_takes_its_templates(
     assert (await api.post(f"/api/v1/experiments/{experiment_id}/kill")).status_code == 200
     reply = await api.delete(f"/api/v1/workspaces/{ws['id']}")
     assert reply.json() == {"completed": False}
-    # While its experiments' checkpoints go, it takes no new template.
+    # While its experiments' checkpoints go, it takes no new template, nor a new role.
     reply = await post_template(api, "late", ws["id"])
     assert f"workspaceId: workspace 'finished' ({ws['id']}) is being deleted" in refusal(reply, 400)
+    me = (await api.get("/api/v1/me")).json()["user"]["id"]
+    scope = {"role": {"roleId": 4}, "scopeWorkspaceId": ws["id"]}
+    body = {"userRoleAssignments": [{"userId": me, "roleAssignment": scope}]}
+    reply = await api.post("/api/v1/roles/add-assignments", json=body)
+    assert refusal(reply, 400) == (
+        f"userRoleAssignments[0].roleAssignment.scopeWorkspaceId: workspace 'finished' "
+        f"({ws['id']}) is being deleted"
+    )
     await deleter_pass(app)
     assert [n for n, _ in await listed(api)] == ["stays"]
     assert refusal(await api.get("/api/v1/templates/goes"), 404)

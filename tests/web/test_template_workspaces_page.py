@@ -73,3 +73,29 @@ async def test_the_form_refuses_a_bad_workspace_beside_the_field(web: httpx.Asyn
         assert field_error(reply.text, "name") is None
     listed = (await web.get("/api/v1/templates")).json()["templates"]
     assert listed == []
+
+
+async def test_the_form_puts_a_template_only_where_the_user_may(
+    web: httpx.AsyncClient, admin: httpx.AsyncClient
+) -> None:
+    """As the API: a Viewer may not put templates in the workspace it reads, and one kept
+    from the user is named as one that does not exist, archived or not."""
+    vision = await new_workspace(admin, "vision")
+    secret = await new_workspace(admin, "secret")
+    assert (await admin.post(f"/api/v1/workspaces/{secret}/archive")).status_code == 200
+    me = (await web.get("/api/v1/me")).json()["user"]["id"]
+    scope = {"role": {"roleId": 4}, "scopeWorkspaceId": vision}  # Viewer
+    body = {"userRoleAssignments": [{"userId": me, "roleAssignment": scope}]}
+    assert (await admin.post("/api/v1/roles/add-assignments", json=body)).status_code == 200
+    token = await web_csrf(web)
+    for workspace, expected in (
+        (vision, "may not put templates in workspace 'vision'"),
+        (secret, f"workspace {secret} not found"),
+    ):
+        form = {"name": "mine", "config": "description: ok\n", "workspace": str(workspace)}
+        reply = await post_form(web, "/ui/templates/_new", form, csrf=token)
+        assert reply.status_code == 200, reply.text
+        shown = html.unescape(field_error(reply.text, "workspace") or "")
+        assert expected in shown, reply.text
+        assert "secret" not in shown
+    assert (await admin.get("/api/v1/templates")).json()["templates"] == []

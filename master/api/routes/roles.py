@@ -72,10 +72,19 @@ async def _require_role_reader(session: SessionDep, actor: Actor, what: str) -> 
 async def _in_sight(
     session: SessionDep, actor: Actor, held: list[role_service.Held]
 ) -> list[role_service.Held]:
-    """Another's assignments as `actor` may see them: those across the cluster and in
-    workspaces the actor reads; one elsewhere would name a workspace kept from them."""
+    """Assignments as `actor` may see them: those across the cluster, in workspaces the
+    actor reads, and the actor's own and their groups' (known to them wherever they are);
+    another's elsewhere would name a workspace kept from them."""
     seen = await access.sight(session, actor, roles.VIEW_WORKSPACE)
-    return [h for h in held if h.workspace_id is None or seen.sees(h.workspace_id)]
+    mine = await role_service.groups_of(session, actor.user_id)
+    return [
+        h
+        for h in held
+        if h.workspace_id is None
+        or seen.sees(h.workspace_id)
+        or h.user_id == actor.user_id
+        or (h.group_id is not None and h.group_id in mine)
+    ]
 
 
 @router.post("/roles/search/by-ids")

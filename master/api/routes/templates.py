@@ -67,14 +67,23 @@ def _body_name(path_name: str, body: TemplateCreate) -> None:
         raise InvalidArgument(f"name: the body says {body.name!r} but the path says {path_name!r}")
 
 
-async def _check_workspace(session: SessionDep, actor: Actor, workspace_id: int | None) -> None:
+async def _refuse_hidden(session: SessionDep, actor: Actor, workspace_id: int | None) -> None:
+    if workspace_id and await access.hidden(session, actor, "workspace_id", str(workspace_id)):
+        raise NotFound(f"workspaceId: workspace {workspace_id} not found")
+
+
+async def _check_workspace(
+    session: SessionDep, actor: Actor, workspace_id: int | None, now_in: int | None = None
+) -> None:
     """A workspace the caller may not see is named as templates.template_workspace names
     one that does not exist; one they see takes templates from its owner and whoever
-    holds CREATE_TEMPLATES there (an Editor)."""
+    holds CREATE_TEMPLATES there (an Editor). `now_in`: the workspace a replaced template
+    is in already, which it stays in without that permission."""
     if not workspace_id:
         return  # the built-in workspace, open to all
-    if await access.hidden(session, actor, "workspace_id", str(workspace_id)):
-        raise NotFound(f"workspaceId: workspace {workspace_id} not found")
+    await _refuse_hidden(session, actor, workspace_id)
+    if workspace_id == now_in:
+        return
     workspace = await templates.template_workspace(session, workspace_id)
     what = f"put templates in workspace {workspace.name!r}"
     await access.require_creator(session, actor, workspace, roles.CREATE_TEMPLATES, what)
@@ -95,9 +104,12 @@ async def put_template(
     name: str, body: TemplateCreate, session: SessionDep, user: CurrentUser
 ) -> TemplateResponse:
     _body_name(name, body)
-    await _check_workspace(session, Actor.of(user), body.workspace_id)
+    await _refuse_hidden(session, Actor.of(user), body.workspace_id)  # before naming its owner
+    now_in = None
     if await templates.template_exists(session, name):
         await access.require_template_owner(session, Actor.of(user), name, "replace it")
+        now_in = (await templates.get_template(session, name)).workspace_id
+    await _check_workspace(session, Actor.of(user), body.workspace_id, now_in)
     row = await templates.put_template(session, name, body.config, body.workspace_id, user.id)
     return TemplateResponse(template=Template.of(row))
 

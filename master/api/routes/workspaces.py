@@ -348,6 +348,11 @@ async def create_project(
             f"workspaceId: the body names workspace {body.workspace_id}, the path "
             f"workspace {workspace_id}"
         )
+    workspace = await workspaces.get_workspace(session, workspace_id)
+    what = f"add projects to workspace {workspace.name!r}"
+    await access.require_creator(
+        session, access.Actor.of(user), workspace, roles.CREATE_PROJECT, what
+    )
     project = await workspaces.create_project(
         session, workspace_id, user.id, body.name, body.description, body.key
     )
@@ -411,7 +416,7 @@ async def move_project(
     if await access.hidden(session, actor, "workspace_id", str(destination)):
         # As for one that does not exist (workspaces.move_project's words).
         raise InvalidArgument(f"destinationWorkspaceId: workspace {destination} does not exist")
-    await experiments.move_project(session, project_id, destination)
+    await experiments.move_project(session, project_id, destination, actor)
     return {}
 
 
