@@ -4,7 +4,7 @@ submits 2, A's two most recently started trials checkpoint and requeue, B runs 2
 once B is done, A's preempted trials resume from their checkpoints. Then, on the same
 shape: `resources.weight` 1 and 3 share a contended workspace 2:6, a 4-slot gang is
 admitted only whole, on one agent, when its quota and the free slots allow, and
-`resources.max_slots` 4 keeps a 16-trial search to 4 slots at every moment of its history."""
+`resources.max_slots` 4 keeps an 8-trial search to 4 slots at every moment of its history."""
 
 from __future__ import annotations
 
@@ -224,7 +224,8 @@ def test_a_borrowing_limit_of_zero_leaves_slots_idle_and_says_why(
         headers=admin,
     )
     stop = tmp_path / "stop"
-    a = submit(master, tmp_path, VISION, 10, stop)
+    # 8 trials for 8 free slots: 6 within the quota, 2 that only borrowing could place.
+    a = submit(master, tmp_path, VISION, 8, stop)
     master.wait_for("A to run 6 trials", lambda: running(master, a) == 6, 180)
 
     def reasons() -> list[dict[str, Any]]:
@@ -235,7 +236,7 @@ def test_a_borrowing_limit_of_zero_leaves_slots_idle_and_says_why(
             if t["experimentId"] == a and not t["resources"]
         ]
 
-    master.wait_for("the waiting trials' reasons", lambda: len(reasons()) == 4, 60)
+    master.wait_for("the waiting trials' reasons", lambda: len(reasons()) == 2, 60)
     for reason in reasons():
         assert reason["code"] == "QUOTA_BORROWING_LIMIT", reason
         assert reason["message"] == (
@@ -279,11 +280,13 @@ def test_weights_share_a_workspace_and_a_gang_is_admitted_only_whole(
 ) -> None:
     project_in_new_workspace(master, VISION)
     project_in_new_workspace(master, NLP)
-    # Two experiments of one user in one workspace, weights 1 and 3, 8 trials each for 8
-    # slots, submitted before any agent: the first passes with slots share them 1:3.
+    # Two experiments of one user in one workspace, weights 1 and 3, submitted before any
+    # agent: the first passes with slots share the 8 slots 1:3, 2 and 6. Each asks for one
+    # trial more than its share (3 and 7), so that the split is the weights' doing, not
+    # what either could use.
     stop_weights, stop_b, stop_gangs = tmp_path / "stop-w", tmp_path / "stop-b", tmp_path / "stop-g"
-    light = submit(master, tmp_path, VISION, 8, stop_weights, name="light", resources={"weight": 1})
-    heavy = submit(master, tmp_path, VISION, 8, stop_weights, name="heavy", resources={"weight": 3})
+    light = submit(master, tmp_path, VISION, 3, stop_weights, name="light", resources={"weight": 1})
+    heavy = submit(master, tmp_path, VISION, 7, stop_weights, name="heavy", resources={"weight": 3})
     agents = [
         AgentProcess(master, f"quota-{i}", tmp_path / f"quota-{i}", slots=4).start()
         for i in range(2)
@@ -353,21 +356,22 @@ def slot_history(master: MasterProcess, experiment_id: int) -> list[tuple[dateti
 def test_max_slots_keeps_a_search_to_its_cap_at_every_moment(
     master: MasterProcess, agents: list[AgentProcess], tmp_path: Path
 ) -> None:
-    # 16 one-slot trials that end at once (their stop file exists) on 8 free slots.
+    # 8 one-slot trials that end at once (their stop file exists) on 8 free slots: without
+    # the cap all would run together; with it, 4 at most, the other 4 placed as those end.
     stop = tmp_path / "stop"
     stop.touch()
     search = submit(
         master,
         tmp_path,
         "Uncategorized",
-        16,
+        8,
         stop,
         project="Uncategorized",
         resources={"max_slots": 4},
     )
     master.wait_for("the search to complete", lambda: completed(master, search), 240)
     history = slot_history(master, search)
-    assert len(history) == 16
+    assert len(history) == 8
     # Slots held just after each allocation starts, counting every one not yet ended.
     for assigned, _, _ in history:
         held = sum(n for start, end, n in history if start <= assigned and end > assigned)
