@@ -133,6 +133,20 @@ while time.monotonic() < end:
 """
 
 
+# TICK_SCRIPT that ticks until the test creates `stop` (or `max_s` passes, should the test
+# fail before it does): a rank that must run on through a fault, ended once the test has
+# seen what it waits for rather than after a duration sized for a loaded machine.
+TICK_UNTIL_SCRIPT = """
+import os, time
+TICKS, STOP = %(ticks)r, %(stop)r
+end = time.monotonic() + %(max_s)s
+fd = os.open(TICKS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+while time.monotonic() < end and not os.path.exists(STOP):
+    os.write(fd, f"{time.monotonic():.3f} {os.getpid()}\\n".encode())
+    time.sleep(0.05)
+"""
+
+
 def tick_rows(path: Path) -> list[tuple[float, int]]:
     """The lines of a TICK_SCRIPT file (one cut by a kill mid-write is skipped)."""
     rows = []

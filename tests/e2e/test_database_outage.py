@@ -27,7 +27,7 @@ from harness.cluster import AgentProcess, free_port
 from master.db import session as db_session
 from tests.e2e import netns as netns_module
 from tests.e2e.agents import (
-    TICK_SCRIPT,
+    TICK_UNTIL_SCRIPT,
     create_experiment,
     longest_gap,
     tick_rows,
@@ -114,9 +114,10 @@ def test_pooled_connections_outlive_a_database_restart(
 def _run_through_an_outage(
     server: PrivatePostgres, master: MasterProcess, agent: AgentProcess, tmp_path: Path
 ) -> None:
-    ticks = tmp_path / "ticks"
+    ticks, stop = tmp_path / "ticks", tmp_path / "stop"
     config, model = write_experiment(
-        tmp_path / "trial", TICK_SCRIPT % {"ticks": str(ticks), "run_s": 30}
+        tmp_path / "trial",
+        TICK_UNTIL_SCRIPT % {"ticks": str(ticks), "stop": str(stop), "max_s": 300},
     )
     experiment_id = create_experiment(master, config, model)
     master.wait_for("the rank to tick", lambda: ticks.exists() and ticks.stat().st_size, 120)
@@ -196,7 +197,9 @@ def _run_through_an_outage(
     assert written.count("database reachable again") == 1, written
     assert "Traceback" not in written, written
 
-    # The trial never noticed: one rank, ticking all along, done without a restart.
+    # The trial never noticed: one rank, ticking all along (through the outage and past
+    # the recovery, until now), done without a restart.
+    stop.touch()
     trial = wait_trial_state(master, experiment_id, {"COMPLETED", "ERROR"})
     assert trial["state"] == "COMPLETED" and trial["restarts"] == 0, trial_logs(master, trial["id"])
     rows = tick_rows(ticks)
@@ -248,8 +251,8 @@ def test_a_silently_cut_link_to_the_database_is_noticed_in_seconds(
 def _cut_the_database_link(
     net: netns_module.Topology, master: MasterProcess, agent: AgentProcess, tmp_path: Path
 ) -> None:
-    ticks = tmp_path / "ticks"
-    script = TICK_SCRIPT % {"ticks": str(ticks), "run_s": 40}
+    ticks, stop = tmp_path / "ticks", tmp_path / "stop"
+    script = TICK_UNTIL_SCRIPT % {"ticks": str(ticks), "stop": str(stop), "max_s": 300}
     config, model = write_experiment(tmp_path / "trial", script)
     experiment_id = create_experiment(master, config, model)
     master.wait_for("the rank to tick", lambda: ticks.exists() and ticks.stat().st_size, 120)
@@ -284,6 +287,8 @@ def _cut_the_database_link(
     )
     recovered_s = time.monotonic() - healed_at
 
+    # The rank ran through the cut and past the recovery; it may end now.
+    stop.touch()
     trial = wait_trial_state(master, experiment_id, {"COMPLETED", "ERROR"})
     rows = tick_rows(ticks)
     figures = {

@@ -26,7 +26,7 @@ from harness.cluster import AgentProcess, wait_until
 from harness.webhook_receiver import Receiver, state_change_webhook
 from tests.conftest import PostgresServer
 from tests.e2e.agents import (
-    TICK_SCRIPT,
+    TICK_UNTIL_SCRIPT,
     create_experiment,
     longest_gap,
     tick_rows,
@@ -133,9 +133,10 @@ def _fail_over_twice(
     assert redirect.status_code == 307, redirect.text
     assert redirect.headers["location"] == f"{one.url}/api/v1/templates/from-standby"
 
-    ticks = tmp_path / "ticks"
+    ticks, stop = tmp_path / "ticks", tmp_path / "stop"
     config, model = write_experiment(
-        tmp_path / "trial", TICK_SCRIPT % {"ticks": str(ticks), "run_s": 40}
+        tmp_path / "trial",
+        TICK_UNTIL_SCRIPT % {"ticks": str(ticks), "stop": str(stop), "max_s": 300},
     )
     experiment_id = create_experiment(one, config, model)
     one.wait_for("the rank to tick", lambda: ticks.exists() and ticks.stat().st_size, 120)
@@ -177,6 +178,8 @@ def _fail_over_twice(
     assert code == 3, two.output()
     assert "lost the leadership" in two.output()
 
+    # The rank ran on through both takeovers; it may end now.
+    stop.touch()
     trial = wait_trial_state(one, experiment_id, {"COMPLETED", "ERROR", "CANCELED"})
     logs = trial_logs(one, trial["id"])
     rows = tick_rows(ticks)
