@@ -16,6 +16,7 @@ import pytest
 
 from harness.cluster import wait_until
 from master.core.credentials import client_side_hash
+from tests.e2e.concurrently import concurrently
 from tests.e2e.conftest import (
     BACKENDS,
     MasterProcess,
@@ -134,7 +135,14 @@ def new_workspace(master: MasterProcess, prefix: str) -> tuple[str, int]:
 
 
 def test_roles_listed_and_described(master: MasterProcess) -> None:
-    listed = admin(master, "list-roles")
+    # Nothing here changes the master: the four reads run side by side.
+    listed, as_json_run, local, described = concurrently(
+        lambda: admin(master, "list-roles"),
+        lambda: admin(master, "list-roles", "--json"),
+        lambda: admin(master, "list-roles", "--exclude-global-roles"),
+        # A role no test here assigns.
+        lambda: admin(master, "describe-role", "ModelRegistryViewer"),
+    )
     heads = [line for line in lines(listed.stdout) if line.startswith("role '")]
     assert heads == [f"role '{name}' with ID {rid} with permissions" for name, rid in ALL_ROLES], (
         describe_run(listed)
@@ -142,7 +150,7 @@ def test_roles_listed_and_described(master: MasterProcess) -> None:
     assert table(listed.stdout)[0] == ["Id", "Name", "Scopetypemask"], describe_run(listed)
     assert "PERMISSION_TYPE_ASSIGN_ROLES" in listed.stdout
 
-    as_json = json.loads(admin(master, "list-roles", "--json").stdout)
+    as_json = json.loads(as_json_run.stdout)
     by_name = {r["name"]: r for r in as_json["roles"]}
     assert [(r["name"], r["roleId"]) for r in as_json["roles"]] == ALL_ROLES
     assert {p["id"] for p in by_name["Viewer"]["permissions"]} == VIEWER_PERMISSIONS
@@ -150,7 +158,6 @@ def test_roles_listed_and_described(master: MasterProcess) -> None:
     assert {n for n, r in by_name.items() if not r["scopeTypeMask"]["workspace"]} == CLUSTER_ONLY
     assert as_json["pagination"]["total"] == 10
 
-    local = admin(master, "list-roles", "--exclude-global-roles")
     heads = [line for line in lines(local.stdout) if line.startswith("role '")]
     assert heads == [
         f"role '{name}' with ID {rid} with permissions"
@@ -158,8 +165,6 @@ def test_roles_listed_and_described(master: MasterProcess) -> None:
         if name not in CLUSTER_ONLY
     ], describe_run(local)
 
-    # A role no test here assigns.
-    described = admin(master, "describe-role", "ModelRegistryViewer")
     shown = lines(described.stdout)
     assert shown[0] == "role 'ModelRegistryViewer' with ID 6 with permissions"
     assert shown[-2:] == ["role is not assigned to any group", "role is not assigned to any users"]
@@ -173,22 +178,54 @@ def test_roles_listed_and_described(master: MasterProcess) -> None:
 
 
 def test_assigning_roles(master: MasterProcess) -> None:
+    """Calls that cannot change what another sees run side by side, in steps: carol's
+    permissions before her role (beside the group's, which she is not in), the
+    assignments, what they give and the refusals (each changes nothing), the removals,
+    and what is left."""
     (carol, carol_id), (dave, dave_id) = new_user(master, "carol"), new_user(master, "dave")
     ws, ws_id = new_workspace(master, "ws")
     group = unique("readers")
     created = admin_api(master, "POST", "/api/v1/groups", {"name": group, "addUsers": [dave_id]})
     group_id = created["group"]["groupId"]
-    assert said(as_user(master, carol, "rbac", "my-permissions")) == ["no permissions assigned"]
-
+    carol_before, group_assigned = concurrently(
+        lambda: as_user(master, carol, "rbac", "my-permissions"),
+        lambda: admin(master, "assign-role", "Viewer", "-g", group),
+    )
+    assert said(carol_before) == ["no permissions assigned"]
+    assert said(group_assigned) == [
+        f"assigned role 'Viewer' with ID 4 to group '{group}' with ID {group_id} globally"
+    ]
     assert said(admin(master, "assign-role", "Editor", "-w", ws, "-u", carol)) == [
         f"assigned role 'Editor' with ID 5 to user '{carol}' with ID {carol_id} to workspace {ws}"
     ]
-    assert said(admin(master, "assign-role", "Viewer", "-g", group)) == [
-        f"assigned role 'Viewer' with ID 4 to group '{group}' with ID {group_id} globally"
-    ]
+    (
+        described_editor,
+        described_viewer,
+        mine,
+        through_group,
+        theirs,
+        perms,
+        summary_run,
+        again,
+        across,
+        cluster_only,
+    ) = concurrently(
+        lambda: admin(master, "describe-role", "Editor"),
+        lambda: admin(master, "describe-role", "Viewer"),
+        lambda: admin(master, "list-users-roles", carol),
+        lambda: admin(master, "list-users-roles", dave),
+        lambda: admin(master, "list-groups-roles", group),
+        lambda: as_user(master, carol, "rbac", "my-permissions"),
+        lambda: as_user(master, dave, "rbac", "my-permissions", "--json"),
+        lambda: as_user(master, "admin", "rbac", "assign-role", "Editor", "-w", ws, "-u", carol),
+        lambda: as_user(master, carol, "rbac", "assign-role", "Viewer", "-u", dave),
+        lambda: as_user(
+            master, "admin", "rbac", "assign-role", "ClusterAdmin", "-w", ws, "-u", dave
+        ),
+    )
 
     # Who holds a role: Editor by carol in the workspace, Viewer by the group everywhere.
-    described = admin(master, "describe-role", "Editor")
+    described = described_editor
     shown = lines(described.stdout)
     assert shown[0] == "role 'Editor' with ID 5 with permissions", describe_run(described)
     assert "role is not assigned to any group" in shown and "role is assigned to users" in shown
@@ -205,14 +242,13 @@ def test_assigning_roles(master: MasterProcess) -> None:
     assert [row for row in holders if row[1] == carol] == [
         [str(carol_id), carol, str(ws_id), ws, "False"]
     ], describe_run(described)
-    described = admin(master, "describe-role", "Viewer")
+    described = described_viewer
     header, *groups = table(described.stdout.split("role is assigned to groups")[1])
     assert header == ["Groupid", "Groupname", "Workspaceid", "Workspacename", "Assignedglobally"]
     assert [row for row in groups if row[1] == group] == [
         [str(group_id), group, "N/A", "N/A", "True"]
     ], describe_run(described)
 
-    mine = admin(master, "list-users-roles", carol)
     assert rows_of(mine.stdout) == [
         {
             "Rolename": "Editor",
@@ -225,24 +261,22 @@ def test_assigning_roles(master: MasterProcess) -> None:
             "Scopeworkspaceid": str(ws_id),
         }
     ], describe_run(mine)
-    through_group = admin(master, "list-users-roles", dave)
     assert [
         (r["Rolename"], r["Assignedtogroupname"], r["Scopecluster"])
         for r in rows_of(through_group.stdout)
     ] == [("Viewer", group, "True")], describe_run(through_group)
-    theirs = admin(master, "list-groups-roles", group)
     assert lines(theirs.stdout)[0] == "role 'Viewer' with ID 4 assigned", describe_run(theirs)
     assert rows_of(theirs.stdout) == [
         {"Assignedglobally": "True", "Workspaceid": "N/A", "Workspacename": "N/A"}
     ], describe_run(theirs)
 
     # One's own permissions, by where they hold.
-    perms = ok(as_user(master, carol, "rbac", "my-permissions"))
+    ok(perms)
     assert lines(perms.stdout)[0] == (
         f"permissions assigned over workspace '{ws}' with ID '{ws_id}'"
     ), describe_run(perms)
     assert "PERMISSION_TYPE_UPDATE_EXPERIMENT" in {r["Id"] for r in rows_of(perms.stdout)}
-    summary = json.loads(ok(as_user(master, dave, "rbac", "my-permissions", "--json")).stdout)
+    summary = json.loads(ok(summary_run).stdout)
     assert summary["assignments"] == [
         {"roleId": 4, "scopeCluster": True, "scopeWorkspaceIds": []}
     ], summary
@@ -251,33 +285,42 @@ def test_assigning_roles(master: MasterProcess) -> None:
 
     # Refusals, with the master's reasons.
     refused(
-        as_user(master, "admin", "rbac", "assign-role", "Editor", "-w", ws, "-u", carol),
+        again,
         f"Failed to assign a role to a user or group: userRoleAssignments[0]: user {carol_id} "
         f"already holds Editor in workspace '{ws}'",
     )
     refused(
-        as_user(master, carol, "rbac", "assign-role", "Viewer", "-u", dave),
+        across,
         "Forbidden(userRoleAssignments[0]: assigning roles across the cluster is for "
         f"ClusterAdmins; user {carol} is not one): Please contact your administrator",
     )
     refused(
-        as_user(master, "admin", "rbac", "assign-role", "ClusterAdmin", "-w", ws, "-u", dave),
+        cluster_only,
         "scopeWorkspaceId: role ClusterAdmin holds permissions that exist only across the "
         "cluster, so it is assigned without a workspace",
     )
 
-    assert said(admin(master, "unassign-role", "Editor", "-w", ws, "-u", carol)) == [
+    removed_editor, removed_viewer = concurrently(
+        lambda: admin(master, "unassign-role", "Editor", "-w", ws, "-u", carol),
+        lambda: admin(master, "unassign-role", "Viewer", "-g", group),
+    )
+    assert said(removed_editor) == [
         f"removed role 'Editor' with ID 5 from user '{carol}' with ID {carol_id} to workspace {ws}"
     ]
-    assert said(admin(master, "unassign-role", "Viewer", "-g", group)) == [
+    assert said(removed_viewer) == [
         f"removed role 'Viewer' with ID 4 from group '{group}' with ID {group_id} globally"
     ]
+    removed_again, dave_left, group_left = concurrently(
+        lambda: as_user(master, "admin", "rbac", "unassign-role", "Viewer", "-g", group),
+        lambda: admin(master, "list-users-roles", dave),
+        lambda: admin(master, "list-groups-roles", group),
+    )
     refused(
-        as_user(master, "admin", "rbac", "unassign-role", "Viewer", "-g", group),
+        removed_again,
         f"groupRoleAssignments[0]: group {group_id} does not hold Viewer across the cluster",
     )
-    assert said(admin(master, "list-users-roles", dave)) == ["user has no role assignments"]
-    assert said(admin(master, "list-groups-roles", group)) == ["group has no role assignments"]
+    assert said(dave_left) == ["user has no role assignments"]
+    assert said(group_left) == ["group has no role assignments"]
 
 
 def test_editor_kills_another_users_experiment(master: MasterProcess) -> None:
