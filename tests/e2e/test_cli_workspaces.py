@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from harness.cluster import wait_until
+from tests.e2e.concurrently import concurrently
 from tests.e2e.conftest import MasterProcess, describe_run, lines, ok, unique
 
 pytestmark = pytest.mark.e2e
@@ -37,16 +38,28 @@ def refused(result: subprocess.CompletedProcess[str], message: str) -> None:
 def test_workspace_and_project_verbs(
     master: MasterProcess, files: dict[str, Path], tmp_path: Path
 ) -> None:
+    # Commands that need not wait for one another run side by side (concurrently): those
+    # that read, refuse, or change what the others do not look at.
     ws, other = unique("ours"), unique("other")
-    created = as_json(master.det("workspace", "create", ws, "--json"))
+    created_run, created_other = concurrently(
+        lambda: master.det("workspace", "create", ws, "--json"),
+        lambda: master.det("workspace", "create", other),
+    )
+    created = as_json(created_run)
     assert (created["name"], created["username"]) == (ws, "determined")
-    ok(master.det("workspace", "create", other))
-    refused(master.det("workspace", "create", ws), f"a workspace named '{ws}' already exists")
-    refused(master.det("workspace", "create", " "), "name: the name is empty")
+    ok(created_other)
+    again, empty, listed_run, table = concurrently(
+        lambda: master.det("workspace", "create", ws),
+        lambda: master.det("workspace", "create", " "),
+        lambda: master.det("workspace", "list", "--json"),
+        lambda: master.det("workspace", "list"),
+    )
+    refused(again, f"a workspace named '{ws}' already exists")
+    refused(empty, "name: the name is empty")
 
-    listed = as_json(master.det("workspace", "list", "--json"))
+    listed = as_json(listed_run)
     assert {ws, other, "Uncategorized"} <= {w["name"] for w in listed}
-    table = ok(master.det("workspace", "list"))
+    ok(table)
     assert ws in table.stdout and "# Projects" in table.stdout
 
     renamed = unique("renamed")
@@ -61,56 +74,77 @@ def test_workspace_and_project_verbs(
         done = ok(master.det("workspace", verb, ws))
         assert lines(done.stdout) == [f"{said} workspace {ws}"], describe_run(done)
     ok(master.det("workspace", "pin", ws))
-    assert as_json(master.det("workspace", "describe", ws, "--json"))["pinned"] is True
-    refused(master.det("workspace", "archive", "Uncategorized"), "is built in")
-    refused(master.det("workspace", "describe", "missing-ws"), "workspace 'missing-ws' not found")
-
-    project = as_json(
-        master.det("project", "create", ws, "vision", "--description", "eyes", "--json")
-    )
-    assert (project["name"], project["description"]) == ("vision", "eyes")
-    refused(master.det("project", "create", ws, "vision"), "already has a project named 'vision'")
-    assert [p["name"] for p in as_json(master.det("project", "list", ws, "--json"))] == ["vision"]
-
     config = tmp_path / "config.yaml"
     config.write_text(SINGLE.format(name="ours"), encoding="utf-8")
-    created_exp = ok(
-        master.det(
+    described_ws, built_in, missing, project_run, landing = concurrently(
+        lambda: master.det("workspace", "describe", ws, "--json"),
+        lambda: master.det("workspace", "archive", "Uncategorized"),
+        lambda: master.det("workspace", "describe", "missing-ws"),
+        lambda: master.det("project", "create", ws, "vision", "--description", "eyes", "--json"),
+        lambda: master.det("project", "create", other, "landing"),
+    )
+    assert as_json(described_ws)["pinned"] is True
+    refused(built_in, "is built in")
+    refused(missing, "workspace 'missing-ws' not found")
+
+    project = as_json(project_run)
+    assert (project["name"], project["description"]) == ("vision", "eyes")
+    ok(landing)
+    again, projects, created_exp, nowhere = concurrently(
+        lambda: master.det("project", "create", ws, "vision"),
+        lambda: master.det("project", "list", ws, "--json"),
+        lambda: master.det(
             "e", "create", "--project_id", str(project["id"]), str(config), str(files["model_dir"])
-        )
+        ),
+        lambda: master.det("e", "create", "--project_id", "987654", str(config)),
     )
+    refused(again, "already has a project named 'vision'")
+    assert [p["name"] for p in as_json(projects)] == ["vision"]
+    ok(created_exp)
     experiment_id = int(lines(created_exp.stdout)[-1].removeprefix("Created experiment "))
-    refused(
-        master.det("e", "create", "--project_id", "987654", str(config)),
-        "projectId: project 987654 does not exist",
+    refused(nowhere, "projectId: project 987654 does not exist")
+    described_run, table, project_kept, workspace_kept = concurrently(
+        lambda: master.det("project", "describe", ws, "vision", "--json"),
+        lambda: master.det("project", "list-experiments", ws, "vision"),
+        lambda: master.det("project", "delete", ws, "vision", "--yes"),
+        lambda: master.det("workspace", "delete", ws, "--yes"),
     )
-    described = as_json(master.det("project", "describe", ws, "vision", "--json"))
+    described = as_json(described_run)
     assert (described["numExperiments"], described["numActiveExperiments"]) == (1, 1)
-    table = ok(master.det("project", "list-experiments", ws, "vision"))
+    ok(table)
     assert str(experiment_id) in table.stdout
 
-    refused(master.det("project", "delete", ws, "vision", "--yes"), "holds active experiments")
-    refused(master.det("workspace", "delete", ws, "--yes"), "holds active experiments")
-    ok(master.det("project", "create", other, "landing"))
+    refused(project_kept, "holds active experiments")
+    refused(workspace_kept, "holds active experiments")
     moved = ok(master.det("e", "move", str(experiment_id), other, "landing"))
     assert lines(moved.stdout) == [f'Moved experiment {experiment_id} to project "landing"']
-    experiments = as_json(master.det("project", "list-experiments", other, "landing", "--json"))
-    assert [e["id"] for e in experiments] == [experiment_id]
+    experiments_run, archived = concurrently(
+        lambda: master.det("project", "list-experiments", other, "landing", "--json"),
+        lambda: master.det("project", "archive", ws, "vision"),
+    )
+    assert [e["id"] for e in as_json(experiments_run)] == [experiment_id]
 
-    ok(master.det("project", "archive", ws, "vision"))
+    ok(archived)
     assert as_json(master.det("project", "describe", ws, "vision", "--json"))["archived"] is True
     ok(master.det("project", "unarchive", ws, "vision"))
     moved = ok(master.det("project", "move", ws, "vision", other))
     assert lines(moved.stdout) == [f"Moved project vision to workspace {other}"]
-    assert as_json(master.det("project", "list", ws, "--json")) == []
-    deleted = ok(master.det("project", "delete", other, "vision", "--yes"))
-    assert lines(deleted.stdout) == ["Deleted project vision"]
-    deleted = ok(master.det("workspace", "delete", ws, "--yes"))
-    assert lines(deleted.stdout) == [f"Deleted workspace {ws}"]
+    left, deleted = concurrently(
+        lambda: master.det("project", "list", ws, "--json"),
+        lambda: master.det("project", "delete", other, "vision", "--yes"),
+    )
+    assert as_json(left) == []
+    assert lines(ok(deleted).stdout) == ["Deleted project vision"]
+    # (`other` holds the experiment, not `ws`: the kill does not wait for this delete.)
+    deleted, killed = concurrently(
+        lambda: master.det("workspace", "delete", ws, "--yes"),
+        lambda: master.det("e", "kill", str(experiment_id)),
+    )
+    assert lines(ok(deleted).stdout) == [f"Deleted workspace {ws}"]
+    ok(killed)
     refused(master.det("workspace", "describe", ws), f"workspace '{ws}' not found")
 
     # An ended experiment goes with its workspace; the command waits for it.
-    ok(master.det("e", "kill", str(experiment_id)))
     wait_until(
         "the killed experiment to end",
         lambda: (
@@ -135,9 +169,13 @@ def test_templates_in_workspaces(master: MasterProcess, files: dict[str, Path]) 
     created = as_json(master.det("tpl", "create", name, template, "--workspace", ws, "--json"))
     assert (created["name"], created["workspaceId"]) == (name, ws_id)
 
-    listed = ok(master.det("tpl", "list", "-w", ws, "--csv"))
+    listed, missing = concurrently(
+        lambda: master.det("tpl", "list", "-w", ws, "--csv"),
+        lambda: master.det("tpl", "create", unique("tpl"), template, "-w", ws + "-nope"),
+    )
+    ok(listed)
     assert listed.stdout.splitlines() == ["Name,Workspace", f"{name},{ws}"], describe_run(listed)
 
     moved = as_json(master.det("tpl", "set", name, template, "-w", other, "--json"))
     assert moved["workspaceId"] == other_id
-    refused(master.det("tpl", "create", unique("tpl"), template, "-w", ws + "-nope"), "not found")
+    refused(missing, "not found")
