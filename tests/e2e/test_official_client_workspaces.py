@@ -18,6 +18,7 @@ import yaml
 
 from harness.cluster import wait_until
 from tests.conftest import require
+from tests.e2e.concurrently import concurrently
 from tests.e2e.conftest import (
     BACKENDS,
     MasterProcess,
@@ -125,25 +126,30 @@ def test_workspace_verbs(master: MasterProcess, tmp_path: Path) -> None:
     workspace = json.loads(created.stdout)
     assert workspace["name"] == name and workspace["numProjects"] == 0
 
-    listed = ok(master.official("workspace", "list"))
+    # Reads (and, further on, refusals) that need not wait for one another run side by side.
+    listed, as_json_run, ascending, descending, described_run, shown = concurrently(
+        lambda: master.official("workspace", "list"),
+        lambda: master.official("workspace", "list", "--json"),
+        lambda: master.official("workspace", "list", "--sort-by", "name", "--order-by", "asc"),
+        lambda: master.official("workspace", "list", "--sort-by", "name", "--order-by", "desc"),
+        lambda: master.official("workspace", "describe", name, "--json"),
+        lambda: master.official("workspace", "describe", name),
+    )
+    ok(listed)
     rows = table(listed.stdout)
     assert rows[0][:3] == ["ID", "Name", "# Projects"], describe_run(listed)
     assert [str(workspace["id"]), name, "0"] in [row[:3] for row in rows], describe_run(listed)
-    as_json = json.loads(ok(master.official("workspace", "list", "--json")).stdout)
+    as_json = json.loads(ok(as_json_run).stdout)
     assert name in [w["name"] for w in as_json]
     # The database's collation orders names; descending is ascending reversed.
     orders = [
-        [row[1] for row in table(ok(listing).stdout)[1:]]
-        for listing in (
-            master.official("workspace", "list", "--sort-by", "name", "--order-by", "asc"),
-            master.official("workspace", "list", "--sort-by", "name", "--order-by", "desc"),
-        )
+        [row[1] for row in table(ok(listing).stdout)[1:]] for listing in (ascending, descending)
     ]
     assert name in orders[0] and orders[1] == orders[0][::-1], orders
 
-    described = json.loads(ok(master.official("workspace", "describe", name, "--json")).stdout)
+    described = json.loads(ok(described_run).stdout)
     assert (described["id"], described["archived"]) == (workspace["id"], False)
-    shown = ok(master.official("workspace", "describe", name))
+    ok(shown)
     assert name in shown.stdout and "Checkpoint Storage Config" in shown.stdout
 
     renamed = unique("ws-renamed")
@@ -163,8 +169,12 @@ def test_workspace_verbs(master: MasterProcess, tmp_path: Path) -> None:
 
     # Pinning has bindings but no verb in this client.
     destination = unique("ws-dest")
-    ok(master.official("workspace", "create", destination))
-    project = ok(master.official("project", "create", renamed, "moving", "--json"))
+    made, project = concurrently(
+        lambda: master.official("workspace", "create", destination),
+        lambda: master.official("project", "create", renamed, "moving", "--json"),
+    )
+    ok(made)
+    ok(project)
     project_id = json.loads(project.stdout)["id"]
     result = run_bindings(
         master, tmp_path, workspace["id"], project_id, workspace_named(master, destination)["id"]
@@ -176,14 +186,17 @@ def test_workspace_verbs(master: MasterProcess, tmp_path: Path) -> None:
 
     deleted = ok(master.official("workspace", "delete", renamed, "--yes"))
     assert lines(deleted.stdout) == [f"Successfully deleted workspace {renamed}."]
-    failed(master.official("workspace", "describe", renamed), f"workspace '{renamed}' not found")
-
-    failed(
-        master.official("workspace", "create", destination),
-        f"a workspace named '{destination}' already exists",
+    gone, taken, edit_built_in, delete_built_in = concurrently(
+        lambda: master.official("workspace", "describe", renamed),
+        lambda: master.official("workspace", "create", destination),
+        lambda: master.official("workspace", "edit", "Uncategorized", "--name", "x"),
+        lambda: master.official("workspace", "delete", "Uncategorized", "--yes"),
     )
-    failed(master.official("workspace", "edit", "Uncategorized", "--name", "x"), "is built in")
-    failed(master.official("workspace", "delete", "Uncategorized", "--yes"), "is built in")
+    failed(gone, f"workspace '{renamed}' not found")
+
+    failed(taken, f"a workspace named '{destination}' already exists")
+    failed(edit_built_in, "is built in")
+    failed(delete_built_in, "is built in")
 
 
 def run_bindings(
@@ -229,16 +242,20 @@ def test_project_verbs_and_experiments_in_projects(
     project = json.loads(created.stdout)
     assert (project["name"], project["description"]) == ("detection", "boxes")
 
-    listed = ok(master.official("project", "list", ws))
+    # Calls that need not wait for one another (reads, refusals, changes to what the others
+    # do not look at) run side by side.
+    listed, again, sdk_listed = concurrently(
+        lambda: master.official("project", "list", ws),
+        lambda: master.official("project", "create", ws, "detection"),
+        # The SDK's Workspace.list_projects, paginated.
+        lambda: master.official("workspace", "list-projects", ws, "--json"),
+    )
+    ok(listed)
     rows = table(listed.stdout)
     assert rows[0] == ["ID", "Key", "Name", "Description", "# Experiments", "# Active Experiments"]
     assert rows[1][2:] == ["detection", "boxes", "0", "0"], describe_run(listed)
-    failed(
-        master.official("project", "create", ws, "detection"),
-        f"workspace '{ws}' already has a project named 'detection'",
-    )
-    # The SDK's Workspace.list_projects, paginated.
-    listed = ok(master.official("workspace", "list-projects", ws, "--json"))
+    failed(again, f"workspace '{ws}' already has a project named 'detection'")
+    listed = ok(sdk_listed)
     [sdk_project] = json.loads(listed.stdout)
     assert (sdk_project["id"], sdk_project["workspaceId"]) == (
         project["id"],
@@ -248,59 +265,70 @@ def test_project_verbs_and_experiments_in_projects(
     # `det e create --project_id`, then the config's workspace/project keys.
     config = tmp_path / "config.yaml"
     config.write_text(SINGLE.format(name="by-id"), encoding="utf-8")
-    submitted = ok(
-        master.official(
-            "e", "create", "--project_id", str(project["id"]), str(config), str(files["model_dir"])
-        )
-    )
-    [line] = [x for x in lines(submitted.stdout) if x.startswith("Created experiment ")]
-    by_id = int(line.removeprefix("Created experiment "))
     named = tmp_path / "named.yaml"
     named.write_text(
         SINGLE.format(name="by-name") + f"workspace: {ws}\nproject: detection\n", encoding="utf-8"
-    )
-    submitted = ok(master.official("e", "create", str(named), str(files["model_dir"])))
-    [line] = [x for x in lines(submitted.stdout) if x.startswith("Created experiment ")]
-    by_name = int(line.removeprefix("Created experiment "))
-
-    listed = ok(master.official("project", "list-experiments", ws, "detection"))
-    ids = [row[0] for row in table(listed.stdout)[1:]]
-    assert ids == [str(by_id), str(by_name)], describe_run(listed)
-    described = json.loads(
-        ok(master.official("project", "describe", ws, "detection", "--json")).stdout
-    )
-    assert (described["numExperiments"], described["numActiveExperiments"]) == (2, 2)
-    shown = ok(master.official("project", "describe", ws, "detection"))
-    assert "Associated Experiments" in shown.stdout, describe_run(shown)
-    assert str(by_id) in shown.stdout and "by-name" in shown.stdout, describe_run(shown)
-
-    failed(
-        master.official(
-            "e", "create", "--project_id", "987654", str(config), str(files["model_dir"])
-        ),
-        "projectId: project 987654 does not exist",
     )
     unknown = tmp_path / "unknown.yaml"
     unknown.write_text(
         SINGLE.format(name="lost") + f"workspace: {ws}\nproject: nowhere\n", encoding="utf-8"
     )
-    failed(
-        master.official("e", "create", str(unknown), str(files["model_dir"])),
-        f"project 'nowhere' does not exist in workspace '{ws}'",
+    # by_id before by_name (the listings below are in that order); the refusals beside them.
+    submitted, no_project, no_name = concurrently(
+        lambda: master.official(
+            "e", "create", "--project_id", str(project["id"]), str(config), str(files["model_dir"])
+        ),
+        lambda: master.official(
+            "e", "create", "--project_id", "987654", str(config), str(files["model_dir"])
+        ),
+        lambda: master.official("e", "create", str(unknown), str(files["model_dir"])),
     )
+    ok(submitted)
+    [line] = [x for x in lines(submitted.stdout) if x.startswith("Created experiment ")]
+    by_id = int(line.removeprefix("Created experiment "))
+    failed(no_project, "projectId: project 987654 does not exist")
+    failed(no_name, f"project 'nowhere' does not exist in workspace '{ws}'")
+    submitted, shelf_run = concurrently(
+        lambda: master.official("e", "create", str(named), str(files["model_dir"])),
+        lambda: master.official("project", "create", ws, "archive", "--json"),
+    )
+    ok(submitted)
+    [line] = [x for x in lines(submitted.stdout) if x.startswith("Created experiment ")]
+    by_name = int(line.removeprefix("Created experiment "))
+    shelf = json.loads(ok(shelf_run).stdout)
+
+    listed, described_run, shown, kept = concurrently(
+        lambda: master.official("project", "list-experiments", ws, "detection"),
+        lambda: master.official("project", "describe", ws, "detection", "--json"),
+        lambda: master.official("project", "describe", ws, "detection"),
+        lambda: master.official("project", "delete", ws, "detection", "--yes"),
+    )
+    ok(listed)
+    ids = [row[0] for row in table(listed.stdout)[1:]]
+    assert ids == [str(by_id), str(by_name)], describe_run(listed)
+    described = json.loads(ok(described_run).stdout)
+    assert (described["numExperiments"], described["numActiveExperiments"]) == (2, 2)
+    ok(shown)
+    assert "Associated Experiments" in shown.stdout, describe_run(shown)
+    assert str(by_id) in shown.stdout and "by-name" in shown.stdout, describe_run(shown)
 
     # The project cannot go while its experiments are active; `det e move` takes them out.
-    failed(
-        master.official("project", "delete", ws, "detection", "--yes"),
-        f"holds active experiments ({by_id}, {by_name})",
+    failed(kept, f"holds active experiments ({by_id}, {by_name})")
+    moves = concurrently(
+        *(
+            (lambda i=experiment_id: master.official("e", "move", str(i), ws, "archive"))
+            for experiment_id in (by_id, by_name)
+        )
     )
-    shelf = json.loads(ok(master.official("project", "create", ws, "archive", "--json")).stdout)
-    for experiment_id in (by_id, by_name):
-        moved = ok(master.official("e", "move", str(experiment_id), ws, "archive"))
+    for experiment_id, moved in zip((by_id, by_name), moves, strict=True):
+        ok(moved)
         assert lines(moved.stdout) == [f'Moved experiment {experiment_id} to project "archive"']
-    listed = ok(master.official("project", "list-experiments", ws, "archive", "--json"))
-    assert [e["id"] for e in json.loads(listed.stdout)] == [by_id, by_name]
-    listed = ok(master.official("e", "list", "--show_project"))
+    listed, everywhere = concurrently(
+        lambda: master.official("project", "list-experiments", ws, "archive", "--json"),
+        lambda: master.official("e", "list", "--show_project"),
+    )
+    assert [e["id"] for e in json.loads(ok(listed).stdout)] == [by_id, by_name]
+    listed = ok(everywhere)
     rows = table(listed.stdout)
     assert rows[0][:3] == ["Workspace", "Project", "ID"], describe_run(listed)
     assert [ws, "archive", str(by_id)] in [row[:3] for row in rows], describe_run(listed)
@@ -316,21 +344,30 @@ def test_project_verbs_and_experiments_in_projects(
         ),
         "projectId: project 'archive'",
     )
-    ok(master.official("project", "unarchive", ws, "archive"))
-
-    edited = ok(
-        master.official("project", "edit", ws, "detection", "--new_name", "boxes", "--json")
+    unarchived, edited = concurrently(
+        lambda: master.official("project", "unarchive", ws, "archive"),
+        lambda: master.official(
+            "project", "edit", ws, "detection", "--new_name", "boxes", "--json"
+        ),
     )
-    assert json.loads(edited.stdout)["name"] == "boxes"
-    deleted = ok(master.official("project", "delete", ws, "boxes", "--yes"))
-    assert lines(deleted.stdout) == ["Successfully deleted project boxes."]
+    ok(unarchived)
+    assert json.loads(ok(edited).stdout)["name"] == "boxes"
+    # Ended experiments go with their project (below): killed beside the empty one's delete.
+    deleted, *killed = concurrently(
+        lambda: master.official("project", "delete", ws, "boxes", "--yes"),
+        *(
+            (lambda i=experiment_id: master.official("e", "kill", str(i)))
+            for experiment_id in (by_id, by_name)
+        ),
+    )
+    assert lines(ok(deleted).stdout) == ["Successfully deleted project boxes."]
+    for kill in killed:
+        ok(kill)
     listed = ok(master.official("project", "list", ws, "--json"))
     assert [p["name"] for p in json.loads(listed.stdout)] == ["archive"]
 
-    # Ended experiments go with their project: the client waits while the master deletes
-    # them (checkpoints first), polling the project until it is gone.
-    for experiment_id in (by_id, by_name):
-        ok(master.official("e", "kill", str(experiment_id)))
+    # The client waits while the master deletes them (checkpoints first), polling the
+    # project until it is gone.
 
     def ended() -> bool:
         return all(
@@ -370,12 +407,16 @@ def test_a_workspaces_checkpoint_storage_with_both_clients(
     shown = json.loads(created.stdout)["checkpointStorageConfig"]
     assert (shown["bucket"], shown["secret_key"]) == ("team-bucket", "********")
     assert "team-secret" not in created.stdout
-    described = ok(master.official("workspace", "describe", ws))
+    described, project = concurrently(
+        lambda: master.official("workspace", "describe", ws),
+        lambda: master.official("project", "create", ws, "p"),
+    )
+    ok(described)
     assert "team-bucket" in described.stdout and "team-secret" not in described.stdout
+    ok(project)
 
     config = tmp_path / "config.yaml"
     config.write_text(SINGLE.format(name="in-bucket") + f"workspace: {ws}\nproject: p\n")
-    ok(master.official("project", "create", ws, "p"))
     submitted = ok(master.official("e", "create", str(config), str(files["model_dir"])))
     [line] = [x for x in lines(submitted.stdout) if x.startswith("Created experiment ")]
     experiment = master.api("GET", f"/api/v1/experiments/{line.split()[-1]}")["experiment"]
