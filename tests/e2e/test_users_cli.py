@@ -29,6 +29,7 @@ from master.db.models import UserSessionModel
 from master.db.session import create_engine, create_session_factory, session_scope
 from master.settings import async_database_url
 from tests.conftest import require
+from tests.e2e.concurrently import concurrently
 from tests.e2e.conftest import (
     BACKENDS,
     COMMAND_TIMEOUT_S,
@@ -187,26 +188,39 @@ def test_a_new_user_logs_in_and_may_change_only_their_own_work(
     name = unique("alice")
 
     # The complexity rule and the twice-asked password are checked before anything is sent.
-    weak = refused(admin.det("user", "create", name, "--password", "short1"))
+    # (Calls that need not wait for one another run side by side: reads, refusals, and
+    # changes to what the others do not look at.)
+    weak_run, mismatch_run = concurrently(
+        lambda: admin.det("user", "create", name, "--password", "short1"),
+        lambda: admin.det("user", "create", name, input=f"{PASSWORD}\nOther-Pass-1\n"),
+    )
+    weak = refused(weak_run)
     assert weak == (
         f"Error: password for user {name} is too weak: it needs at least 8 characters "
         "and an uppercase letter"
     )
-    mismatch = refused(admin.det("user", "create", name, input=f"{PASSWORD}\nOther-Pass-1\n"))
+    mismatch = refused(mismatch_run)
     assert mismatch == "Error: passwords do not match"
     assert master.http("GET", f"/api/v1/users/{name}/by-username").status_code == 404
     assert said(admin.det("user", "create", name, input=f"{PASSWORD}\n{PASSWORD}\n")) == [
         f"Created user {name}"
     ]
-    listed = {u["username"]: u for u in json.loads(ok(admin.det("user", "list", "--json")).stdout)}
+    alice = Person(master, tmp_path / "alice-home")
+    listed_run, table_run, before_login, theirs = concurrently(
+        lambda: admin.det("user", "list", "--json"),
+        lambda: admin.det("user", "list"),
+        lambda: whoami(alice),
+        # Someone else's experiment, for below.
+        lambda: create_experiment(Person(master, tmp_path / "determined-home")),
+    )
+    listed = {u["username"]: u for u in json.loads(ok(listed_run).stdout)}
     assert (listed[name]["admin"], listed[name]["active"]) == (False, True)
     assert listed["admin"]["admin"] is True
-    table = ok(admin.det("user", "list")).stdout
+    table = ok(table_run).stdout
     assert re.search(rf"^\s*\d+\s+{re.escape(name)}\s+False\s+True\s*$", table, re.M), table
 
     # Logging in keeps a token (never the password) in an owner-only file.
-    alice = Person(master, tmp_path / "alice-home")
-    assert whoami(alice) == "determined"  # nobody logged in: the default user
+    assert before_login == "determined"  # nobody logged in: the default user
     assert said(alice.det("user", "login", name, input=PASSWORD + "\n")) == [
         f"Logged in as user '{name}'"
     ]
@@ -214,26 +228,27 @@ def test_a_new_user_logs_in_and_may_change_only_their_own_work(
     kept = json.loads(alice.store.read_text())["masters"][master.url]
     assert kept["active"] == name and set(kept["tokens"]) == {name}
     assert PASSWORD not in alice.store.read_text()
-    assert whoami(alice) == name
+    logged_in_as, kill_theirs, disable, create_user, mine = concurrently(
+        lambda: whoami(alice),
+        lambda: alice.det("experiment", "kill", str(theirs)),
+        lambda: alice.det("agent", "disable", "any-agent"),
+        lambda: alice.det("user", "create", unique("bob"), "--password", PASSWORD),
+        lambda: create_experiment(alice),
+    )
+    assert logged_in_as == name
 
     # Someone else's experiment, and the cluster, are refused with whom to ask.
-    theirs = create_experiment(Person(master, tmp_path / "determined-home"))
-    assert refused(alice.det("experiment", "kill", str(theirs))) == (
+    assert refused(kill_theirs) == (
         f"Error: experiment {theirs} belongs to determined; only its owner or an admin may kill "
         "it, or whoever holds PERMISSION_TYPE_UPDATE_EXPERIMENT in its workspace (WorkspaceAdmin, "
         "Editor, EditorRestricted, EditorProjectRestricted)"
     )
-    assert refused(alice.det("agent", "disable", "any-agent")) == (
-        f"Error: disabling an agent is for admins; user {name} is not one"
-    )
-    assert refused(alice.det("user", "create", unique("bob"), "--password", PASSWORD)) == (
-        f"Error: creating users is for admins; user {name} is not one"
-    )
+    assert refused(disable) == (f"Error: disabling an agent is for admins; user {name} is not one")
+    assert refused(create_user) == (f"Error: creating users is for admins; user {name} is not one")
     experiment = master.api("GET", f"/api/v1/experiments/{theirs}")["experiment"]
     assert experiment["state"] == "STATE_ACTIVE", experiment
 
     # Their own experiment is theirs to kill.
-    mine = create_experiment(alice)
     assert master.api("GET", f"/api/v1/experiments/{mine}")["experiment"]["username"] == name
     assert said(alice.det("experiment", "kill", str(mine))) == [f"Killed experiment {mine}"]
 
@@ -241,10 +256,12 @@ def test_a_new_user_logs_in_and_may_change_only_their_own_work(
     token = kept["tokens"][name]
     assert said(alice.det("user", "logout")) == [f"Logged out user {name}"]
     assert json.loads(alice.store.read_text())["masters"] == {}
-    assert whoami(alice) == "determined"
-    assert refused(alice.det("user", "whoami", DET_USER_TOKEN=token)).startswith(
-        "Error: invalid or expired token"
+    after_logout, ended = concurrently(
+        lambda: whoami(alice),
+        lambda: alice.det("user", "whoami", DET_USER_TOKEN=token),
     )
+    assert after_logout == "determined"
+    assert refused(ended).startswith("Error: invalid or expired token")
     assert said(alice.det("user", "logout")) == [f"No stored login on {master.url}"]
 
 
@@ -358,38 +375,52 @@ def test_access_tokens_are_created_listed_revoked_and_expire(
     script = Person(master, tmp_path / "ci-runner")  # no login of its own: the token alone
 
     token_id, token = created_token(bob.det("token", "create", "-e", "2", "-d", "ci"))
-    assert whoami(script, DET_USER_TOKEN=token) == name
-    (info,) = json.loads(ok(bob.det("token", "list", "--json")).stdout)
+    # (Calls that need not wait for one another run side by side: reads and refusals.)
+    as_script, listed, described, (other_id, _) = concurrently(
+        lambda: whoami(script, DET_USER_TOKEN=token),
+        lambda: bob.det("token", "list", "--json"),
+        lambda: bob.det("token", "describe", str(token_id)),
+        lambda: created_token(admin.det("token", "create", "determined")),
+    )
+    assert as_script == name
+    (info,) = json.loads(ok(listed).stdout)
     assert (info["id"], info["username"], info["description"]) == (token_id, name, "ci")
     expiry = datetime.fromisoformat(info["expiry"])
     assert abs(expiry - datetime.now(UTC) - timedelta(days=2)) < timedelta(minutes=5), info
-    table = ok(bob.det("token", "describe", str(token_id))).stdout
+    table = ok(described).stdout
     assert re.search(rf"^\s*{token_id}\s+\d+\s+{re.escape(name)}\s+ci\s", table, re.M), table
     assert "ACCESS_TOKEN" in table
 
     # Another user's tokens are neither listed nor changeable; an admin's view has both.
-    other_id, _ = created_token(admin.det("token", "create", "determined"))
-    assert refused(bob.det("token", "describe", str(other_id))) == (
+    hidden, kept, everyone_run, only_bob_run, too_short = concurrently(
+        lambda: bob.det("token", "describe", str(other_id)),
+        lambda: bob.det("token", "revoke", str(other_id)),
+        lambda: admin.det("token", "list", "--json"),
+        lambda: admin.det("token", "list", "--username", name, "--json"),
+        lambda: bob.det("token", "create", "-e", "0"),
+    )
+    assert refused(hidden) == (
         f"Error: access token {other_id} not found (only admins see other users' tokens)"
     )
-    assert refused(bob.det("token", "revoke", str(other_id))) == (
-        "Error: only an admin may change the access tokens of another user"
-    )
-    everyone = json.loads(ok(admin.det("token", "list", "--json")).stdout)
+    assert refused(kept) == ("Error: only an admin may change the access tokens of another user")
+    everyone = json.loads(ok(everyone_run).stdout)
     assert {token_id, other_id} <= {t["id"] for t in everyone}
-    only_bob = json.loads(ok(admin.det("token", "list", "--username", name, "--json")).stdout)
+    only_bob = json.loads(ok(only_bob_run).stdout)
     assert [t["id"] for t in only_bob] == [token_id]
-    assert refused(bob.det("token", "create", "-e", "0")) == (
+    assert refused(too_short) == (
         "Error: --expiration-days: 0 is not between 1 and 3650 (or -1 for the longest allowed)"
     )
 
     # A revoked token is refused from then on and listed only with --show-inactive.
     assert said(bob.det("token", "revoke", str(token_id))) == [f"Revoked token {token_id}"]
-    assert refused(script.det("user", "whoami", DET_USER_TOKEN=token)) == (
-        "Error: this token has been revoked; log in again"
+    revoked, active, inactive = concurrently(
+        lambda: script.det("user", "whoami", DET_USER_TOKEN=token),
+        lambda: bob.det("token", "list", "--json"),
+        lambda: bob.det("token", "list", "--show-inactive", "--json"),
     )
-    assert json.loads(ok(bob.det("token", "list", "--json")).stdout) == []
-    (info,) = json.loads(ok(bob.det("token", "list", "--show-inactive", "--json")).stdout)
+    assert refused(revoked) == ("Error: this token has been revoked; log in again")
+    assert json.loads(ok(active).stdout) == []
+    (info,) = json.loads(ok(inactive).stdout)
     assert (info["id"], info["revoked"]) == (token_id, True)
 
     # `det token login` keeps a token as its user's login; once it expires it is dropped.
@@ -418,14 +449,19 @@ def test_failed_logins_are_rate_limited(tmp_path: Path) -> None:
         name = unique("dave")
         ok(admin.det("user", "create", name, "--password", PASSWORD))
         dave = Person(master, tmp_path / "dave")
-        for _ in range(10):
-            wrong = refused(dave.det("user", "login", name, input="Wrong-Guess-1\n"))
-            assert wrong == "Error: invalid credentials"
+        # Side by side: each is checked against the failures before it (at most nine).
+        for result in concurrently(
+            *[lambda: dave.det("user", "login", name, input="Wrong-Guess-1\n")] * 10
+        ):
+            assert refused(result) == "Error: invalid credentials"
         pattern = (
             rf"Error: too many failed logins for user '{re.escape(name)}'; try again in (\d+)s"
         )
-        for attempt in ("Wrong-Guess-1", PASSWORD):  # the right password waits too
-            line = refused(dave.det("user", "login", name, input=attempt + "\n"))
+        attempts = ("Wrong-Guess-1", PASSWORD)  # the right password waits too
+        for result in concurrently(
+            *((lambda a=a: dave.det("user", "login", name, input=a + "\n")) for a in attempts)
+        ):
+            line = refused(result)
             match = re.fullmatch(pattern, line)
             assert match and 1 <= int(match.group(1)) <= 60, line
         assert not dave.store.exists()
@@ -521,7 +557,13 @@ def test_official_client_manages_users_and_tokens(
 
     name = unique("erin")
     run(admin, "user", "create", name, "--password", PASSWORD)
-    listed = run(admin, "user", "list")
+    erin = Person(users_master, tmp_path / "official-erin", DET_USER=name, DET_PASS=PASSWORD)
+    # (Calls that need not wait for one another run side by side.)
+    listed, erin_whoami, created = concurrently(
+        lambda: run(admin, "user", "list"),
+        lambda: run(erin, "user", "whoami"),
+        lambda: run(admin, "token", "create", name, "-e", "3", "-d", "official"),
+    )
     rows = [[c.strip() for c in line.split("|")] for line in lines(listed.stdout) if "|" in line]
     header = rows[0]
     assert header[:2] == ["User Id", "Username"], describe_run(listed)
@@ -529,24 +571,32 @@ def test_official_client_manages_users_and_tokens(
     assert {"admin", "determined", name} <= set(by_name), describe_run(listed)
     assert (by_name[name]["Admin"], by_name[name]["Active"]) == ("False", "True")
 
-    erin = Person(users_master, tmp_path / "official-erin", DET_USER=name, DET_PASS=PASSWORD)
-    assert lines(run(erin, "user", "whoami").stdout) == [f"You are logged in as user '{name}'"]
-    created = run(admin, "token", "create", name, "-e", "3", "-d", "official")
+    assert lines(erin_whoami.stdout) == [f"You are logged in as user '{name}'"]
     token_id, token = created_token(created)
-    listed = run(erin, "token", "list")
+    ours = Person(users_master, tmp_path / "ours")
+    kiosk = Person(users_master, tmp_path / "official-kiosk")
+
+    def kiosk_login() -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+        return run(kiosk, "token", "login", token), run(kiosk, "user", "whoami")
+
+    listed, as_json_run, described_run, ours_whoami, (kiosk_login_run, kiosk_whoami) = concurrently(
+        lambda: run(erin, "token", "list"),
+        lambda: run(admin, "token", "list", name, "--json"),
+        lambda: run(erin, "token", "describe", str(token_id), "--json"),
+        # The token works in our client too, and as a login of Determined's.
+        lambda: whoami(ours, DET_USER_TOKEN=token),
+        kiosk_login,
+    )
     assert re.search(rf"^\s*{token_id}\s*\|.*\|\s*official\s*\|", listed.stdout, re.M), (
         describe_run(listed)
     )
-    as_json = json.loads(run(admin, "token", "list", name, "--json").stdout)
+    as_json = json.loads(as_json_run.stdout)
     assert [(t["id"], t["description"]) for t in as_json] == [(token_id, "official")]
-    described = json.loads(run(erin, "token", "describe", str(token_id), "--json").stdout)
+    described = json.loads(described_run.stdout)
     assert [(t["id"], t["revoked"]) for t in described] == [(token_id, False)]
-    # The token works in our client too, and as a login of Determined's.
-    ours = Person(users_master, tmp_path / "ours")
-    assert whoami(ours, DET_USER_TOKEN=token) == name
-    kiosk = Person(users_master, tmp_path / "official-kiosk")
-    assert lines(run(kiosk, "token", "login", token).stdout) == [f"Authenticated as {name}."]
-    assert lines(run(kiosk, "user", "whoami").stdout) == [f"You are logged in as user '{name}'"]
+    assert ours_whoami == name
+    assert lines(kiosk_login_run.stdout) == [f"Authenticated as {name}."]
+    assert lines(kiosk_whoami.stdout) == [f"You are logged in as user '{name}'"]
 
     revoked = run(erin, "token", "revoke", str(token_id))
     assert lines(revoked.stdout)[-1] == f"Successfully revoked token {token_id}.", describe_run(
