@@ -115,10 +115,11 @@ def users_master(
         yield proc
 
 
-@pytest.fixture
-def admin(users_master: MasterProcess, tmp_path: Path) -> Person:
-    """The default admin, logged in with its (empty, default) password."""
-    person = Person(users_master, tmp_path / "admin-home")
+@pytest.fixture(scope="module")
+def admin(users_master: MasterProcess, tmp_path_factory: pytest.TempPathFactory) -> Person:
+    """The default admin, logged in with its (empty, default) password: once for the
+    module's tests, which never change the admin's password nor log it out."""
+    person = Person(users_master, tmp_path_factory.mktemp("admin") / "admin-home")
     logged = ok(person.det("user", "login", "admin", input="\n"))
     assert lines(logged.stdout) == ["Logged in as user 'admin'"], describe_run(logged)
     assert "weak" in logged.stderr and "must not be empty" in logged.stderr
