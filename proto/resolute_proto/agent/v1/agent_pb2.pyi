@@ -78,7 +78,7 @@ class RunningAllocation(_message.Message):
     def __init__(self, allocation_id: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("agent_id", "resource_pool", "version", "hostname", "join_token", "devices", "interfaces", "running", "exited", "instance_id", "agent_secret")
+    __slots__ = ("agent_id", "resource_pool", "version", "hostname", "join_token", "devices", "interfaces", "running", "exited", "instance_id", "agent_secret", "container_runtime")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_POOL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,7 @@ class Hello(_message.Message):
     EXITED_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_SECRET_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_RUNTIME_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     resource_pool: str
     version: str
@@ -101,7 +102,8 @@ class Hello(_message.Message):
     exited: _containers.RepeatedCompositeFieldContainer[AllocationExited]
     instance_id: str
     agent_secret: str
-    def __init__(self, agent_id: _Optional[str] = ..., resource_pool: _Optional[str] = ..., version: _Optional[str] = ..., hostname: _Optional[str] = ..., join_token: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., interfaces: _Optional[_Iterable[_Union[NetworkInterface, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningAllocation, _Mapping]]] = ..., exited: _Optional[_Iterable[_Union[AllocationExited, _Mapping]]] = ..., instance_id: _Optional[str] = ..., agent_secret: _Optional[str] = ...) -> None: ...
+    container_runtime: str
+    def __init__(self, agent_id: _Optional[str] = ..., resource_pool: _Optional[str] = ..., version: _Optional[str] = ..., hostname: _Optional[str] = ..., join_token: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., interfaces: _Optional[_Iterable[_Union[NetworkInterface, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningAllocation, _Mapping]]] = ..., exited: _Optional[_Iterable[_Union[AllocationExited, _Mapping]]] = ..., instance_id: _Optional[str] = ..., agent_secret: _Optional[str] = ..., container_runtime: _Optional[str] = ...) -> None: ...
 
 class GpuSample(_message.Message):
     __slots__ = ("index", "uuid", "gpu_util", "gpu_memory_used", "gpu_free_memory", "temperature_c", "power_w")
@@ -288,7 +290,7 @@ class RankSpec(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., slot_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StartAllocation(_message.Message):
-    __slots__ = ("allocation_id", "trial_id", "experiment_id", "ranks", "argv", "env", "model_definition", "stop_grace_s", "layout", "info_files", "shared_fs_host_path", "bind_mounts", "shm_size_bytes", "owner_id")
+    __slots__ = ("allocation_id", "trial_id", "experiment_id", "ranks", "argv", "env", "model_definition", "stop_grace_s", "layout", "info_files", "shared_fs_host_path", "bind_mounts", "shm_size_bytes", "owner_id", "container")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -317,6 +319,7 @@ class StartAllocation(_message.Message):
     BIND_MOUNTS_FIELD_NUMBER: _ClassVar[int]
     SHM_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     OWNER_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_FIELD_NUMBER: _ClassVar[int]
     allocation_id: str
     trial_id: int
     experiment_id: int
@@ -331,7 +334,46 @@ class StartAllocation(_message.Message):
     bind_mounts: _containers.RepeatedCompositeFieldContainer[BindMount]
     shm_size_bytes: int
     owner_id: int
-    def __init__(self, allocation_id: _Optional[str] = ..., trial_id: _Optional[int] = ..., experiment_id: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankSpec, _Mapping]]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., model_definition: _Optional[bytes] = ..., stop_grace_s: _Optional[float] = ..., layout: _Optional[_Union[LaunchLayout, str]] = ..., info_files: _Optional[_Mapping[str, str]] = ..., shared_fs_host_path: _Optional[str] = ..., bind_mounts: _Optional[_Iterable[_Union[BindMount, _Mapping]]] = ..., shm_size_bytes: _Optional[int] = ..., owner_id: _Optional[int] = ...) -> None: ...
+    container: Container
+    def __init__(self, allocation_id: _Optional[str] = ..., trial_id: _Optional[int] = ..., experiment_id: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankSpec, _Mapping]]] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., model_definition: _Optional[bytes] = ..., stop_grace_s: _Optional[float] = ..., layout: _Optional[_Union[LaunchLayout, str]] = ..., info_files: _Optional[_Mapping[str, str]] = ..., shared_fs_host_path: _Optional[str] = ..., bind_mounts: _Optional[_Iterable[_Union[BindMount, _Mapping]]] = ..., shm_size_bytes: _Optional[int] = ..., owner_id: _Optional[int] = ..., container: _Optional[_Union[Container, _Mapping]] = ...) -> None: ...
+
+class Container(_message.Message):
+    __slots__ = ("image", "force_pull", "registry_auth", "devices")
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    FORCE_PULL_FIELD_NUMBER: _ClassVar[int]
+    REGISTRY_AUTH_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    image: str
+    force_pull: bool
+    registry_auth: RegistryAuth
+    devices: _containers.RepeatedCompositeFieldContainer[DeviceMapping]
+    def __init__(self, image: _Optional[str] = ..., force_pull: _Optional[bool] = ..., registry_auth: _Optional[_Union[RegistryAuth, _Mapping]] = ..., devices: _Optional[_Iterable[_Union[DeviceMapping, _Mapping]]] = ...) -> None: ...
+
+class RegistryAuth(_message.Message):
+    __slots__ = ("username", "password", "auth", "serveraddress", "identitytoken", "registrytoken")
+    USERNAME_FIELD_NUMBER: _ClassVar[int]
+    PASSWORD_FIELD_NUMBER: _ClassVar[int]
+    AUTH_FIELD_NUMBER: _ClassVar[int]
+    SERVERADDRESS_FIELD_NUMBER: _ClassVar[int]
+    IDENTITYTOKEN_FIELD_NUMBER: _ClassVar[int]
+    REGISTRYTOKEN_FIELD_NUMBER: _ClassVar[int]
+    username: str
+    password: str
+    auth: str
+    serveraddress: str
+    identitytoken: str
+    registrytoken: str
+    def __init__(self, username: _Optional[str] = ..., password: _Optional[str] = ..., auth: _Optional[str] = ..., serveraddress: _Optional[str] = ..., identitytoken: _Optional[str] = ..., registrytoken: _Optional[str] = ...) -> None: ...
+
+class DeviceMapping(_message.Message):
+    __slots__ = ("host_path", "container_path", "cgroup_permissions")
+    HOST_PATH_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_PATH_FIELD_NUMBER: _ClassVar[int]
+    CGROUP_PERMISSIONS_FIELD_NUMBER: _ClassVar[int]
+    host_path: str
+    container_path: str
+    cgroup_permissions: str
+    def __init__(self, host_path: _Optional[str] = ..., container_path: _Optional[str] = ..., cgroup_permissions: _Optional[str] = ...) -> None: ...
 
 class BindMount(_message.Message):
     __slots__ = ("host_path", "container_path", "read_only")
