@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PORT ?= 8080
 DATA_DIR ?= data
 
-.PHONY: install run migrate test lint pytest official-client postgres debian-packages azurite clean
+.PHONY: install run migrate test lint pytest official-client postgres debian-packages azurite container-images clean
 
 # What running a cluster needs (`make run`): the master's extra and the agent's task
 # servers, no torch and no test tools. uv installs them (about 5 s against pip's 30-40 s),
@@ -98,6 +98,25 @@ debian-packages: postgres
 		fi; \
 	fi
 
+# Podman (with runc: crun fails on this machine kind's cgroups), catatonit (--init), and
+# Debian's docker-registry and htpasswd for the container tests (tests/e2e/test_containers.py).
+# Their images are built in the background (debootstrap from Debian's registry, then the
+# trial venv's packages: about 3 minutes on a fresh machine) and kept in podman's store; a
+# test that needs one waits for its build (a lock in harness/images.py), not make.
+CONTAINER_TOOLS := podman runc catatonit debootstrap docker-registry htpasswd
+container-images: debian-packages trial-venv $(BIN)/.installed-run
+	@missing=""; \
+	for tool in $(CONTAINER_TOOLS); do which $$tool >/dev/null 2>&1 || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+				podman runc catatonit debootstrap docker-registry apache2-utils; \
+		else \
+			echo "container tools missing and not root; their tests skip (and fail under CI=true)"; \
+		fi; \
+	fi
+	nohup $(BIN)/python -m harness.images --trial-venv $(TRIAL_VENV) > .container-images.log 2>&1 &
+
 # Azurite, the Azure Blob server the checkpoint-storage tests talk to (S3 and GCS servers
 # come from PyPI with the test group).
 AZURITE_VERSION ?= 3.37.0
@@ -116,7 +135,7 @@ lint: install
 # The set-up steps download and install independently, so `make setup` runs them side by
 # side (each one's output kept together); lint then runs before the suite, not beside it.
 # Defined before the rules that name it: make expands prerequisites as it reads them.
-SETUP := install official-client trial-venv postgres debian-packages azurite
+SETUP := install official-client trial-venv postgres debian-packages azurite container-images
 
 # Three workers on two cores, a file at a time: each file's clusters start once, and the e2e
 # files spend about a quarter of their time waiting on processes (leases, restarts, outages),

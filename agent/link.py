@@ -268,6 +268,7 @@ class Agent:
             running=self.runner.running(),
             exited=list(self.runner.unacked.values()),
             instance_id=self.instance_id,
+            container_runtime=self.runner.runtime.kind if self.runner.runtime else "",
         )
 
     async def _handle(

@@ -16,7 +16,7 @@ from typing import Any
 import typer
 from pydantic import ValidationError
 
-from agent import bootstrap, ports
+from agent import bootstrap, containers, ports
 from agent.devices import detect_devices
 from agent.gpu import open_nvml
 from agent.link import Agent, Refused
@@ -130,6 +130,18 @@ def run(
         help="Name to verify on the master's certificate instead of its host "
         "(DET_AGENT_MASTER_CERT_NAME).",
     ),
+    container_runtime: str | None = typer.Option(
+        None,
+        "--container-runtime",
+        help="podman, docker or none: run launches that name environment.image in "
+        "containers (DET_AGENT_CONTAINER_RUNTIME).",
+    ),
+    insecure_registry: list[str] | None = typer.Option(
+        None,
+        "--insecure-registry",
+        help="HOST[:PORT] podman pulls from without TLS verification; repeatable "
+        "(DET_AGENT_INSECURE_REGISTRIES).",
+    ),
 ) -> None:
     """Connect to the master and serve until stopped (SIGTERM or Ctrl-C)."""
     given: dict[str, Any] = {
@@ -146,6 +158,8 @@ def run(
         "port_range": port_range,
         "master_cert_file": master_cert_file,
         "master_cert_name": master_cert_name,
+        "container_runtime": container_runtime,
+        "insecure_registries": insecure_registry or None,
     }
     try:
         settings = AgentSettings(**{k: v for k, v in given.items() if v is not None})
@@ -272,6 +286,23 @@ async def _serve(
     agent.runner.namespace_problem = await asyncio.to_thread(
         bootstrap.probe_namespaces, settings.work_dir
     )
+    if settings.container_runtime != "none":
+        try:
+            runtime = await asyncio.to_thread(
+                containers.find_runtime, settings.container_runtime, settings.insecure_registries
+            )
+        except ValueError as exc:
+            log.error("%s", exc)
+            return 2
+        # What this agent's id left running when it was last killed: its trials were
+        # placed again elsewhere by now (or will be), so none of it may run on.
+        left = await asyncio.to_thread(containers.remove_leftovers, runtime, settings.id)
+        if left:
+            log.warning(
+                "removed %d container(s) an earlier run left: %s", len(left), " ".join(left)
+            )
+        agent.runner.use_runtime(runtime)
+        log.info("launches that name an image run in containers (%s)", runtime.binary)
     if agent.runner.namespace_problem:
         # Said once, here; every Determined-style launch is then refused with it.
         log.warning(

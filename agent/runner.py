@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import bootstrap, ports, rank_user, storage_secrets
+from agent import bootstrap, containers, ports, rank_user, storage_secrets
 from agent.fence import FenceProcess
 from agent.rank_user import RankUser, UidPool
 from resolute.storage import CLOUD_TYPES as CLOUD_STORAGE
@@ -85,9 +85,14 @@ class AllocationRun:
     # process's mount namespace; a per_slot launch gets one only when it asks for these.
     mounts: list[bootstrap.Mount] = field(default_factory=list)
     shm_size_bytes: int = 0
+    # The image its ranks run in (agent/containers.py), when the agent has a runtime.
+    container: pb.Container | None = None
+    container_pids: dict[int, int] = field(default_factory=dict)  # rank -> its first process
 
     @property
     def namespaced(self) -> bool:
+        if self.container is not None:
+            return False  # the container is its namespaces
         return self.per_agent or bool(self.mounts) or self.shm_size_bytes > 0
 
 
@@ -135,6 +140,15 @@ class Runner:
         # copy, so its ranks verify the master over https too (DET_MASTER_CERT_FILE).
         self.master_cert_file: Path | None = None
         self.master_cert_name: str | None = None
+        # The container runtime launches that name an image run in (None: on the host).
+        self.runtime: containers.Runtime | None = None
+        self.puller: containers.ImagePuller | None = None
+        self.limits: list[str] = []  # the runtime's --ulimit options (this host's limits)
+
+    def use_runtime(self, runtime: containers.Runtime) -> None:
+        self.runtime = runtime
+        self.puller = containers.ImagePuller(runtime, self.work_dir / "secrets" / "pulls")
+        self.limits = containers.host_limits(runtime)
 
     def spawn_task(self, work: Coroutine[Any, Any, None]) -> None:
         """Fire and forget, keeping a reference so the task is not collected mid-way."""
@@ -179,6 +193,16 @@ class Runner:
             run.work_dir / "run" / "workdir" if run.per_agent else run.work_dir,
         )
         self.runs[allocation_id] = run
+        image = start.container.image if start.HasField("container") else ""
+        if image and self.runtime is not None:
+            run.container = start.container
+        elif image:
+            self._note(
+                run,
+                -1,
+                f"environment.image {image} is not used: this agent runs no container runtime "
+                "(--container-runtime), so the ranks run on the host",
+            )
         try:
             if self.rank_uids is not None:
                 run.rank = self.rank_uids.take(allocation_id, rank_user.owner_group(start.owner_id))
@@ -214,6 +238,12 @@ class Runner:
                     run.kind, run.message = pb.EXIT_KIND_FAILED, problem
                     self._note(run, -1, problem)
                     run.stopping = True
+            if not run.stopping and run.container is not None:
+                problem = await self._pull(run)
+                if problem:
+                    run.kind, run.message = pb.EXIT_KIND_UNRUNNABLE, problem
+                    self._note(run, -1, f"cannot start: {problem}")
+                    run.stopping = True
             if not run.stopping and self.fence is not None and self.fence.expired():
                 # The master may have given up on us already: the fence would kill them.
                 run.kind, run.message = pb.EXIT_KIND_FENCED, FENCED_MESSAGE
@@ -223,6 +253,8 @@ class Runner:
                 if run.stopping:
                     break  # a stop arrived while we were starting: start no more ranks
                 run.processes[spec.rank] = await self._spawn(start, spec, run)
+            if run.container is not None and not run.stopping:
+                await self._guard_containers(run)
         except Exception as exc:  # anything: a run must never stay half-started
             run.kind, run.message = pb.EXIT_KIND_FAILED, f"could not start: {exc}"
             self._note(run, -1, run.message)
@@ -296,7 +328,7 @@ class Runner:
         """Lay out what Determined's harness reads (the context unpacked twice: the working
         directory and the clean copy in train/model; the info files), then check the
         interpreter. Returns why the allocation cannot run here, if it cannot."""
-        if self.namespace_problem:
+        if self.namespace_problem and run.container is None:
             return f"this agent cannot run Determined-style launches: {self.namespace_problem}"
         if not start.ranks or not start.argv:
             return "the entrypoint is empty"
@@ -318,6 +350,8 @@ class Runner:
         if problem:
             return problem
         await asyncio.to_thread(self._hand_over, run)  # the probe runs as the rank user
+        if run.container is not None:
+            return None  # the image's Python is the user's; Determined's own images have it
         env = self._rank_env(start, start.ranks[0], run)
         return await asyncio.to_thread(
             bootstrap.interpreter_problem,
@@ -361,6 +395,11 @@ class Runner:
         """Why the experiment's mounts cannot be made here (a host path missing on this
         agent, say), checked before anything of the trial runs; their mount points are
         made now."""
+        if run.container is not None:
+            return containers.mounts_problem(
+                [(m.host_path, m.target) for m in run.mounts],
+                [(d.host_path, d.container_path) for d in run.container.devices],
+            )
         if not run.namespaced:
             return None
         if self.namespace_problem:
@@ -410,9 +449,34 @@ class Runner:
         lines = output.decode(errors="replace").strip().splitlines()
         return lines[-1] if lines else f"checkpoint storage check exited {check.returncode}"
 
+    async def _pull(self, run: AllocationRun) -> str | None:
+        """Have the run's image on this agent (one pull per image, its progress in the
+        trial's logs): None, or the registry's reason on one line."""
+        assert run.container is not None and self.puller is not None
+        spec = run.container
+        auth = None
+        if spec.HasField("registry_auth"):
+            fields = ("username", "password", "auth", "serveraddress")
+            auth = {
+                key: getattr(spec.registry_auth, key)
+                for key in (*fields, "identitytoken", "registrytoken")
+                if getattr(spec.registry_auth, key)
+            }
+        try:
+            await self.puller.ensure(
+                spec.image, auth, spec.force_pull, lambda line: self._note(run, -1, line)
+            )
+        except containers.ImageProblem as exc:
+            return str(exc)
+        except OSError as exc:
+            return f"pulling image {spec.image} failed: {exc}"
+        return None
+
     async def _spawn(
         self, start: pb.StartAllocation, spec: pb.RankSpec, run: AllocationRun
     ) -> asyncio.subprocess.Process:
+        if run.container is not None:
+            return await self._spawn_container(start, spec, run)
         env = self._rank_env(start, spec, run)
         argv = list(start.argv)
         if not argv:
@@ -449,28 +513,141 @@ class Runner:
         run.tasks.append(asyncio.create_task(self._pump(run, spec.rank, process.stderr, "stderr")))
         return process
 
+    async def _spawn_container(
+        self, start: pb.StartAllocation, spec: pb.RankSpec, run: AllocationRun
+    ) -> asyncio.subprocess.Process:
+        """One rank in its container (agent/containers.py): the runtime's client, attached,
+        in a process group of its own; the container's first process is guarded once it
+        runs (_guard_containers)."""
+        assert run.container is not None and self.runtime is not None
+        if not start.argv:
+            raise LaunchFailed("the entrypoint is empty")
+        env = self._rank_env(start, spec, run)
+        volumes: list[containers.Volume] = []
+        if run.per_agent:
+            workdir = str(bootstrap.WORKDIR)
+            volumes.append(
+                containers.Volume(str(run.work_dir / "run"), str(bootstrap.RUN_DETERMINED))
+            )
+            if start.shared_fs_host_path:
+                volumes.append(
+                    containers.Volume(start.shared_fs_host_path, str(bootstrap.SHARED_FS))
+                )
+        else:
+            workdir = str(run.work_dir)
+            volumes.append(containers.Volume(workdir, workdir))
+            volumes.append(containers.library_volume())
+            env["PYTHONPATH"] = containers.python_path(env)
+            store = shared_fs_host_path(start.env)
+            if store is not None:
+                store.mkdir(parents=True, exist_ok=True)
+                volumes.append(containers.Volume(str(store), str(store)))
+        secrets = self._secrets_dir(run)
+        if secrets.is_dir():  # the S3 keys' file its variable names (storage_secrets)
+            volumes.append(containers.Volume(str(secrets), str(secrets), read_only=True))
+        volumes += [containers.Volume(m.host_path, m.target, m.read_only) for m in run.mounts]
+        private = self._container_dir(run)
+        private.mkdir(mode=0o700, parents=True, exist_ok=True)
+        env_file = private / f"{spec.rank}.env"
+        descriptor = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as out:
+            out.write(containers.env_file_text(env))
+        pidfile = private / f"{spec.rank}.pid"
+        pidfile.unlink(missing_ok=True)
+        user = self._user(run)
+        devices = [self.devices[s] for s in spec.slot_ids if s in self.devices]
+        rank_container = containers.RankContainer(
+            name=containers.container_name(run.allocation_id, spec.rank),
+            agent_id=self.agent_id,
+            allocation_id=run.allocation_id,
+            image=run.container.image,
+            argv=list(start.argv),
+            workdir=workdir,
+            env_file=str(env_file),
+            volumes=volumes,
+            devices=[
+                (d.host_path, d.container_path, d.cgroup_permissions) for d in run.container.devices
+            ],
+            gpus=[d.uuid for d in devices if d.type == "cuda" and d.uuid],
+            shm_size_bytes=run.shm_size_bytes or containers.DEFAULT_SHM_BYTES,
+            user=(user.uid, user.gid) if user is not None else None,
+            pidfile=str(pidfile),
+        )
+        process = await asyncio.create_subprocess_exec(
+            *_die_with_agent(containers.run_argv(self.runtime, rank_container, self.limits)),
+            cwd=run.work_dir,
+            env=self._agent_env(),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            limit=MAX_LINE,
+        )
+        if self.fence is not None:
+            self.fence.guard(process.pid)
+        assert process.stdout is not None and process.stderr is not None
+        run.tasks.append(asyncio.create_task(self._pump(run, spec.rank, process.stdout, "stdout")))
+        run.tasks.append(asyncio.create_task(self._pump(run, spec.rank, process.stderr, "stderr")))
+        return process
+
+    async def _guard_containers(self, run: AllocationRun) -> None:
+        """Wait until each rank's container runs (they start in parallel) and hand its
+        first process to the fence: its SIGKILL ends the container's every process, which
+        killing the runtime's client would not."""
+        private = self._container_dir(run)
+        ranks = list(run.processes.items())
+        pids = await asyncio.gather(
+            *(containers.container_pid(private / f"{rank}.pid", client) for rank, client in ranks)
+        )
+        for (rank, _), pid in zip(ranks, pids, strict=True):
+            if pid is not None:
+                run.container_pids[rank] = pid
+                if self.fence is not None:
+                    self.fence.guard(pid)
+
+    def _agent_env(self) -> dict[str, str]:
+        """The runtime client's environment: the agent's, less its own settings."""
+        return {
+            k: v
+            for k, v in os.environ.items()
+            if not k.upper().startswith("DET_") and not any(s and s in v for s in self.withheld)
+        }
+
+    def _container_dir(self, run: AllocationRun) -> Path:
+        """The rank containers' env files and pid files: root's alone, outside what the
+        ranks see."""
+        return self.work_dir / "containers" / run.allocation_id
+
     def _rank_env(
         self, start: pb.StartAllocation, spec: pb.RankSpec, run: AllocationRun
     ) -> dict[str, str]:
         # The agent's own DET_* settings (its join token above all) never reach user code;
         # pydantic-settings reads them in any case (det_agent_join_token), so drop those too,
         # and anything else that holds a withheld value.
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.upper().startswith("DET_") and not any(s and s in v for s in self.withheld)
-        }
-        # `python3` in an entrypoint is the interpreter the agent runs on, with its packages.
-        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        in_image = run.container is not None
         rank = self._user(run)
-        if rank is not None:
-            # Not root's home and name: a home the rank user can write (caches, ~/.config),
-            # the same path inside a per-agent namespace as outside.
-            name = rank.name
-            env.update(HOME=str(run.work_dir), USER=name, LOGNAME=name)
+        if in_image:
+            # The image's own environment (its PATH above all), and the rank's variables.
+            env: dict[str, str] = {}
+            if rank is not None:
+                inside = bootstrap.WORKDIR if run.per_agent else run.work_dir
+                env.update(HOME=str(inside), USER=rank.name, LOGNAME=rank.name)
+        else:
+            env = self._agent_env()
+            # `python3` in an entrypoint is the interpreter the agent runs on, with its
+            # packages.
+            env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+            if rank is not None:
+                # Not root's home and name: a home the rank user can write (caches,
+                # ~/.config), the same path inside a per-agent namespace as outside.
+                name = rank.name
+                env.update(HOME=str(run.work_dir), USER=name, LOGNAME=name)
         env.update(start.env)
         devices = [self.devices[s] for s in spec.slot_ids if s in self.devices]
-        gpus = [str(d.index) for d in devices if d.type == "cuda"]
+        if in_image:  # a container numbers its GPUs from 0; their UUIDs name them anywhere
+            gpus = [d.uuid or str(d.index) for d in devices if d.type == "cuda"]
+        else:
+            gpus = [str(d.index) for d in devices if d.type == "cuda"]
         if not run.per_agent:  # Determined's launchers set these for the ranks they start
             env.update(
                 {
@@ -544,9 +721,13 @@ class Runner:
         self, run: AllocationRun, rank: int, process: asyncio.subprocess.Process
     ) -> None:
         code = await process.wait()
+        if run.container is not None:
+            code = containers.signal_exit(code)
         run.exit_codes[rank] = code
         if self.fence is not None:
             self.fence.release(process.pid)
+            if rank in run.container_pids:
+                self.fence.release(run.container_pids[rank])
         fenced = (
             code < 0
             and self.fence is not None
@@ -570,16 +751,33 @@ class Runner:
             await self._finish(run)
 
     async def _stop_processes(self, run: AllocationRun) -> None:
-        alive = [p for r, p in run.processes.items() if r not in run.exit_codes]
-        for process in alive:
-            _signal_group(process, signal.SIGTERM)
+        alive = {r: p for r, p in run.processes.items() if r not in run.exit_codes}
+        for rank, process in alive.items():
+            self._signal_rank(run, rank, process, signal.SIGTERM)
         if alive:
             await asyncio.wait(
-                [asyncio.ensure_future(p.wait()) for p in alive], timeout=run.grace_s
+                [asyncio.ensure_future(p.wait()) for p in alive.values()], timeout=run.grace_s
             )
-        for process in alive:
+        for rank, process in alive.items():
             if process.returncode is None:
-                _signal_group(process, signal.SIGKILL)
+                self._signal_rank(run, rank, process, signal.SIGKILL)
+
+    def _signal_rank(
+        self,
+        run: AllocationRun,
+        rank: int,
+        process: asyncio.subprocess.Process,
+        sig: signal.Signals,
+    ) -> None:
+        """A rank's process group; in a container, its first process (whose SIGKILL ends
+        the container), while its client still runs (until then the pid is surely its)."""
+        pid = run.container_pids.get(rank)
+        if pid is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
+            if sig == signal.SIGTERM:
+                return  # the client ends with its container
+        _signal_group(process, sig)
 
     async def _finish(self, run: AllocationRun) -> None:
         if run.allocation_id not in self.runs:
@@ -593,6 +791,11 @@ class Runner:
         # A rank's own children (data loader workers, a shell's jobs) must not outlive it.
         for process in run.processes.values():
             _signal_group(process, signal.SIGKILL)
+        if run.container is not None and self.runtime is not None:
+            # Before the master hears of the exit: nothing of it may still run then.
+            with contextlib.suppress(OSError):
+                await containers.remove_allocation(self.runtime, run.allocation_id)
+            await asyncio.to_thread(shutil.rmtree, self._container_dir(run), True)
         if run.kind == pb.EXIT_KIND_UNSPECIFIED:
             run.kind = pb.EXIT_KIND_COMPLETED
         exited = pb.AllocationExited(
@@ -680,6 +883,16 @@ class Runner:
 def _signal_group(process: asyncio.subprocess.Process, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, sig)
+
+
+def shared_fs_host_path(env: Mapping[str, str]) -> Path | None:
+    """The host_path of a trial's shared_fs store, read from its config; None for another
+    store or no config."""
+    directory = shared_fs_directory(env)
+    if directory is None:
+        return None
+    config = json.loads(env[storage_secrets.CONFIG_VARIABLE])
+    return Path(config["checkpoint_storage"]["host_path"])
 
 
 def shared_fs_directory(env: Mapping[str, str]) -> Path | None:

@@ -102,6 +102,20 @@ class AgentSettings(BaseSettings):
             "without it an enrolled id is refused."
         ),
     )
+    container_runtime: Literal["none", "podman", "docker"] = Field(
+        default="none",
+        description=(
+            "Run launches whose config names environment.image in containers of that image, "
+            "with podman or Docker's CLI; none: every launch runs as processes on the host."
+        ),
+    )
+    insecure_registries: list[str] = Field(
+        default_factory=list,
+        description=(
+            "HOST[:PORT] of registries podman pulls from without verifying TLS (plain HTTP, "
+            "or a certificate the host does not trust). Docker's daemon has its own list."
+        ),
+    )
     reconnect_max_backoff_s: float = Field(
         default=5.0, gt=0, description="Longest wait between attempts to reach the master."
     )

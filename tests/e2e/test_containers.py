@@ -1,0 +1,431 @@
+"""Trials in images, with real podman: a private registry on loopback with htpasswd basic
+auth (Debian's docker-registry), images built in the set-up from Debian's registry
+(harness/images.py), a real master and two agents started with `--container-runtime
+podman`.
+
+- A trial runs in an image pulled with credentials: it sees the image's Python and
+  package, not the host's, and no registry password anywhere; the pull is in its logs.
+- Two trials with two images holding two versions of one package, side by side on one
+  agent, each see their own.
+- A wrong password and a missing image each end the trial at start with the registry's
+  words on one line, no restart counted.
+- Bind mounts (a read-only one refuses a write, EROFS from the kernel), shm_size as the
+  size of /dev/shm, a device passed through.
+- Determined's Core API script runs unchanged in an image that holds `determined` (the
+  per_agent layout: /run/determined is bound in).
+- The agent frozen (SIGSTOP): its fence kills the container before the master places the
+  trial on the other agent (the ticks of the two runs do not overlap); the agent killed
+  (SIGKILL): no container of its runs on, and the restarted agent removes what it left.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from harness import images
+from harness.cluster import AgentProcess, wait_until
+from tests.conftest import require
+from tests.e2e.agents import create_experiment, trial_logs, wait_trial_state, write_experiment
+from tests.e2e.conftest import MasterProcess
+from tests.e2e.test_determined_workloads import WORKLOADS, trial_venv
+
+pytestmark = pytest.mark.e2e
+
+TERMINAL = {"COMPLETED", "ERROR", "CANCELED"}
+AGENTS = ("box-a", "box-b")
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ddp_synthetic"
+
+PROBE = """
+import json, os, sys
+report = {"python": sys.version.split()[0], "uid": os.getuid()}
+try:
+    import greeting
+    report["greeting"] = greeting.VERSION
+except ImportError:
+    report["greeting"] = None
+report["os"] = open("/etc/os-release").read().split("PRETTY_NAME=")[1].splitlines()[0]
+report["env_has_password"] = any("s3cret-pw" in v for v in os.environ.values())
+report["config_has_password"] = "s3cret-pw" in os.environ.get("DET_EXPERIMENT_CONFIG", "")
+report["slot_ids"] = os.environ.get("DET_SLOT_IDS")
+import resolute  # the agent's training library, bound in
+report["library"] = resolute.__name__
+print("REPORT " + json.dumps(report), flush=True)
+"""
+
+
+@dataclass
+class Cluster:
+    master: MasterProcess
+    agents: dict[str, AgentProcess]
+    registry: images.Registry
+    root: Path
+
+    def diagnostics(self) -> str:
+        parts = [f"--- master ---\n{self.master.output()[-3000:]}"]
+        parts += [f"--- agent {a.id} ---\n{a.output()[-3000:]}" for a in self.agents.values()]
+        return "\n".join(parts)
+
+
+def _podman(*args: str) -> str:
+    return subprocess.run(
+        ["podman", *args], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+
+
+def _containers(label: str, running_only: bool = False) -> list[str]:
+    args = ["ps", "--format", "{{.Names}}", "--filter", f"label={label}"]
+    if not running_only:
+        args.insert(1, "-a")
+    return _podman(*args).split()
+
+
+def _agent(master: MasterProcess, agent_id: str, root: Path, registry: str) -> AgentProcess:
+    return AgentProcess(
+        master,
+        agent_id,
+        root / agent_id,
+        slots=2,
+        args=["--container-runtime", "podman", "--insecure-registry", registry],
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    missing = images.missing_tools()
+    require(not missing, f"container tests need {' '.join(missing)} (apt-get install)")
+    root = tmp_path_factory.mktemp("containers")
+    master = MasterProcess(root / "data", label="containers")
+    started: dict[str, AgentProcess] = {}
+    with images.registry(root / "registry") as registry:
+        # Built once per machine and cached (make test builds the base beside lint).
+        for version in ("1", "2"):
+            registry.push(images.package_image(version), f"team/greeting:{version}")
+        try:
+            master.start()
+            for agent_id in AGENTS:
+                started[agent_id] = _agent(master, agent_id, root, registry.address).start()
+            for agent in started.values():
+                agent.wait_connected()
+            yield Cluster(master, started, registry, root)
+        finally:
+            for agent in started.values():
+                agent.stop()
+            master.stop()
+            for agent_id in AGENTS:
+                names = _containers(f"ai.resolute.agent={agent_id}")
+                if names:
+                    subprocess.run(["podman", "rm", "-f", *names], capture_output=True)
+            shutil.rmtree(master.scratch, ignore_errors=True)
+
+
+def _trial_image() -> str:
+    """The image with determined, torch and tensorboard (make test starts its build beside
+    lint; it stays in podman's store)."""
+    venv = trial_venv()
+    packages = sorted(venv.glob("lib/python3*/site-packages"))
+    require(bool(packages), f"no site-packages in {venv}")
+    return images.trial_image(packages[0])
+
+
+def _report(logs: str) -> dict[str, Any]:
+    found = re.findall(r"^REPORT (\{.*\})$", logs, re.M)
+    assert len(found) == 1, logs[-4000:]
+    report: dict[str, Any] = json.loads(found[0])
+    return report
+
+
+def _environment(cluster: Cluster, tag: str, password: str | None = None) -> dict[str, Any]:
+    return {
+        "image": f"{cluster.registry.address}/team/greeting:{tag}",
+        "registry_auth": {
+            "username": cluster.registry.username,
+            "password": password or cluster.registry.password,
+            "serveraddress": cluster.registry.address,
+        },
+    }
+
+
+def _run(
+    cluster: Cluster, directory: Path, script: str, **extra: Any
+) -> tuple[dict[str, Any], str]:
+    config, model = write_experiment(directory, script, extra=extra)
+    experiment_id = create_experiment(cluster.master, config, model)
+    trial = wait_trial_state(cluster.master, experiment_id, TERMINAL)
+    return trial, trial_logs(cluster.master, trial["id"])
+
+
+def test_a_trial_runs_in_an_image_pulled_with_credentials(cluster: Cluster, tmp_path: Path) -> None:
+    config, model = write_experiment(
+        tmp_path, PROBE, extra={"environment": _environment(cluster, "1")}
+    )
+    experiment_id = create_experiment(cluster.master, config, model)
+    trial = wait_trial_state(cluster.master, experiment_id, TERMINAL)
+    logs = trial_logs(cluster.master, trial["id"])
+    assert trial["state"] == "COMPLETED", f"{logs[-4000:]}\n{cluster.diagnostics()}"
+    report = _report(logs)
+    assert report["greeting"] == "1", report  # the image's package: the host has none
+    assert report["os"].startswith('"Debian GNU/Linux 12'), report
+    assert report["python"] != ".".join(map(str, sys.version_info[:3])), report
+    assert report["env_has_password"] is False and report["config_has_password"] is False
+    assert report["library"] == "resolute"
+    assert f"pulling image {cluster.registry.address}/team/greeting:1" in logs, logs[-3000:]
+    # Secret like a storage key: the config the API shows has no password either.
+    shown = cluster.master.api("GET", f"/api/v1/experiments/{experiment_id}")
+    assert cluster.registry.password not in json.dumps(shown)
+    # Nothing of the trial is left in the runtime's store.
+    assert _containers("ai.resolute.agent") == []
+
+
+def test_two_images_with_two_versions_of_a_package_on_one_agent(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    script = PROBE + "\nimport time; time.sleep(2)\n"  # both run at once on one agent
+    ids = []
+    for version in ("1", "2"):
+        config, model = write_experiment(
+            tmp_path / version,
+            script,
+            extra={
+                "environment": _environment(cluster, version),
+                "resources": {"resource_pool": "default"},
+            },
+        )
+        ids.append((version, create_experiment(cluster.master, config, model)))
+    for version, experiment_id in ids:
+        trial = wait_trial_state(cluster.master, experiment_id, TERMINAL)
+        logs = trial_logs(cluster.master, trial["id"])
+        assert trial["state"] == "COMPLETED", f"{logs[-4000:]}\n{cluster.diagnostics()}"
+        assert _report(logs)["greeting"] == version
+
+
+@pytest.mark.parametrize(
+    ("what", "tag", "password", "registry_words"),
+    [
+        ("wrong password", "1", "not-the-password", "unauthorized"),
+        ("missing image", "no-such-tag", None, "manifest unknown"),
+    ],
+)
+def test_a_failed_pull_ends_the_trial_at_start_without_a_restart(
+    cluster: Cluster, tmp_path: Path, what: str, tag: str, password: str | None, registry_words: str
+) -> None:
+    # Pulled even when the agent has the image (an earlier test pulled tag 1): without
+    # force_pull_image the runtime would use its copy and never ask for the password.
+    environment = {**_environment(cluster, tag, password), "force_pull_image": True}
+    trial, logs = _run(
+        cluster, tmp_path, "print('RAN', flush=True)\n", environment=environment, max_restarts=3
+    )
+    assert trial["state"] == "ERROR", f"{what}: {logs[-3000:]}"
+    assert trial["restarts"] == 0, trial  # a pull that fails is not retried
+    assert "RAN" not in logs
+    failure = [line for line in logs.splitlines() if "cannot start: pulling image" in line]
+    assert len(failure) == 1, logs[-3000:]
+    assert registry_words in failure[0].lower(), failure
+    assert "not-the-password" not in logs
+
+
+def test_mounts_shm_and_a_device_in_a_container(cluster: Cluster, tmp_path: Path) -> None:
+    dataset = tmp_path / "dataset"
+    dataset.mkdir()
+    (dataset / "hello.txt").write_text("from the host")
+    outputs = tmp_path / "outputs"
+    outputs.mkdir()
+    script = """
+import errno, json, os
+report = {"read": open("/data/hello.txt").read()}
+try:
+    open("/data/new.txt", "w").write("x")
+    report["ro_write"] = "written"
+except OSError as exc:
+    report["ro_write"] = exc.errno
+open("/outputs/from-trial.txt", "w").write("written in the container")
+shm = os.statvfs("/dev/shm")
+report["shm_bytes"] = shm.f_blocks * shm.f_frsize
+with open("/dev/resolute-zero", "rb") as device:
+    report["device_bytes"] = len(device.read(16))
+print("REPORT " + json.dumps(report), flush=True)
+"""
+    trial, logs = _run(
+        cluster,
+        tmp_path,
+        script,
+        environment=_environment(cluster, "1"),
+        bind_mounts=[
+            {"host_path": str(dataset), "container_path": "/data", "read_only": True},
+            {"host_path": str(outputs), "container_path": "/outputs"},
+        ],
+        resources={
+            "shm_size": "96M",
+            "devices": [{"host_path": "/dev/zero", "container_path": "/dev/resolute-zero"}],
+        },
+    )
+    assert trial["state"] == "COMPLETED", f"{logs[-4000:]}\n{cluster.diagnostics()}"
+    report = _report(logs)
+    assert report["read"] == "from the host"
+    assert report["ro_write"] == errno.EROFS
+    assert not (dataset / "new.txt").exists()
+    assert (outputs / "from-trial.txt").read_text() == "written in the container"
+    assert report["shm_bytes"] == 96 * 1024**2
+    assert report["device_bytes"] == 16
+
+
+def test_a_host_path_gone_before_the_start_fails_the_trial_naming_it(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    vanishing = tmp_path / "vanishing"
+    vanishing.mkdir()
+    config, model = write_experiment(
+        tmp_path,
+        "print('RAN', flush=True)\n",
+        extra={
+            "environment": _environment(cluster, "1"),
+            "bind_mounts": [{"host_path": str(vanishing), "container_path": "/data"}],
+        },
+    )
+    created = cluster.master.det("experiment", "create", "--paused", str(config), str(model))
+    assert created.returncode == 0, created.stderr
+    experiment_id = int(created.stdout.split("Created experiment")[1].split()[0])
+    vanishing.rmdir()
+    activated = cluster.master.det("experiment", "activate", str(experiment_id))
+    assert activated.returncode == 0, activated.stderr
+    trial = wait_trial_state(cluster.master, experiment_id, TERMINAL)
+    logs = trial_logs(cluster.master, trial["id"])
+    assert trial["state"] == "ERROR" and trial["restarts"] == 0, logs[-3000:]
+    assert f"bind_mounts: host_path {vanishing} does not exist" in trial["endReason"], trial
+    assert "RAN" not in logs
+    assert _containers(f"ai.resolute.allocation={trial['id']}.1") == []
+
+
+def test_determined_core_api_runs_unchanged_in_an_image_with_determined(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    image = _trial_image()
+    config, model = write_experiment(
+        tmp_path,
+        (WORKLOADS / "metrics.py").read_text(),
+        extra={
+            "entrypoint": "python3 train.py --steps 20 --sleep 0.01",
+            "environment": {"image": image},
+            "searcher": {"name": "single", "metric": "x", "max_length": 20},
+        },
+    )
+    experiment_id = create_experiment(cluster.master, config, model)
+    trial = wait_trial_state(cluster.master, experiment_id, TERMINAL)
+    logs = trial_logs(cluster.master, trial["id"])
+    assert trial["state"] == "COMPLETED", f"{logs[-4000:]}\n{cluster.diagnostics()}"
+    assert "DONE steps=20" in logs
+    rows = cluster.master.api("GET", f"/api/v1/trials/{trial['id']}/metrics")["metrics"]
+    validations = [r["stepsCompleted"] for r in rows if r["group"] == "validation"]
+    assert validations == [10, 20], rows  # reported through the master from the container
+
+
+def test_the_ddp_example_runs_in_an_image(cluster: Cluster, tmp_path: Path) -> None:
+    """examples/ddp_synthetic as the walkthrough submits it, two ranks in two containers
+    on one agent (Gloo over the host's network), in an image that holds torch."""
+    config = yaml.safe_load((EXAMPLES / "config.yaml").read_text())
+    config["environment"] = {"image": _trial_image()}
+    config["max_restarts"] = 0
+    config["checkpoint_storage"] = {"type": "shared_fs", "host_path": str(tmp_path / "ckpt")}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    experiment_id = create_experiment(cluster.master, path, EXAMPLES)
+    trial = wait_trial_state(cluster.master, experiment_id, TERMINAL, timeout=240)
+    logs = trial_logs(cluster.master, trial["id"])
+    assert trial["state"] == "COMPLETED", f"{logs[-4000:]}\n{cluster.diagnostics()}"
+    rows = cluster.master.api("GET", f"/api/v1/trials/{trial['id']}/metrics")["metrics"]
+    assert [r["stepsCompleted"] for r in rows if r["group"] == "validation"] == [10, 20, 30, 40]
+    checkpoints = list((tmp_path / "ckpt").iterdir())
+    assert checkpoints, "the ranks' checkpoints did not reach the shared_fs store"
+
+
+TICK_SCRIPT = """
+import os, signal, time
+TICKS = "/ticks/ticks.txt"
+rerun = os.path.exists(TICKS) and os.path.getsize(TICKS) > 0
+if not rerun:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only the fence's SIGKILL ends it
+end = time.monotonic() + (2.0 if rerun else 120.0)
+fd = os.open(TICKS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+while time.monotonic() < end:
+    os.write(fd, f"{time.monotonic():.3f} {os.environ['DET_AGENT_ID']}\\n".encode())
+    time.sleep(0.05)
+print("DONE", flush=True)
+"""
+
+
+def test_the_fence_kills_the_container_and_a_killed_agent_leaves_none(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    ticks_dir = tmp_path / "ticks"
+    ticks_dir.mkdir()
+    config, model = write_experiment(
+        tmp_path,
+        TICK_SCRIPT,
+        extra={
+            "environment": _environment(cluster, "1"),
+            "bind_mounts": [{"host_path": str(ticks_dir), "container_path": "/ticks"}],
+        },
+    )
+    experiment_id = create_experiment(cluster.master, config, model)
+    ticks = ticks_dir / "ticks.txt"
+    wait_until("the first run to tick", lambda: ticks.exists() and ticks.stat().st_size > 0, 120)
+    first_agent = ticks.read_text().split()[1]
+    frozen = cluster.agents[first_agent]
+    frozen.send(signal.SIGSTOP)
+    try:
+        trial = wait_trial_state(cluster.master, experiment_id, TERMINAL, timeout=180)
+    finally:
+        frozen.send(signal.SIGCONT)
+    logs = trial_logs(cluster.master, trial["id"])
+    assert trial["state"] == "COMPLETED", f"{logs[-4000:]}\n{cluster.diagnostics()}"
+    lines = [line.split() for line in ticks.read_text().splitlines()]
+    old = [float(t) for t, agent in lines if agent == first_agent]
+    new = [float(t) for t, agent in lines if agent != first_agent]
+    assert old and new, lines[-5:]
+    assert max(old) < min(new), (
+        f"overlap: old run's last tick {max(old)}, new run's first {min(new)}"
+    )
+    assert "fence: SIGKILL" in frozen.output(), frozen.output()[-3000:]
+
+    # Killed outright while a trial runs on it: nothing of it runs on, and once started
+    # again it removes what it left in the store.
+    config, model = write_experiment(
+        tmp_path / "long",
+        "import time\nprint('LONG', flush=True)\ntime.sleep(300)\n",
+        extra={"environment": _environment(cluster, "1")},
+    )
+    long_id = create_experiment(cluster.master, config, model)
+    victim_id = wait_until("a container of the trial to run", lambda: _running_on(cluster), 120)
+    victim = cluster.agents[victim_id]
+    label = f"ai.resolute.agent={victim_id}"
+    victim.kill(signal.SIGKILL)
+    wait_until(
+        "the fence to end the container", lambda: not _containers(label, running_only=True), 30
+    )
+    cluster.agents[victim_id] = restarted = _agent(
+        cluster.master, victim_id, cluster.root, cluster.registry.address
+    ).start()
+    restarted.wait_connected()
+    assert _containers(label) == [], "the restarted agent left its old containers in the store"
+    cluster.master.api("POST", f"/api/v1/experiments/{long_id}/kill")
+    wait_trial_state(cluster.master, long_id, TERMINAL, timeout=120)
+
+
+def _running_on(cluster: Cluster) -> str | None:
+    """The agent one of whose containers runs, if any."""
+    for agent_id in cluster.agents:
+        if _containers(f"ai.resolute.agent={agent_id}", running_only=True):
+            return agent_id
+    return None
