@@ -354,12 +354,13 @@ class AgentHub:
         self.absent_since.pop(hello.agent_id, None)
         self.wake_scheduler()
         log.info(
-            "agent %s connected (stream %s, %d slots, running %d, exited %d)",
+            "agent %s connected (stream %s, %d slots, running %d, exited %d, images: %s)",
             hello.agent_id,
             connection.stream_id,
             len(hello.devices),
             len(hello.running),
             len(hello.exited),
+            hello.container_runtime or "none, processes on the host",
         )
         welcome = pb.Welcome(
             stream_id=connection.stream_id,
