@@ -431,3 +431,16 @@ def test_smoke_permissions_benchmark_times_every_route_in_every_mode() -> None:
         "p95",
         "cpu_paired_median",
     }
+
+
+@pytest.mark.e2e
+def test_smoke_containers_benchmark_starts_a_gang_both_ways() -> None:
+    from harness import images
+
+    missing = images.missing_tools()
+    require(not missing, f"bench_containers needs {' '.join(missing)}")
+    report = run_smoke("bench_containers")
+    started = report["submit_to_every_rank_started"]
+    assert started["bare_processes"]["n"] == started["containers"]["n"] == 1
+    assert started["containers"]["p50_ms"] > 0 and started["bare_processes"]["p50_ms"] > 0
+    assert report["target"]["met"] is None  # a smoke judges nothing

@@ -350,6 +350,19 @@ def test_the_ddp_example_runs_in_an_image(cluster: Cluster, tmp_path: Path) -> N
     assert checkpoints, "the ranks' checkpoints did not reach the shared_fs store"
 
 
+def test_a_command_runs_in_an_image(cluster: Cluster, tmp_path: Path) -> None:
+    """`det cmd run` with the image in its config: commands run in containers as trials do
+    (a local image: the agent has it, nothing is pulled)."""
+    config = tmp_path / "command.yaml"
+    config.write_text(yaml.safe_dump({"environment": {"image": images.package_image("2")}}))
+    probe = "import greeting; print('GREETING', greeting.VERSION)"
+    result = cluster.master.det(
+        "cmd", "run", "--config-file", str(config), "python3", "-c", probe, timeout=180
+    )
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{cluster.diagnostics()}"
+    assert "GREETING 2" in result.stdout, result.stdout
+
+
 TICK_SCRIPT = """
 import os, signal, time
 TICKS = "/ticks/ticks.txt"
