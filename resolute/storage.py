@@ -43,6 +43,8 @@ SECRET_KEYS: dict[str, tuple[str, ...]] = {
     "s3": ("access_key", "secret_key"),
     "azure": ("connection_string", "credential"),
 }
+# environment.registry_auth's credentials (Docker's AuthConfig), secret as storage keys are.
+REGISTRY_SECRET_KEYS = ("password", "auth", "identitytoken", "registrytoken")
 TRANSFER_THREADS = 8
 MULTIPART_BYTES = 64 * 1024 * 1024
 
@@ -69,24 +71,46 @@ def mask_secrets(storage: Mapping[str, Any]) -> dict[str, Any]:
     return shown
 
 
+def _registry_auth(config: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    environment = config.get("environment")
+    auth = environment.get("registry_auth") if isinstance(environment, Mapping) else None
+    return auth if isinstance(auth, Mapping) else None
+
+
+def _with_registry_auth(config: Mapping[str, Any], auth: dict[str, Any]) -> dict[str, Any]:
+    return {**config, "environment": {**config["environment"], "registry_auth": auth}}
+
+
 def without_secrets(config: Mapping[str, Any]) -> dict[str, Any]:
     """A config with its storage secrets left out: what Determined's SDK gets with a
     checkpoint, so that its direct download uses the user's own credentials, or falls back
-    to the master's download when it has none."""
+    to the master's download when it has none. Registry credentials are left out too."""
     shown = dict(config)
     storage = shown.get("checkpoint_storage")
     if isinstance(storage, Mapping):
         hidden = SECRET_KEYS.get(str(storage.get("type")), ())
         shown["checkpoint_storage"] = {k: v for k, v in storage.items() if k not in hidden}
+    auth = _registry_auth(shown)
+    if auth is not None:
+        kept = {k: v for k, v in auth.items() if k not in REGISTRY_SECRET_KEYS}
+        shown = _with_registry_auth(shown, kept)
     return shown
 
 
 def mask_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """An experiment config or template as it may be shown: its storage secrets hidden."""
+    """An experiment, task or template config as it may be shown: its storage and
+    registry secrets hidden."""
     shown = dict(config)
     storage = shown.get("checkpoint_storage")
     if isinstance(storage, Mapping):
         shown["checkpoint_storage"] = mask_secrets(storage)
+    auth = _registry_auth(shown)
+    if auth is not None and any(auth.get(key) is not None for key in REGISTRY_SECRET_KEYS):
+        masked = {
+            key: HIDDEN if key in REGISTRY_SECRET_KEYS and value is not None else value
+            for key, value in auth.items()
+        }
+        shown = _with_registry_auth(shown, masked)
     return shown
 
 
@@ -94,30 +118,49 @@ def keep_hidden_secrets(
     config: Mapping[str, Any], previous: Mapping[str, Any] | None
 ) -> dict[str, Any]:
     """A config sent back as it was shown: each ******** takes the previous config's
-    secret again (same storage type), so editing a shown template loses no credential."""
+    secret again (same storage type; any registry credential), so editing a shown
+    template loses no credential."""
+    restored = dict(config)
     storage = config.get("checkpoint_storage")
     old = (previous or {}).get("checkpoint_storage")
-    if not isinstance(storage, Mapping) or not isinstance(old, Mapping):
-        return dict(config)
-    if storage.get("type") != old.get("type"):
-        return dict(config)
-    restored = dict(storage)
-    for key in SECRET_KEYS.get(str(storage.get("type")), ()):
-        if restored.get(key) == HIDDEN and old.get(key) is not None:
-            restored[key] = old[key]
-    return {**config, "checkpoint_storage": restored}
+    if (
+        isinstance(storage, Mapping)
+        and isinstance(old, Mapping)
+        and storage.get("type") == old.get("type")
+    ):
+        kept = dict(storage)
+        for key in SECRET_KEYS.get(str(storage.get("type")), ()):
+            if kept.get(key) == HIDDEN and old.get(key) is not None:
+                kept[key] = old[key]
+        restored["checkpoint_storage"] = kept
+    auth, old_auth = _registry_auth(config), _registry_auth(previous or {})
+    if auth is not None and old_auth is not None:
+        kept = dict(auth)
+        for key in REGISTRY_SECRET_KEYS:
+            if kept.get(key) == HIDDEN and old_auth.get(key) is not None:
+                kept[key] = old_auth[key]
+        restored = _with_registry_auth(restored, kept)
+    return restored
 
 
 def hidden_secret_keys(config: Mapping[str, Any]) -> list[str]:
     """Paths of secrets that are still ********: the shown value, not a credential."""
+    hidden: list[str] = []
     storage = config.get("checkpoint_storage")
-    if not isinstance(storage, Mapping):
-        return []
-    return [
-        f"checkpoint_storage.{key}"
-        for key in SECRET_KEYS.get(str(storage.get("type")), ())
-        if storage.get(key) == HIDDEN
-    ]
+    if isinstance(storage, Mapping):
+        hidden += [
+            f"checkpoint_storage.{key}"
+            for key in SECRET_KEYS.get(str(storage.get("type")), ())
+            if storage.get(key) == HIDDEN
+        ]
+    auth = _registry_auth(config)
+    if auth is not None:
+        hidden += [
+            f"environment.registry_auth.{key}"
+            for key in REGISTRY_SECRET_KEYS
+            if auth.get(key) == HIDDEN
+        ]
+    return hidden
 
 
 def list_files(directory: Path) -> dict[str, int]:

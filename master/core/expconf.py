@@ -55,7 +55,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from typing_extensions import TypeAliasType
 
-from master.core import asha, expconf_keys, mounts
+from master.core import asha, expconf_keys, images, mounts
 from master.core.errors import ConfigError, ConfigProblem
 
 __all__ = [
@@ -97,6 +97,7 @@ __all__ = [
     "effective_dict",
     "entrypoint_modules",
     "parse_yaml",
+    "registry_auth_problems",
     "validate_config",
 ]
 
@@ -233,12 +234,26 @@ def _memory_size(value: str) -> str:
     return value
 
 
-class Device(_Strict):
-    """A host device exposed to the trial containers (Docker `--device`)."""
+def _device_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError("must be an absolute path such as /dev/fuse")
+    return value
 
-    host_path: str
-    container_path: str
-    mode: str = "mrw"
+
+def _device_mode(value: str) -> str:
+    # Docker's cgroup permissions: read, write, mknod, each at most once.
+    if not value or set(value) - set("rwm") or len(set(value)) != len(value):
+        raise ValueError(f"{value!r} is not a device mode: use r, w and m, each at most once (rwm)")
+    return value
+
+
+class Device(_Strict):
+    """A host device exposed to the trial's container (Docker's `--device`): applied where
+    an image runs on an agent with a container runtime."""
+
+    host_path: Annotated[str, AfterValidator(_device_path)]
+    container_path: Annotated[str, AfterValidator(_device_path)]
+    mode: Annotated[str, AfterValidator(_device_mode)] = "mrw"
 
 
 # resources.shm_size: bytes, or a size such as "4G"; an experiment's and a task's alike.
@@ -405,13 +420,21 @@ def _env_var(value: str) -> str:
 EnvVar = Annotated[str, AfterValidator(_env_var)]
 
 
+def _image_name(value: str) -> str:
+    images.parse_image(value)  # its ValueError says what is wrong with the name
+    return value
+
+
+ImageName = Annotated[str, AfterValidator(_image_name)]
+
+
 class EnvironmentImageMap(_Strict):
     """Per-accelerator images; `gpu` is Determined's legacy name for `cuda`."""
 
-    cpu: str | None = None
-    cuda: str | None = None
-    rocm: str | None = None
-    gpu: str | None = None
+    cpu: ImageName | None = None
+    cuda: ImageName | None = None
+    rocm: ImageName | None = None
+    gpu: ImageName | None = None
 
 
 class EnvironmentVariablesMap(_Strict):
@@ -423,14 +446,42 @@ class EnvironmentVariablesMap(_Strict):
     gpu: list[EnvVar] = Field(default_factory=list)
 
 
+_REGISTRY_HOST = re.compile(
+    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
+    r"|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?"
+)
+
+
+def _server_address(value: str) -> str:
+    """A registry host[:port], or an https:// URL of one (Docker Hub's is
+    https://index.docker.io/v1/)."""
+    text = value
+    if "://" in value:
+        scheme, _, text = value.partition("://")
+        if scheme != "https":
+            raise ValueError(
+                f"{value!r} is not a registry address: give the host (registry.example.com:5000) "
+                "or an https:// URL"
+            )
+        text = text.split("/", 1)[0]
+    port = text.rpartition(":")[2] if not text.endswith("]") and ":" in text else ""
+    if not _REGISTRY_HOST.fullmatch(text) or (port and not 0 < int(port) <= 65535):
+        raise ValueError(
+            f"{value!r} is not a registry address: give the host (registry.example.com:5000) "
+            "or an https:// URL"
+        )
+    return value
+
+
 class RegistryAuth(_Strict):
-    """Docker registry credentials (Docker's AuthConfig field names)."""
+    """Docker registry credentials (Docker's AuthConfig field names), for the pull of the
+    image on agents with a container runtime. Hidden wherever a config is shown."""
 
     username: str | None = None
     password: str | None = None
     auth: str | None = None
     email: str | None = None
-    serveraddress: str | None = None
+    serveraddress: Annotated[str, AfterValidator(_server_address)] | None = None
     identitytoken: str | None = None
     registrytoken: str | None = None
 
@@ -449,7 +500,7 @@ class Environment(_Strict):
 
     image: (
         Annotated[
-            Annotated[str, Tag("str")] | Annotated[EnvironmentImageMap, Tag("dict")],
+            Annotated[ImageName, Tag("str")] | Annotated[EnvironmentImageMap, Tag("dict")],
             Discriminator(
                 _kind,
                 custom_error_type="image_type",
@@ -471,15 +522,24 @@ class Environment(_Strict):
     force_pull_image: bool = False
     registry_auth: RegistryAuth | None = None
     pod_spec: dict[str, Any] | None = None
+    """Refused when set (expconf_keys says why); kept as a field so that the stored config
+    still has Determined's shape (`pod_spec: null`)."""
     add_capabilities: list[str] = Field(default_factory=list)
     drop_capabilities: list[str] = Field(default_factory=list)
     proxy_ports: list[ProxyPort] = Field(default_factory=list)
     ports: dict[str, int] = Field(default_factory=dict)
-    """Docker's published container ports, by name. Like image, registry_auth,
-    force_pull_image, pod_spec and the capabilities, it is accepted so that Determined's
-    configs submit unchanged, and `config_warnings` says it does not apply."""
+    """Docker's published container ports, by name. Like the capabilities, it is accepted
+    so that Determined's configs submit unchanged, and `config_warnings` says it does not
+    apply."""
     # resolute's extension: overrides the master's task_container_defaults for this experiment.
     dtrain_network_interface: NonEmptyStr | None = Field(default=None, max_length=64)
+
+    @field_validator("pod_spec")
+    @classmethod
+    def _no_pod_spec(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            raise ValueError("refused: " + expconf_keys.REFUSED_REASONS["environment.pod_spec"])
+        return value
 
 
 # --- checkpoint storage ----------------------------------------------------------------------
@@ -1456,6 +1516,33 @@ def _check_entrypoint(cfg: ExperimentConfig, complete: bool) -> list[ConfigProbl
     return []
 
 
+def registry_auth_problems(env: Environment) -> list[ConfigProblem]:
+    """Credentials a pull could never log in with. Checked on a complete config only: a
+    template may hold the username and the experiment's own config the password."""
+    auth = env.registry_auth
+    if auth is None or auth.auth or auth.identitytoken or auth.registrytoken:
+        return []
+    if auth.username and not auth.password:
+        return [
+            ConfigProblem(
+                "environment.registry_auth.password",
+                "required with a username (or give `auth`, base64 of username:password)",
+            )
+        ]
+    if auth.password and not auth.username:
+        return [
+            ConfigProblem(
+                "environment.registry_auth.username",
+                "required with a password (or give `auth`, base64 of username:password)",
+            )
+        ]
+    return []
+
+
+def _check_registry_auth(cfg: ExperimentConfig, complete: bool) -> list[ConfigProblem]:
+    return registry_auth_problems(cfg.environment) if complete else []
+
+
 _Check = Callable[[ExperimentConfig, bool], list[ConfigProblem]]
 
 # Cross-field checks and the top-level sections they read; a check is skipped when one of
@@ -1468,6 +1555,7 @@ _CHECKS: tuple[tuple[frozenset[str], _Check], ...] = (
     (frozenset({"hyperparameters", "searcher"}), _check_grid_counts),
     (frozenset({"workspace", "project"}), _check_workspace_project),
     (frozenset({"entrypoint"}), _check_entrypoint),
+    (frozenset({"environment"}), _check_registry_auth),
 )
 
 
@@ -1532,10 +1620,10 @@ def config_warnings(cfg: ExperimentConfig) -> list[str]:
     return warnings
 
 
-_NO_IMAGES = "resolute agents run trials as processes on the host, not in images"
+_RUNTIME = "agents started with --container-runtime podman|docker"
 _NO_CONTAINERS = (
-    "resolute agents run trials as processes of the agent's user, not in containers, so "
-    "no capabilities are added or dropped"
+    "no capabilities are added or dropped: trials run as processes on the host, or in "
+    "containers with the runtime's default capabilities"
 )
 
 
@@ -1575,7 +1663,8 @@ def _container_mount_warnings(cfg: ExperimentConfig) -> list[str]:
     """bind_mounts and resources.shm_size are made in the trial's private mount namespace
     (agent/bootstrap.py); what of them cannot hold there is named, so a config that relied
     on it is not silently running without it: mount propagation to or from the host, and
-    devices, which only a container's device cgroup gives or takes."""
+    devices, which only a container's device cgroup gives or takes (on agents with a
+    container runtime, when the config names an image)."""
     warnings: list[str] = []
     for index, mount in enumerate(cfg.bind_mounts):
         if mount.propagation not in mounts.PRIVATE_PROPAGATIONS:
@@ -1587,42 +1676,29 @@ def _container_mount_warnings(cfg: ExperimentConfig) -> list[str]:
     if cfg.resources.devices:
         paths = ", ".join(device.host_path for device in cfg.resources.devices)
         warnings.append(
-            f"resources.devices ({paths}) does not apply: resolute agents run trials as "
-            "processes, not in containers, and trials see the host's devices as the agent's "
-            "user may open them"
+            f"resources.devices ({paths}) apply only in containers: where environment.image "
+            f"runs on {_RUNTIME}; a trial run on the host sees the host's devices as the "
+            "agent's user may open them"
         )
     return warnings
 
 
 def _docker_only_warnings(env: Environment) -> list[str]:
-    """One warning per Docker- or Kubernetes-only environment key the config sets to
-    something (an empty list or `force_pull_image: false` asks for nothing and is not
-    mentioned). These keys are accepted, never refused, so Determined's configs submit
-    unchanged. Credentials and pod specs are named, not shown."""
+    """A note on where the image applies, and one warning per Docker-only environment key
+    the config sets to something (an empty list asks for nothing and is not mentioned).
+    These keys are accepted, never refused, so Determined's configs submit unchanged."""
     warnings: list[str] = []
     if isinstance(env.image, EnvironmentImageMap):
-        images = ", ".join(
+        shown = ", ".join(
             f"{kind}: {name}" for kind, name in env.image.model_dump().items() if name
         )
     else:
-        images = env.image or ""
-    if images:
+        shown = env.image or ""
+    if shown:
         warnings.append(
-            f"environment.image ({images}) does not apply: {_NO_IMAGES}; choose the "
-            "interpreter with environment.environment_variables PATH=..."
-        )
-    if env.registry_auth is not None and env.registry_auth.model_dump(exclude_none=True):
-        warnings.append(
-            f"environment.registry_auth does not apply: {_NO_IMAGES}, so none is pulled"
-        )
-    if env.force_pull_image:
-        warnings.append(
-            f"environment.force_pull_image (true) does not apply: {_NO_IMAGES}, so none is pulled"
-        )
-    if env.pod_spec:
-        warnings.append(
-            "environment.pod_spec does not apply: resolute runs trials as processes on its "
-            "agents' hosts, not in Kubernetes pods"
+            f"environment.image ({shown}) is used on {_RUNTIME}; agents without a runtime "
+            "run the trial's processes on the host, where PATH in "
+            "environment.environment_variables chooses the interpreter"
         )
     for key, names in (
         ("add_capabilities", env.add_capabilities),

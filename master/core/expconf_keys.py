@@ -148,8 +148,9 @@ KEYS: tuple[KeyRule, ...] = (
     KeyRule(
         "resources.devices",
         "warned",
-        "trials are processes, not containers; they see the host's devices as the agent's "
-        "user may open them",
+        "mapped into the trial's container with their mode as cgroup permissions; they "
+        "apply only in containers (environment.image), and the submit says so: processes "
+        "on the host see the host's devices as the agent's user may open them",
         sample=[{"host_path": "/dev/fuse", "container_path": "/dev/fuse"}],
     ),
     KeyRule(
@@ -177,28 +178,40 @@ KEYS: tuple[KeyRule, ...] = (
     ),
     KeyRule(
         "environment.image",
-        "warned",
-        "no images: choose the interpreter with environment_variables `PATH=...`",
-        sample="determinedai/pytorch-ngc:0.38.1",
+        "applied",
+        "the trial's container image (one, or per cpu/cuda/rocm) on agents started with "
+        "`--container-runtime podman|docker`, and the submit says so; agents without a "
+        "runtime run the processes on the host, where environment_variables `PATH=...` "
+        "chooses the interpreter; a malformed image name is refused",
     ),
     KeyRule(
         "environment.registry_auth",
-        "warned",
-        "no images are pulled",
-        sample={"username": "someone", "password": "secret"},
+        "applied",
+        "the credentials of the image's pull, given to the agent's runtime only: hidden "
+        "(********) wherever a config is shown and never in the trial's config; a username "
+        "without a password (or `auth`) is refused",
     ),
-    KeyRule("environment.force_pull_image", "warned", "no images are pulled", sample=True),
-    KeyRule("environment.pod_spec", "warned", "no Kubernetes pods", sample={"metadata": {}}),
+    KeyRule(
+        "environment.force_pull_image",
+        "applied",
+        "the image is pulled before every launch, even when the agent has it",
+    ),
+    KeyRule(
+        "environment.pod_spec",
+        "refused",
+        "resolute runs no Kubernetes pods; use environment.image for the container, "
+        "bind_mounts for volumes and resources.devices for devices",
+    ),
     KeyRule(
         "environment.add_capabilities",
         "warned",
-        "trials run as the agent's processes; no capabilities change",
+        "no capabilities change, on the host or in a container",
         sample=["SYS_ADMIN"],
     ),
     KeyRule(
         "environment.drop_capabilities",
         "warned",
-        "trials run as the agent's processes; no capabilities change",
+        "no capabilities change, on the host or in a container",
         sample=["NET_RAW"],
     ),
     KeyRule(

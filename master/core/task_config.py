@@ -2,8 +2,9 @@
 
 The config is Determined's command config (`det cmd run --config-file`): description,
 entrypoint, resources, environment, bind_mounts, work_dir, idle_timeout and
-notebook_idle_type. Every key Determined documents is accepted; the ones that do not apply
-to bare processes on an agent (image, pod_spec...) are kept and ignored, as for experiments.
+notebook_idle_type. Every key Determined documents is accepted and checked as an
+experiment's is (the image runs on agents with a container runtime), except pod_spec, which
+is refused as it is for experiments.
 """
 
 from __future__ import annotations
@@ -97,6 +98,8 @@ def validate_task_config(raw: Mapping[str, Any], task_type: str) -> TaskConfig:
             problems.extend(exc.problems)
     if config is not None and task_type == "COMMAND" and not command_argv(config.entrypoint):
         problems.append(ConfigProblem("entrypoint", "a command needs a command to run"))
+    if config is not None and task_type:  # complete: after any template merge
+        problems.extend(expconf.registry_auth_problems(config.environment))
     if problems:
         raise ConfigError(problems)
     assert config is not None

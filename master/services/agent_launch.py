@@ -12,7 +12,7 @@ from datetime import timedelta
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from master.core import launch, mounts, task_config
+from master.core import images, launch, mounts, task_config
 from master.core.errors import ConfigError
 from master.core.interfaces import InterfaceChoice, choose_interface
 from master.db.models import (
@@ -143,7 +143,8 @@ class LaunchAssembler:
             allocation_id=allocation.id,
             seed=trial.seed,
             hparams=trial.hparams,
-            config=experiment.config,
+            # DET_EXPERIMENT_CONFIG and trial.json: the ranks never see registry credentials.
+            config=images.without_registry_auth(experiment.config),
             steps_completed=steps_completed,
             latest_checkpoint=resume.uuid if resume is not None else "",
             user=owner.username if owner else "",
@@ -169,6 +170,7 @@ class LaunchAssembler:
             default_variables=self.default_variables(allocation.resource_pool, device_type),
         )
         archive = model_definition.archive if model_definition else b""
+        container = container_message(images.container_spec(experiment.config, device_type))
         bind_mounts = _bind_mounts(experiment.config)
         shm_size_bytes = mounts.shm_bytes(
             (experiment.config.get("resources") or {}).get("shm_size")
@@ -205,6 +207,7 @@ class LaunchAssembler:
                         bind_mounts=bind_mounts,
                         shm_size_bytes=shm_size_bytes,
                         owner_id=experiment.owner_id or 0,
+                        container=container,
                     )
                 ),
             )
@@ -245,7 +248,7 @@ class LaunchAssembler:
             task_id=task.uuid,
             task_type=task.type,
             allocation_id=allocation.id,
-            config=task.config,
+            config=images.without_registry_auth(task.config),
             argv=tuple(
                 task_config.task_argv(
                     task.type,
@@ -291,9 +294,30 @@ class LaunchAssembler:
                 bind_mounts=_bind_mounts(task.config),
                 shm_size_bytes=shm_size_bytes,
                 owner_id=owner.id,
+                container=container_message(images.container_spec(task.config, device_type)),
             )
         )
         return agent_launch.agent_id, message
+
+
+def container_message(spec: images.ContainerSpec | None) -> pb.Container | None:
+    """The protocol's Container of a launch; None leaves StartAllocation.container unset,
+    and the agent runs the processes on its host."""
+    if spec is None:
+        return None
+    return pb.Container(
+        image=spec.image,
+        force_pull=spec.force_pull,
+        registry_auth=pb.RegistryAuth(**spec.registry_auth) if spec.registry_auth else None,
+        devices=[
+            pb.DeviceMapping(
+                host_path=d.host_path,
+                container_path=d.container_path,
+                cgroup_permissions=d.cgroup_permissions,
+            )
+            for d in spec.devices
+        ],
+    )
 
 
 def _bind_mounts(config: Mapping[str, object]) -> list[pb.BindMount]:

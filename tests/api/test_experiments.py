@@ -476,7 +476,7 @@ async def test_deepspeed_with_no_agents_known_is_accepted(api: httpx.AsyncClient
     assert await row_counts(api) == (1, 0)
 
 
-# --- Docker-only environment keys: accepted as they are, with a warning each ------------------
+# --- container keys: the image applies on agents with a runtime; Docker-only keys warn -------
 
 # Shaped like Determined's examples: an image per accelerator, a forced pull, capabilities.
 DOCKER_ENVIRONMENT_YAML = (
@@ -496,7 +496,7 @@ environment:
 )
 
 
-async def test_docker_only_keys_are_accepted_and_said_not_to_apply(
+async def test_container_keys_are_accepted_and_docker_only_ones_said_not_to_apply(
     api: httpx.AsyncClient,
 ) -> None:
     reply = await create_experiment(api, DOCKER_ENVIRONMENT_YAML)
@@ -505,20 +505,26 @@ async def test_docker_only_keys_are_accepted_and_said_not_to_apply(
     docker = [w for w in body["warningMessages"] if w.startswith("environment.")]
     assert [w.split(" ", 1)[0] for w in docker] == [
         "environment.image",
-        "environment.registry_auth",
-        "environment.force_pull_image",
         "environment.add_capabilities",
         "environment.ports",
     ]
     assert docker[0] == (
         "environment.image (cpu: determinedai/pytorch-ngc:0.38.1, cuda: "
-        "determinedai/pytorch-ngc:0.38.1) does not apply: resolute agents run trials as "
-        "processes on the host, not in images; choose the interpreter with "
-        "environment.environment_variables PATH=..."
+        "determinedai/pytorch-ngc:0.38.1) is used on agents started with --container-runtime "
+        "podman|docker; agents without a runtime run the trial's processes on the host, "
+        "where PATH in environment.environment_variables chooses the interpreter"
     )
     assert not any("s3cret" in w for w in body["warningMessages"])
     experiment = body["experiment"]
-    assert experiment["originalConfig"] == DOCKER_ENVIRONMENT_YAML
+    # The text as submitted, but for the registry password, which is shown masked.
+    assert "s3cret" not in experiment["originalConfig"]
+    assert yaml.safe_load(experiment["originalConfig"]) == {
+        **yaml.safe_load(DOCKER_ENVIRONMENT_YAML),
+        "environment": {
+            **yaml.safe_load(DOCKER_ENVIRONMENT_YAML)["environment"],
+            "registry_auth": {"username": "robot", "password": "********"},
+        },
+    }
     stored = (await api.get(f"/api/v1/experiments/{experiment['id']}")).json()["experiment"]
     environment = stored["config"]["environment"]
     assert environment["image"]["cuda"] == "determinedai/pytorch-ngc:0.38.1"

@@ -126,10 +126,6 @@ environment:
   proxy_ports:
     - proxy_port: 6006
       proxy_tcp: false
-  pod_spec:
-    spec:
-      nodeSelector:
-        gpu: a100
 checkpoint_storage:
   type: shared_fs
   host_path: /mnt/checkpoints
@@ -236,11 +232,9 @@ def test_full_realistic_config_validates() -> None:
     assert isinstance(optimizer, dict)
     assert optimizer["name"] == ConstHP(val="sgd")
     assert optimizer["schedule"] == {"warmup": ConstHP(val=500)}
-    # Only what does not apply is mentioned (force_pull_image: false asks for nothing).
+    # Only what does not apply is mentioned, and where the image does.
     assert [w.split(" ", 1)[0] for w in config_warnings(cfg)] == [
         "environment.image",
-        "environment.registry_auth",
-        "environment.pod_spec",
         "environment.add_capabilities",
         "environment.drop_capabilities",
         "bind_mounts.1.propagation",
@@ -994,7 +988,7 @@ def test_entrypoint_modules() -> None:
     assert entrypoint_modules(None) == []
 
 
-# --- Docker-only environment keys: accepted, and said not to apply ---------------------------
+# --- container keys: images apply on agents with a runtime; the rest is said not to apply -----
 
 # Shaped like Determined's examples (hf_trainer_api's deepspeed.yaml, gpt_neox): an image per
 # accelerator, a forced pull and the ranks' environment variables.
@@ -1021,16 +1015,19 @@ hyperparameters:
   global_batch_size: 16
 """
 
-NOT_IN_IMAGES = "resolute agents run trials as processes on the host, not in images"
+IMAGE_NOTE = (
+    "is used on agents started with --container-runtime podman|docker; agents without a "
+    "runtime run the trial's processes on the host, where PATH in "
+    "environment.environment_variables chooses the interpreter"
+)
 
 
-def test_determined_example_environment_is_accepted_with_warnings() -> None:
+def test_determined_example_environment_is_accepted_with_a_note_on_the_image() -> None:
     cfg = validate_config(parse_yaml(DETERMINED_EXAMPLE_YAML), complete=True)
+    # force_pull_image applies (the runtime pulls again), so only the image's note is left.
     assert config_warnings(cfg) == [
         "environment.image (cpu: determinedai/pytorch-ngc:0.38.1, cuda: "
-        f"determinedai/pytorch-ngc:0.38.1) does not apply: {NOT_IN_IMAGES}; choose the "
-        "interpreter with environment.environment_variables PATH=...",
-        f"environment.force_pull_image (true) does not apply: {NOT_IN_IMAGES}, so none is pulled",
+        f"determinedai/pytorch-ngc:0.38.1) {IMAGE_NOTE}",
     ]
     # Stored as given, so the config still says what the user wrote.
     environment = effective_dict(cfg)["environment"]
@@ -1047,7 +1044,6 @@ def test_every_docker_only_key_gets_one_warning() -> None:
         "image": "determinedai/pytorch-ngc:0.38.1",
         "registry_auth": {"username": "robot", "password": "s3cret", "serveraddress": "r.io"},
         "force_pull_image": True,
-        "pod_spec": {"spec": {"nodeSelector": {"gpu": "a100"}}},
         "add_capabilities": ["IPC_LOCK", "SYS_NICE"],
         "drop_capabilities": ["NET_RAW"],
         "ports": {"tensorboard": 6006},
@@ -1055,22 +1051,17 @@ def test_every_docker_only_key_gets_one_warning() -> None:
     }
     cfg = validate_config({**MINIMAL, "environment": environment}, complete=True)
     warnings = config_warnings(cfg)
+    # registry_auth and force_pull_image apply to the image's pull: no warning of theirs.
     assert [w.split(" ", 1)[0] for w in warnings] == [
         "environment.image",
-        "environment.registry_auth",
-        "environment.force_pull_image",
-        "environment.pod_spec",
         "environment.add_capabilities",
         "environment.drop_capabilities",
         "environment.ports",
     ]
-    assert warnings[0] == (
-        f"environment.image (determinedai/pytorch-ngc:0.38.1) does not apply: {NOT_IN_IMAGES}; "
-        "choose the interpreter with environment.environment_variables PATH=..."
-    )
-    assert warnings[4].startswith("environment.add_capabilities (IPC_LOCK, SYS_NICE) does not")
-    assert warnings[6].startswith("environment.ports (tensorboard: 6006) does not apply")
-    assert all("does not apply" in w for w in warnings)
+    assert warnings[0] == f"environment.image (determinedai/pytorch-ngc:0.38.1) {IMAGE_NOTE}"
+    assert warnings[1].startswith("environment.add_capabilities (IPC_LOCK, SYS_NICE) does not")
+    assert warnings[3].startswith("environment.ports (tensorboard: 6006) does not apply")
+    assert all("does not apply" in w for w in warnings[1:])
     assert not any("s3cret" in w or "robot" in w for w in warnings)  # credentials never shown
     assert effective_dict(cfg)["environment"]["ports"] == {"tensorboard": 6006}
 
@@ -1099,9 +1090,9 @@ def test_mounts_and_shm_apply_so_only_propagation_and_devices_warn() -> None:
         "bind_mounts.3.propagation (rslave) does not apply: every mount of a trial is "
         "private to its mount namespace (rprivate), so mounts made later under the path are "
         "not shared with the host",
-        "resources.devices (/dev/infiniband/uverbs0) does not apply: resolute agents run "
-        "trials as processes, not in containers, and trials see the host's devices as the "
-        "agent's user may open them",
+        "resources.devices (/dev/infiniband/uverbs0) apply only in containers: where "
+        "environment.image runs on agents started with --container-runtime podman|docker; a "
+        "trial run on the host sees the host's devices as the agent's user may open them",
     ]
 
 

@@ -12,6 +12,7 @@ from master.db.models import TaskType
 from master.errors import InvalidArgument
 from master.schemas.tasks import WIRE_KEY, TaskCreate, task_summary, task_view
 from master.services import access, interactive
+from resolute.storage import mask_config
 
 router = APIRouter(prefix="/api/v1", tags=["Tasks"])
 
@@ -49,7 +50,7 @@ def _routes(kind: TaskType) -> None:
             files=body.files,
         )
         row = await interactive.create_task(session, user, request, settings)
-        return {key: task_view(row, user.id), "config": row.task.config}
+        return {key: task_view(row, user.id), "config": mask_config(row.task.config)}
 
     async def list_all(
         session: SessionDep,
@@ -65,7 +66,7 @@ def _routes(kind: TaskType) -> None:
 
     async def get_one(task_id: str, session: SessionDep, user: CurrentUser) -> dict[str, Any]:
         row = await _typed(session, kind, task_id)
-        return {key: task_view(row, user.id), "config": row.task.config}
+        return {key: task_view(row, user.id), "config": mask_config(row.task.config)}
 
     async def kill(task_id: str, session: SessionDep, actor: CurrentActor) -> dict[str, Any]:
         await _typed(session, kind, task_id)

@@ -49,6 +49,7 @@ from master.services import (
     trial_reports,
 )
 from master.services.access import Actor
+from resolute.storage import mask_config
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,9 @@ async def create_experiment(
     view, prepared = await experiments.create_experiment(session, request, user, settings)
     return CreateExperimentResponse(
         experiment=Experiment.of(view) if view is not None else None,
-        config=view.experiment.config if view is not None else prepared.effective_config,
+        config=mask_config(
+            view.experiment.config if view is not None else prepared.effective_config
+        ),
         warnings=prepared.launch_warnings,
         warning_messages=prepared.warnings,
     )
