@@ -35,6 +35,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agent import containers
 from harness import images
 from harness.cluster import AgentProcess, wait_until
 from tests.conftest import require
@@ -423,17 +424,41 @@ def test_the_fence_kills_the_container_and_a_killed_agent_leaves_none(
     victim_id = wait_until("a container of the trial to run", lambda: _running_on(cluster), 120)
     victim = cluster.agents[victim_id]
     label = f"ai.resolute.agent={victim_id}"
+    old_containers = _containers(label)
     victim.kill(signal.SIGKILL)
     wait_until(
         "the fence to end the container", lambda: not _containers(label, running_only=True), 30
     )
+    # What a host's crash would leave (agent and fence gone at once): a running container
+    # of the agent's. The agent's next start removes it.
+    stray = f"resolute-stray-{victim_id}"
+    _podman(
+        "run",
+        "--detach",
+        "--name",
+        stray,
+        "--label",
+        label,
+        *_limits(),
+        images.base_image(),
+        "sleep",
+        "600",
+    )
+    assert stray in _containers(label, running_only=True)
     cluster.agents[victim_id] = restarted = _agent(
         cluster.master, victim_id, cluster.root, cluster.registry.address
     ).start()
     restarted.wait_connected()
-    assert _containers(label) == [], "the restarted agent left its old containers in the store"
+    # Gone from the store, not only stopped (the trial may be placed on it again: a new
+    # allocation's container is not one of them).
+    left = ({stray} | set(old_containers)) & set(_containers(label))
+    assert not left, f"the restarted agent left {left} in the store"
     cluster.master.api("POST", f"/api/v1/experiments/{long_id}/kill")
     wait_trial_state(cluster.master, long_id, TERMINAL, timeout=120)
+
+
+def _limits() -> list[str]:
+    return containers.host_limits(containers.Runtime("podman", "podman"))
 
 
 def _running_on(cluster: Cluster) -> str | None:
