@@ -88,6 +88,10 @@ class AllocationRun:
     # The image its ranks run in (agent/containers.py), when the agent has a runtime.
     container: pb.Container | None = None
     container_pids: dict[int, int] = field(default_factory=dict)  # rank -> its first process
+    # A per_slot launch of several ranks in one container (containers.GROUP_LAUNCHER): each
+    # rank's end comes as a line of the container's output, not as a process's exit.
+    grouped: bool = False
+    rank_exits: dict[int, asyncio.Future[int]] = field(default_factory=dict)
 
     @property
     def namespaced(self) -> bool:
@@ -196,6 +200,7 @@ class Runner:
         image = start.container.image if start.HasField("container") else ""
         if image and self.runtime is not None:
             run.container = start.container
+            run.grouped = not run.per_agent and len(start.ranks) > 1
         elif image:
             self._note(
                 run,
@@ -249,7 +254,13 @@ class Runner:
                 run.kind, run.message = pb.EXIT_KIND_FENCED, FENCED_MESSAGE
                 run.stopping = True
             run.started_at = time.monotonic()
-            for spec in start.ranks:
+            if run.grouped and not run.stopping:
+                client = await self._spawn_container(start, list(start.ranks), run)
+                loop = asyncio.get_running_loop()
+                for spec in start.ranks:
+                    run.processes[spec.rank] = client
+                    run.rank_exits[spec.rank] = loop.create_future()
+            for spec in [] if run.grouped else start.ranks:
                 if run.stopping:
                     break  # a stop arrived while we were starting: start no more ranks
                 run.processes[spec.rank] = await self._spawn(start, spec, run)
@@ -273,6 +284,9 @@ class Runner:
         log.info("allocation %s: started ranks %s", allocation_id, sorted(run.processes))
         for rank, process in run.processes.items():
             run.tasks.append(asyncio.create_task(self._watch(run, rank, process)))
+        if run.grouped:
+            client = next(iter(run.processes.values()))
+            run.tasks.append(asyncio.create_task(self._watch_group(run, client)))
 
     async def stop(self, allocation_id: str, reason: str, grace_s: float) -> None:
         run = self.runs.get(allocation_id)
@@ -476,7 +490,7 @@ class Runner:
         self, start: pb.StartAllocation, spec: pb.RankSpec, run: AllocationRun
     ) -> asyncio.subprocess.Process:
         if run.container is not None:
-            return await self._spawn_container(start, spec, run)
+            return await self._spawn_container(start, [spec], run)
         env = self._rank_env(start, spec, run)
         argv = list(start.argv)
         if not argv:
@@ -514,15 +528,19 @@ class Runner:
         return process
 
     async def _spawn_container(
-        self, start: pb.StartAllocation, spec: pb.RankSpec, run: AllocationRun
+        self, start: pb.StartAllocation, specs: list[pb.RankSpec], run: AllocationRun
     ) -> asyncio.subprocess.Process:
-        """One rank in its container (agent/containers.py): the runtime's client, attached,
-        in a process group of its own; the container's first process is guarded once it
-        runs (_guard_containers)."""
+        """One rank, or every rank of a grouped run, in a container (agent/containers.py):
+        the runtime's client, attached, in a process group of its own; the container's
+        first process is guarded once it runs (_guard_containers)."""
         assert run.container is not None and self.runtime is not None
         if not start.argv:
             raise LaunchFailed("the entrypoint is empty")
+        spec = min(specs, key=lambda one: one.rank)  # names the container and its files
         env = self._rank_env(start, spec, run)
+        argv = list(start.argv)
+        if run.grouped:
+            argv = self._group_ranks(start, specs, run, env)
         volumes: list[containers.Volume] = []
         if run.per_agent:
             workdir = str(bootstrap.WORKDIR)
@@ -555,13 +573,13 @@ class Runner:
         pidfile = private / f"{spec.rank}.pid"
         pidfile.unlink(missing_ok=True)
         user = self._user(run)
-        devices = [self.devices[s] for s in spec.slot_ids if s in self.devices]
+        devices = [self.devices[s] for one in specs for s in one.slot_ids if s in self.devices]
         rank_container = containers.RankContainer(
             name=containers.container_name(run.allocation_id, spec.rank),
             agent_id=self.agent_id,
             allocation_id=run.allocation_id,
             image=run.container.image,
-            argv=list(start.argv),
+            argv=argv,
             workdir=workdir,
             env_file=str(env_file),
             volumes=volumes,
@@ -590,20 +608,55 @@ class Runner:
         run.tasks.append(asyncio.create_task(self._pump(run, spec.rank, process.stderr, "stderr")))
         return process
 
+    def _group_ranks(
+        self,
+        start: pb.StartAllocation,
+        specs: list[pb.RankSpec],
+        run: AllocationRun,
+        common: dict[str, str],
+    ) -> list[str]:
+        """Lay out a grouped run's ranks for containers.GROUP_LAUNCHER in its working
+        directory: per rank, the variables that differ from `common` (left in `common`
+        are only those every rank shares) and the two FIFOs of its output; the command."""
+        envs = {spec.rank: self._rank_env(start, spec, run) for spec in specs}
+        differing = {k for env in envs.values() for k, v in env.items() if common.get(k) != v}
+        for key in differing:
+            common.pop(key, None)
+        ranks_dir = run.work_dir / ".ranks"
+        ranks_dir.mkdir(exist_ok=True)
+        user = self._user(run)
+        for rank, env in envs.items():
+            own = {k: v for k, v in env.items() if k in differing}
+            (ranks_dir / f"{rank}.env").write_text(containers.env_file_text(own))
+            for stream in ("out", "err"):
+                os.mkfifo(ranks_dir / f"{rank}.{stream}", 0o600)
+        if user is not None:
+            rank_user.chown_tree(ranks_dir, user)
+        return containers.group_argv(str(ranks_dir), sorted(envs), list(start.argv))
+
     async def _guard_containers(self, run: AllocationRun) -> None:
         """Wait until each rank's container runs (they start in parallel) and hand its
         first process to the fence: its SIGKILL ends the container's every process, which
         killing the runtime's client would not."""
         private = self._container_dir(run)
-        ranks = list(run.processes.items())
+        first_rank: dict[int, int] = {}  # a client's pid -> the rank its pid file is named by
+        for rank, client in sorted(run.processes.items()):
+            first_rank.setdefault(client.pid, rank)
+        clients = {client.pid: client for client in run.processes.values()}
         pids = await asyncio.gather(
-            *(containers.container_pid(private / f"{rank}.pid", client) for rank, client in ranks)
+            *(
+                containers.container_pid(private / f"{first_rank[pid]}.pid", client)
+                for pid, client in clients.items()
+            )
         )
-        for (rank, _), pid in zip(ranks, pids, strict=True):
+        found = dict(zip(clients, pids, strict=True))
+        for rank, client in run.processes.items():
+            pid = found[client.pid]
             if pid is not None:
                 run.container_pids[rank] = pid
-                if self.fence is not None:
-                    self.fence.guard(pid)
+        if self.fence is not None:
+            for pid in {p for p in found.values() if p is not None}:
+                self.fence.guard(pid)
 
     def _agent_env(self) -> dict[str, str]:
         """The runtime client's environment: the agent's, less its own settings."""
@@ -699,7 +752,14 @@ class Runner:
                 pending = b""
             for line in lines:
                 line_rank = rank
-                if run.per_agent:
+                if run.grouped and stdtype == "stdout":
+                    ended = containers.parse_rank_exit(line)
+                    if ended is not None:
+                        exit_status = run.rank_exits.get(ended[0])
+                        if exit_status is not None and not exit_status.done():
+                            exit_status.set_result(containers.signal_exit(ended[1]))
+                        continue
+                if run.per_agent or run.grouped:
                     # A launcher's own lines belong to no rank; its ranks say which they are.
                     tagged = RANK_PREFIX.match(line)
                     line_rank = int(tagged.group(1)) if tagged else -1
@@ -720,14 +780,17 @@ class Runner:
     async def _watch(
         self, run: AllocationRun, rank: int, process: asyncio.subprocess.Process
     ) -> None:
-        code = await process.wait()
-        if run.container is not None:
-            code = containers.signal_exit(code)
+        if run.grouped:
+            code = await run.rank_exits[rank]  # the container runs on for the other ranks
+        else:
+            code = await process.wait()
+            if run.container is not None:
+                code = containers.signal_exit(code)
+            if self.fence is not None:
+                self.fence.release(process.pid)
+                if rank in run.container_pids:
+                    self.fence.release(run.container_pids[rank])
         run.exit_codes[rank] = code
-        if self.fence is not None:
-            self.fence.release(process.pid)
-            if rank in run.container_pids:
-                self.fence.release(run.container_pids[rank])
         fenced = (
             code < 0
             and self.fence is not None
@@ -749,6 +812,18 @@ class Runner:
             self.spawn_task(self._stop_processes(run))
         if len(run.exit_codes) == len(run.processes):
             await self._finish(run)
+
+    async def _watch_group(self, run: AllocationRun, client: asyncio.subprocess.Process) -> None:
+        """A grouped run's container has ended: a rank that did not say how it ended was
+        killed with it."""
+        code = containers.signal_exit(await client.wait())
+        for exit_status in run.rank_exits.values():
+            if not exit_status.done():
+                exit_status.set_result(code if code != 0 else -signal.SIGKILL)
+        if self.fence is not None:
+            self.fence.release(client.pid)
+            for pid in set(run.container_pids.values()):
+                self.fence.release(pid)
 
     async def _stop_processes(self, run: AllocationRun) -> None:
         alive = {r: p for r, p in run.processes.items() if r not in run.exit_codes}

@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -362,6 +363,56 @@ def test_a_command_runs_in_an_image(cluster: Cluster, tmp_path: Path) -> None:
     )
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{cluster.diagnostics()}"
     assert "GREETING 2" in result.stdout, result.stdout
+
+
+GANG_SCRIPT = """
+import os, sys, time
+rank = int(os.environ["RANK"])
+print(f"hello from rank {rank}", flush=True)
+print(f"rank {rank} on stderr", file=sys.stderr, flush=True)
+if rank == 1:
+    time.sleep(1)
+    sys.exit(3)
+time.sleep(300)  # until the gang rule stops it
+"""
+
+
+def test_a_gangs_ranks_share_one_container_and_one_failing_rank_stops_the_rest(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Two ranks of a per_slot trial on one agent run in one container (one start, not
+    two); their lines stay by rank and stream, and rank 1's exit status 3 stops rank 0
+    and fails the trial naming rank 1, as for processes on the host."""
+    config, model = write_experiment(
+        tmp_path, GANG_SCRIPT, slots=2, extra={"environment": _environment(cluster, "1")}
+    )
+    since = str(int(time.time()) - 1)
+    experiment_id = create_experiment(cluster.master, config, model)
+    trial = wait_trial_state(cluster.master, experiment_id, TERMINAL, timeout=120)
+    assert trial["state"] == "ERROR", f"{trial}\n{cluster.diagnostics()}"
+    assert "rank 1 exited with code 3" in trial["endReason"], trial
+    created = _podman(
+        "events",
+        "--since",
+        since,
+        "--until",
+        str(int(time.time()) + 1),
+        "--filter",
+        "event=create",
+        "--filter",
+        f"label=ai.resolute.allocation={trial['id']}.1",
+        "--format",
+        "{{.Name}}",
+    ).split()
+    assert len(created) == 1, created
+    reply = cluster.master.http("GET", f"/api/v1/trials/{trial['id']}/logs")
+    lines = [json.loads(line)["result"] for line in reply.text.splitlines() if line.strip()]
+    by_rank = {(r["rankId"], r["stdtype"], r["message"].strip()) for r in lines}
+    for rank in (0, 1):
+        assert (rank, "stdout", f"hello from rank {rank}") in by_rank, by_rank
+        assert (rank, "stderr", f"rank {rank} on stderr") in by_rank, by_rank
+    assert not any("resolute-rank-exit" in r["message"] for r in lines)
+    assert _containers(f"ai.resolute.allocation={trial['id']}.1") == []
 
 
 TICK_SCRIPT = """

@@ -164,3 +164,19 @@ def test_an_unknown_runtime_or_a_missing_client_is_refused_naming_it(
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(ValueError, match="podman is not on PATH"):
         containers.find_runtime("podman")
+
+
+def test_a_gang_on_one_agent_is_one_container_whose_launcher_gets_the_ranks() -> None:
+    argv = containers.group_argv("/w/7.1/.ranks", [0, 1, 2], ["python3", "train.py", "--x"])
+    assert argv[:2] == ["/bin/sh", "-c"] and argv[2] == containers.GROUP_LAUNCHER
+    ranks = ["resolute-ranks", "/w/7.1/.ranks", "3", "0", "1", "2"]
+    assert argv[3:] == [*ranks, "python3", "train.py", "--x"]
+
+
+def test_only_the_launchers_own_line_says_a_rank_ended() -> None:
+    marker = containers.RANK_EXIT_MARKER.encode()
+    assert containers.parse_rank_exit(marker + b" 3 143") == (3, 143)
+    assert containers.parse_rank_exit(b"resolute-rank-exit 3 143") is None  # no marker byte
+    assert containers.parse_rank_exit(b"[rank=3] " + marker + b" 3 0") is None
+    assert containers.parse_rank_exit(marker + b" 3") is None
+    assert containers.parse_rank_exit(marker + b" x 1") is None
