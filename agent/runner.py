@@ -520,11 +520,7 @@ class Runner:
             start_new_session=True,  # one process group per rank: stop kills its children too
             limit=MAX_LINE,
         )
-        if self.fence is not None:
-            self.fence.guard(process.pid)
-        assert process.stdout is not None and process.stderr is not None
-        run.tasks.append(asyncio.create_task(self._pump(run, spec.rank, process.stdout, "stdout")))
-        run.tasks.append(asyncio.create_task(self._pump(run, spec.rank, process.stderr, "stderr")))
+        self._attach(run, spec.rank, process)
         return process
 
     async def _spawn_container(
@@ -601,12 +597,16 @@ class Runner:
             start_new_session=True,
             limit=MAX_LINE,
         )
+        self._attach(run, spec.rank, process)
+        return process
+
+    def _attach(self, run: AllocationRun, rank: int, process: asyncio.subprocess.Process) -> None:
+        """Guard a started process group with the fence and pump its output to the logs."""
         if self.fence is not None:
             self.fence.guard(process.pid)
         assert process.stdout is not None and process.stderr is not None
-        run.tasks.append(asyncio.create_task(self._pump(run, spec.rank, process.stdout, "stdout")))
-        run.tasks.append(asyncio.create_task(self._pump(run, spec.rank, process.stderr, "stderr")))
-        return process
+        run.tasks.append(asyncio.create_task(self._pump(run, rank, process.stdout, "stdout")))
+        run.tasks.append(asyncio.create_task(self._pump(run, rank, process.stderr, "stderr")))
 
     def _group_ranks(
         self,
