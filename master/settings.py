@@ -292,6 +292,13 @@ class ResourcePoolSettings(BaseModel):
         default=None,
         description="Replaces the master's task_container_defaults for this pool's trials.",
     )
+    require_image: bool = Field(
+        default=False,
+        description=(
+            "Take only work whose config names environment.image (its agents run containers, "
+            "--container-runtime): a config without one is refused at submit, naming the pool."
+        ),
+    )
     idle_timeout_s: float | None = Field(
         default=None,
         gt=0,

@@ -156,6 +156,21 @@ def image_for(config: Mapping[str, Any], device_type: str) -> str | None:
     return chosen if isinstance(chosen, str) and chosen else None
 
 
+def names_an_image(config: Mapping[str, Any]) -> bool:
+    """Whether environment.image names an image for some slot type."""
+    return any(image_for(config, kind) for kind in ("cpu", "cuda", "rocm"))
+
+
+def required_image_problem(config: Mapping[str, Any], pool_name: str) -> str | None:
+    """Why a pool that takes only images (require_image) refuses `config`, or None."""
+    if names_an_image(config):
+        return None
+    return (
+        f"environment.image: resource pool {pool_name!r} runs only images (require_image); "
+        "name one in environment.image, or choose another pool in resources.resource_pool"
+    )
+
+
 def without_registry_auth(config: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of the config without environment.registry_auth: what a trial's or task's
     processes may read (the agent's runtime alone gets the credentials)."""

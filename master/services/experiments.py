@@ -14,7 +14,7 @@ import yaml
 from sqlalchemy import ColumnElement, Select, Table, bindparam, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from master.core import asha, launch, placement
+from master.core import asha, images, launch, placement
 from master.core.errors import ConfigError
 from master.core.expconf import (
     DEEPSPEED_LAUNCHER,
@@ -201,6 +201,10 @@ async def prepare_experiment(
         resources.get("resource_pool"),
         int(resources.get("slots_per_trial", 1)),
     )
+    if pool.require_image:
+        problem = images.required_image_problem(effective, pool.pool_name)
+        if problem:
+            raise InvalidArgument(problem)
     # Written into the stored config, as Determined does, so it says where the trials ran.
     resources["resource_pool"] = pool.pool_name
     if resources.get("priority") is None:

@@ -22,7 +22,7 @@ import httpx
 from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from master.core import roles, task_config
+from master.core import images, roles, task_config
 from master.core.credentials import new_token
 from master.core.expconf import parse_yaml
 from master.core.merge import merge_template
@@ -145,6 +145,10 @@ async def create_task(
     )
     priority = config.resources.priority or pool.scheduler.default_priority
     stored = config.model_dump(mode="json", exclude_none=True)
+    if pool.require_image:
+        problem = images.required_image_problem(stored, pool.pool_name)
+        if problem:
+            raise InvalidArgument(problem)
     stored["resources"].update(resource_pool=pool.pool_name, priority=priority)
     # A task's mounts and /dev/shm are a trial's, checked the same way before it queues.
     with config_errors_as_invalid_argument("config"):

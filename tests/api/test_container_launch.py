@@ -17,6 +17,7 @@ from sqlalchemy import select
 
 from master.db.models import ExperimentModel, TemplateModel
 from master.db.session import session_scope
+from master.settings import ResourcePoolSettings
 from resolute_proto.agent.v1 import agent_pb2 as pb
 from tests.api.test_access import refusal
 from tests.api.test_agent_link import connect, hub_of, of_kind, sent
@@ -281,3 +282,48 @@ async def test_bad_container_keys_are_refused_naming_the_field_and_store_nothing
     )
     assert "environment.pod_spec: refused: resolute runs no Kubernetes pods" in refusal(task, 400)
     assert (await api.get("/api/v1/commands")).json()["commands"] == []
+
+
+async def test_a_pool_that_requires_images_refuses_work_without_one(
+    app: FastAPI, api: httpx.AsyncClient
+) -> None:
+    """resource_pools[].require_image: a config without an image is refused at submit,
+    naming the pool, and stores nothing; one with an image goes in."""
+    settings = app.state.settings
+    app.state.settings = settings.model_copy(
+        update={
+            "resource_pools": [
+                ResourcePoolSettings(pool_name="default"),
+                ResourcePoolSettings(pool_name="images-only", require_image=True),
+            ]
+        }
+    )
+    try:
+        bare = CONFIG.split("environment:")[0] + "resources: {resource_pool: images-only}\n"
+        bare = bare.replace("resources:\n  slots_per_trial: 1\n", "").replace(
+            "  devices:\n    - {host_path: /dev/fuse, container_path: /dev/fuse, mode: rw}\n", ""
+        )
+        bare += "searcher: {name: single, metric: loss, max_length: 1}\n"
+        reply = await create_experiment(api, bare)
+        assert (
+            "environment.image: resource pool 'images-only' runs only images (require_image)"
+            in refusal(reply, 400)
+        )
+        assert await row_counts(api) == (0, 0)
+        command = await api.post(
+            "/api/v1/commands",
+            json={"config": {"entrypoint": "true", "resources": {"resource_pool": "images-only"}}},
+        )
+        assert "resource pool 'images-only' runs only images" in refusal(command, 400)
+        assert (await api.get("/api/v1/commands")).json()["commands"] == []
+        # With an image it is taken; the default pool still takes work without one.
+        with_image = CONFIG.replace(
+            "slots_per_trial: 1", "slots_per_trial: 1\n  resource_pool: images-only"
+        )
+        await submit(api, with_image)
+        plain = await create_experiment(
+            api, bare.replace("resources: {resource_pool: images-only}\n", "")
+        )
+        assert plain.status_code == 200, plain.text
+    finally:
+        app.state.settings = settings
