@@ -371,9 +371,14 @@ def mounts_problem(
             if clean == p or (p in ("/proc", "/sys") and clean.startswith(p + "/"))
         ]
         if owned:
+            instead = (
+                "resources.shm_size sizes a container's own /dev/shm"
+                if clean == "/dev/shm"
+                else "choose another"
+            )
             return (
                 f"bind_mounts: container_path {target} is a path the container runtime or "
-                "the agent makes itself; choose another"
+                f"the agent makes itself; {instead}"
             )
         if not os.path.exists(host_path):
             return (
