@@ -115,7 +115,7 @@ container-images: debian-packages trial-venv $(BIN)/.installed-run
 			echo "container tools missing and not root; their tests skip (and fail under CI=true)"; \
 		fi; \
 	fi
-	nohup $(BIN)/python -m harness.images --trial-venv $(TRIAL_VENV) > .container-images.log 2>&1 &
+	nohup $(BIN)/python -m harness.images --trial-venv $(TRIAL_VENV) >> .container-images.log 2>&1 &
 
 # Azurite, the Azure Blob server the checkpoint-storage tests talk to (S3 and GCS servers
 # come from PyPI with the test group).

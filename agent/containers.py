@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ import resource
 import shutil
 import subprocess
 import tempfile
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,8 +50,6 @@ LIBRARY_DIR = "/opt/resolute/lib"
 # Determined gives a container 4 GiB of /dev/shm unless the config says otherwise; the
 # runtimes' own default (64 MiB) starves PyTorch's data loader workers.
 DEFAULT_SHM_BYTES = 4 << 30
-# How long the agent waits for a started container's first process to appear.
-PIDFILE_TIMEOUT_S = 60.0
 # A pull that has said nothing for this long has stalled (the registry stopped answering).
 PULL_TIMEOUT_S = 1800.0
 
@@ -106,6 +106,11 @@ def remove_leftovers(runtime: Runtime, agent_id: str) -> list[str]:
         text=True,
         timeout=120,
     )
+    if listed.returncode != 0:
+        log.warning(
+            "could not list the containers an earlier run of this agent left: %s",
+            _last_line(listed),
+        )
     names = listed.stdout.split() if listed.returncode == 0 else []
     if names:
         subprocess.run(
@@ -123,11 +128,18 @@ def registry_of(image: str) -> str:
     return "docker.io"
 
 
-def auth_file(auth: Mapping[str, str], image: str) -> dict[str, object]:
-    """Docker's config.json (which podman's --authfile reads too) holding `auth` for the
-    image's registry, or its own serveraddress."""
+DOCKER_HUB_HOSTS = ("docker.io", "index.docker.io", "registry-1.docker.io")
+
+
+def auth_file(auth: Mapping[str, str], image: str, kind: str = "podman") -> dict[str, object]:
+    """Docker's config.json (which podman's --authfile reads too) holding `auth` under the
+    key each runtime looks the registry up by: the serveraddress's host (or the image's
+    registry); Docker Hub as podman names it (docker.io) or Docker does (its v1 URL)."""
     server = auth.get("serveraddress") or registry_of(image)
-    server = server.removeprefix("https://").removeprefix("http://").rstrip("/")
+    host = urllib.parse.urlsplit(server if "://" in server else f"//{server}").netloc or server
+    if host in DOCKER_HUB_HOSTS:
+        host = "https://index.docker.io/v1/" if kind == "docker" else "docker.io"
+    server = host
     entry: dict[str, str] = {}
     if auth.get("auth"):
         entry["auth"] = auth["auth"]
@@ -152,22 +164,36 @@ class ImagePuller:
 
     runtime: Runtime
     secrets_dir: Path
-    _pulls: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    # (image, the credentials' digest, forced) -> the fetch under way: launches share a
+    # fetch only with the same credentials, so one launch's wrong password never fails
+    # another's pull, nor does a right one pull for a launch that gave none.
+    _fetches: dict[tuple[str, str, bool], asyncio.Task[None]] = field(default_factory=dict)
 
     async def ensure(
         self, image: str, auth: Mapping[str, str] | None, force: bool, note: Note
     ) -> None:
         """Have `image` here, or raise ImageProblem."""
-        pulling = self._pulls.get(image)
-        if pulling is None:
-            if not force and await self._present(image):
-                return
-            pulling = asyncio.create_task(self._pull(image, auth, note))
-            self._pulls[image] = pulling
-            pulling.add_done_callback(lambda _: self._pulls.pop(image, None))
+        digest = hashlib.sha256(json.dumps(auth or {}, sort_keys=True).encode()).hexdigest()
+        key = (image, digest, force)
+        fetching = self._fetches.get(key)
+        if fetching is None:
+            fetching = asyncio.create_task(self._fetch(image, auth, force, note))
+            self._fetches[key] = fetching
+
+            def forget(done: asyncio.Task[None]) -> None:
+                if self._fetches.get(key) is done:
+                    del self._fetches[key]
+
+            fetching.add_done_callback(forget)
         else:
             note(f"waiting for the pull of {image} another launch started")
-        await asyncio.shield(pulling)
+        await asyncio.shield(fetching)  # a launch that stops leaves the pull to the others
+
+    async def _fetch(
+        self, image: str, auth: Mapping[str, str] | None, force: bool, note: Note
+    ) -> None:
+        if force or not await self._present(image):
+            await self._pull(image, auth, note)
 
     async def _present(self, image: str) -> bool:
         args = (
@@ -190,7 +216,8 @@ class ImagePuller:
         if auth:
             # A file only root reads, removed after the pull: never argv, never the ranks'.
             config_dir = Path(_private_dir(self.secrets_dir))
-            (config_dir / "config.json").write_text(json.dumps(auth_file(auth, image)))
+            written = auth_file(auth, image, self.runtime.kind)
+            (config_dir / "config.json").write_text(json.dumps(written))
         if self.runtime.kind == "podman":
             if config_dir is not None:
                 options += ["--authfile", str(config_dir / "config.json")]
@@ -271,7 +298,10 @@ class RankContainer:
     gpus: Sequence[str] = ()  # UUIDs of the rank's CUDA devices
     shm_size_bytes: int = DEFAULT_SHM_BYTES
     user: tuple[int, int] | None = None  # uid, gid; None: the image's user
-    pidfile: str = ""
+    groups: Sequence[int] = ()  # the user's supplementary groups (rank_user's, as on the host)
+    # Where the runtime writes what finds the container's first process: podman its pid
+    # (--pidfile), Docker the container's id (--cidfile, then `docker inspect`).
+    id_file: str = ""
 
 
 # podman's own nproc default; podman itself runs with it as its hard limit, so a higher
@@ -319,10 +349,12 @@ def run_argv(runtime: Runtime, spec: RankContainer, limits: Sequence[str] = ()) 
         str(spec.shm_size_bytes),
         *limits,
     )
-    if spec.pidfile:
-        argv += ["--pidfile", spec.pidfile]
+    if spec.id_file:
+        argv += ["--pidfile" if runtime.kind == "podman" else "--cidfile", spec.id_file]
     if spec.user is not None:
         argv += ["--user", f"{spec.user[0]}:{spec.user[1]}"]
+    for group in spec.groups:
+        argv += ["--group-add", str(group)]
     for volume in spec.volumes:
         suffix = ":ro" if volume.read_only else ""
         argv += ["--volume", f"{volume.host_path}:{volume.container_path}{suffix}"]
@@ -397,23 +429,19 @@ def mounts_problem(
 # The first process of a container that runs several ranks of a per_slot launch (one
 # container per allocation and agent, as Determined runs one per agent: starting eight
 # containers took 1.2 s more than eight processes, one about 0.2 s). POSIX sh only, so any
-# image with /bin/sh runs it. Arguments: the ranks' directory (the agent made, per rank,
-# its variables `<rank>.env` and two FIFOs `<rank>.out` and `<rank>.err` there), the number
-# of ranks, the ranks, then the entrypoint. Each rank's lines come out tagged `[rank=N] ` on
-# the container's stdout or stderr, as Determined's launchers tag theirs; when a rank ends,
-# a line `RANK_EXIT_MARKER <rank> <status>` says so. SIGTERM goes on to every rank.
+# image with /bin/sh runs it. Arguments: the ranks' directory, the number of ranks, the
+# ranks, then the entrypoint. The agent made, per rank, its variables `<rank>.env` and two
+# FIFOs `<rank>.out` and `<rank>.err` there, and reads the FIFOs itself (a rank's output
+# never passes through a shell). When a rank ends its status goes to `<rank>.exit` and a
+# line `RANK_EXIT_MARKER <rank> <status>` on the container's stdout says so at once.
+# SIGTERM goes on to every rank.
 RANK_EXIT_MARKER = "\x1eresolute-rank-exit"
 GROUP_LAUNCHER = """dir=$1 n=$2
 shift 2
 ranks=""
 while [ "$n" -gt 0 ]; do ranks="$ranks $1"; shift; n=$((n - 1)); done
-prefix() {
-  while IFS= read -r line || [ -n "$line" ]; do printf '[rank=%s] %s\\n' "$1" "$line"; done
-}
 waiters=""
 for rank in $ranks; do
-  prefix "$rank" < "$dir/$rank.out" &
-  prefix "$rank" < "$dir/$rank.err" >&2 &
   (
     (
       while IFS= read -r kv || [ -n "$kv" ]; do export "$kv"; done < "$dir/$rank.env"
@@ -426,6 +454,7 @@ for rank in $ranks; do
       code=$?
       kill -0 $child 2>/dev/null || break
     done
+    printf '%s\\n' "$code" > "$dir/$rank.exit"
     printf '\\036resolute-rank-exit %s %s\\n' "$rank" "$code"
   ) &
   waiters="$waiters $!"
@@ -468,19 +497,26 @@ def container_name(allocation_id: str, rank: int) -> str:
 
 
 async def container_pid(
-    pidfile: Path, client: asyncio.subprocess.Process, timeout_s: float = PIDFILE_TIMEOUT_S
+    runtime: Runtime, id_file: Path, client: asyncio.subprocess.Process
 ) -> int | None:
     """The first process of the rank's container once it runs; None when the client ended
-    first (the container never started, or already ended) or it did not appear in time."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while asyncio.get_running_loop().time() < deadline:
-        pid = _read_pid(pidfile)
-        if pid is not None:
+    first (the container never started, or already ended). No deadline: until it is found
+    the fence can stop only the client, so the agent keeps looking as long as it runs."""
+    while client.returncode is None:
+        if runtime.kind == "podman":
+            pid = _read_pid(id_file)
+        else:
+            pid = await _docker_pid(runtime, id_file)
+        if pid:
             return pid
-        if client.returncode is not None:
-            return None
         await asyncio.sleep(0.02)
     return None
+
+
+def _read_text(path: Path) -> str:
+    with contextlib.suppress(OSError):
+        return path.read_text().strip()
+    return ""
 
 
 def _read_pid(pidfile: Path) -> int | None:
@@ -489,6 +525,14 @@ def _read_pid(pidfile: Path) -> int | None:
         if text:
             return int(text)
     return None
+
+
+async def _docker_pid(runtime: Runtime, cidfile: Path) -> int | None:
+    container = _read_text(cidfile)
+    if not container:
+        return None
+    found = await _output(runtime.command("inspect", "--format", "{{.State.Pid}}", container))
+    return int(found) if found.strip().isdigit() else None
 
 
 async def remove_allocation(runtime: Runtime, allocation_id: str) -> None:

@@ -44,6 +44,9 @@ FENCED_MESSAGE = (
 )
 # Determined's wrap_rank prefixes every line of a rank with this.
 RANK_PREFIX = re.compile(rb"^\[rank=(\d+)\] ")
+# How long removing an ended allocation's containers may take before its exit is reported
+# anyway (a runtime that hangs must not hold the slots forever).
+REMOVE_TIMEOUT_S = 60.0
 # A TLS agent's CA file, copied into each per-slot run's directory for its ranks.
 MASTER_CERT = ".det-master-ca.crt"
 
@@ -92,6 +95,8 @@ class AllocationRun:
     # rank's end comes as a line of the container's output, not as a process's exit.
     grouped: bool = False
     rank_exits: dict[int, asyncio.Future[int]] = field(default_factory=dict)
+    stop_requested: asyncio.Event = field(default_factory=asyncio.Event)  # ends a pull's wait
+    finishing: bool = False  # _finish has begun (it awaits before it forgets the run)
 
     @property
     def namespaced(self) -> bool:
@@ -151,7 +156,9 @@ class Runner:
 
     def use_runtime(self, runtime: containers.Runtime) -> None:
         self.runtime = runtime
-        self.puller = containers.ImagePuller(runtime, self.work_dir / "secrets" / "pulls")
+        pulls = self.work_dir / "secrets" / "pulls"
+        shutil.rmtree(pulls, ignore_errors=True)  # credentials of pulls a killed agent left
+        self.puller = containers.ImagePuller(runtime, pulls)
         self.limits = containers.host_limits(runtime)
 
     def spawn_task(self, work: Coroutine[Any, Any, None]) -> None:
@@ -304,6 +311,7 @@ class Runner:
         if run.stopping:
             return
         run.stopping = True
+        run.stop_requested.set()
         run.grace_s = grace_s
         if run.kind == pb.EXIT_KIND_UNSPECIFIED:
             run.kind, run.message = pb.EXIT_KIND_STOPPED, reason
@@ -476,10 +484,21 @@ class Runner:
                 for key in (*fields, "identitytoken", "registrytoken")
                 if getattr(spec.registry_auth, key)
             }
-        try:
-            await self.puller.ensure(
+        pulling = asyncio.ensure_future(
+            self.puller.ensure(
                 spec.image, auth, spec.force_pull, lambda line: self._note(run, -1, line)
             )
+        )
+        stopped = asyncio.ensure_future(run.stop_requested.wait())
+        try:
+            await asyncio.wait({pulling, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if not pulling.done():
+            pulling.cancel()  # a stop came first: start() winds the run up; the pull goes on
+            return None
+        try:
+            pulling.result()
         except containers.ImageProblem as exc:
             return str(exc)
         except OSError as exc:
@@ -537,6 +556,12 @@ class Runner:
         argv = list(start.argv)
         if run.grouped:
             argv = self._group_ranks(start, specs, run, env)
+            for one in specs:  # reading before the launcher opens them for writing
+                for stream in ("stdout", "stderr"):
+                    fifo = run.work_dir / ".ranks" / f"{one.rank}.{stream[3:]}"
+                    run.tasks.append(
+                        asyncio.create_task(self._pump_fifo(run, one.rank, fifo, stream))
+                    )
         volumes: list[containers.Volume] = []
         if run.per_agent:
             workdir = str(bootstrap.WORKDIR)
@@ -566,9 +591,12 @@ class Runner:
         descriptor = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(descriptor, "w") as out:
             out.write(containers.env_file_text(env))
-        pidfile = private / f"{spec.rank}.pid"
-        pidfile.unlink(missing_ok=True)
+        id_file = private / f"{spec.rank}.id"
+        id_file.unlink(missing_ok=True)
         user = self._user(run)
+        groups: list[int] = []
+        if user is not None and user.init_groups:  # as initgroups gives them on the host
+            groups = [g for g in os.getgrouplist(user.name, user.gid) if g != user.gid]
         devices = [self.devices[s] for one in specs for s in one.slot_ids if s in self.devices]
         rank_container = containers.RankContainer(
             name=containers.container_name(run.allocation_id, spec.rank),
@@ -585,7 +613,8 @@ class Runner:
             gpus=[d.uuid for d in devices if d.type == "cuda" and d.uuid],
             shm_size_bytes=run.shm_size_bytes or containers.DEFAULT_SHM_BYTES,
             user=(user.uid, user.gid) if user is not None else None,
-            pidfile=str(pidfile),
+            groups=groups,
+            id_file=str(id_file),
         )
         process = await asyncio.create_subprocess_exec(
             *_die_with_agent(containers.run_argv(self.runtime, rank_container, self.limits)),
@@ -643,9 +672,10 @@ class Runner:
         for rank, client in sorted(run.processes.items()):
             first_rank.setdefault(client.pid, rank)
         clients = {client.pid: client for client in run.processes.values()}
+        assert self.runtime is not None
         pids = await asyncio.gather(
             *(
-                containers.container_pid(private / f"{first_rank[pid]}.pid", client)
+                containers.container_pid(self.runtime, private / f"{first_rank[pid]}.id", client)
                 for pid, client in clients.items()
             )
         )
@@ -759,7 +789,7 @@ class Runner:
                         if exit_status is not None and not exit_status.done():
                             exit_status.set_result(containers.signal_exit(ended[1]))
                         continue
-                if run.per_agent or run.grouped:
+                if run.per_agent:
                     # A launcher's own lines belong to no rank; its ranks say which they are.
                     tagged = RANK_PREFIX.match(line)
                     line_rank = int(tagged.group(1)) if tagged else -1
@@ -817,13 +847,34 @@ class Runner:
         """A grouped run's container has ended: a rank that did not say how it ended was
         killed with it."""
         code = containers.signal_exit(await client.wait())
-        for exit_status in run.rank_exits.values():
-            if not exit_status.done():
-                exit_status.set_result(code if code != 0 else -signal.SIGKILL)
+        ranks_dir = run.work_dir / ".ranks"
+        for rank, exit_status in run.rank_exits.items():
+            if not exit_status.done():  # its line was lost: the file, else killed with it
+                written = _read_int(ranks_dir / f"{rank}.exit")
+                if written is not None:
+                    written = containers.signal_exit(written)
+                exit_status.set_result(written if written is not None else code or -9)
+        for fifo in ranks_dir.glob("*.out"):
+            _release_reader(fifo)
+            _release_reader(fifo.with_suffix(".err"))
         if self.fence is not None:
             self.fence.release(client.pid)
             for pid in set(run.container_pids.values()):
                 self.fence.release(pid)
+
+    async def _pump_fifo(self, run: AllocationRun, rank: int, fifo: Path, stdtype: str) -> None:
+        """A grouped rank's stdout or stderr, from the FIFO its launcher writes."""
+        # open() waits for the writer; a container that never opens it is released by
+        # _watch_group once it ended.
+        descriptor = await asyncio.to_thread(os.open, fifo, os.O_RDONLY)
+        reader = asyncio.StreamReader(limit=MAX_LINE)
+        transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(descriptor, "rb", buffering=0)
+        )
+        try:
+            await self._pump(run, rank, reader, stdtype)
+        finally:
+            transport.close()
 
     async def _stop_processes(self, run: AllocationRun) -> None:
         alive = {r: p for r, p in run.processes.items() if r not in run.exit_codes}
@@ -855,22 +906,29 @@ class Runner:
         _signal_group(process, sig)
 
     async def _finish(self, run: AllocationRun) -> None:
-        if run.allocation_id not in self.runs:
+        if run.allocation_id not in self.runs or run.finishing:
             return
+        run.finishing = True
         # Let the log pumps drain what the ranks wrote last.
         pumps = [t for t in run.tasks if t is not asyncio.current_task()]
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.gather(*pumps, return_exceptions=True), 5.0)
-        del self.runs[run.allocation_id]
-        self.ports.pop(run.allocation_id, None)
         # A rank's own children (data loader workers, a shell's jobs) must not outlive it.
         for process in run.processes.values():
             _signal_group(process, signal.SIGKILL)
         if run.container is not None and self.runtime is not None:
-            # Before the master hears of the exit: nothing of it may still run then.
-            with contextlib.suppress(OSError):
-                await containers.remove_allocation(self.runtime, run.allocation_id)
+            # Before the master hears of the exit (nothing of it may still run then), and
+            # while the run is still known here, so a stop or a Hello meanwhile sees it.
+            try:
+                await asyncio.wait_for(
+                    containers.remove_allocation(self.runtime, run.allocation_id),
+                    REMOVE_TIMEOUT_S,
+                )
+            except (OSError, TimeoutError) as exc:
+                log.warning("allocation %s: its containers not removed: %r", run.allocation_id, exc)
             await asyncio.to_thread(shutil.rmtree, self._container_dir(run), True)
+        del self.runs[run.allocation_id]
+        self.ports.pop(run.allocation_id, None)
         if run.kind == pb.EXIT_KIND_UNSPECIFIED:
             run.kind = pb.EXIT_KIND_COMPLETED
         exited = pb.AllocationExited(
@@ -953,6 +1011,20 @@ class Runner:
                 message=f"[agent {self.agent_id}] {message}\n",
             )
         )
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _release_reader(fifo: Path) -> None:
+    """Open and close a FIFO's writing end, so a reader still waiting in open() (the
+    container ended before its launcher opened it) reads an end instead of waiting on."""
+    with contextlib.suppress(OSError):  # no reader waits (ENXIO), or the FIFO is gone
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
 
 
 def _signal_group(process: asyncio.subprocess.Process, sig: signal.Signals) -> None:

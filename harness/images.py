@@ -42,6 +42,7 @@ def missing_tools() -> list[str]:
     wanted = {
         "podman": "podman",
         "runc": "runc",
+        "catatonit": "catatonit",  # podman's --init
         "debootstrap": "debootstrap",
         "docker-registry": "docker-registry",
         "htpasswd": "apache2-utils",

@@ -114,33 +114,46 @@ def mask_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return shown
 
 
+def _without(block: Mapping[str, Any], secrets: tuple[str, ...]) -> dict[str, Any]:
+    return {key: value for key, value in block.items() if key not in secrets}
+
+
 def keep_hidden_secrets(
     config: Mapping[str, Any], previous: Mapping[str, Any] | None
 ) -> dict[str, Any]:
     """A config sent back as it was shown: each ******** takes the previous config's
-    secret again (same storage type; any registry credential), so editing a shown
-    template loses no credential."""
+    secret again, so editing a shown template or forking a shown experiment loses no
+    credential. Only when the secret would go where it went before: the same store
+    (every other storage key unchanged), the same registry and images (every other
+    registry_auth key and environment.image unchanged). Otherwise the ******** stays, and
+    is refused (hidden_secret_keys): a reader of a config must not be able to send its
+    owner's credential to a server of their choosing."""
     restored = dict(config)
     storage = config.get("checkpoint_storage")
     old = (previous or {}).get("checkpoint_storage")
-    if (
-        isinstance(storage, Mapping)
-        and isinstance(old, Mapping)
-        and storage.get("type") == old.get("type")
-    ):
-        kept = dict(storage)
-        for key in SECRET_KEYS.get(str(storage.get("type")), ()):
-            if kept.get(key) == HIDDEN and old.get(key) is not None:
-                kept[key] = old[key]
-        restored["checkpoint_storage"] = kept
+    if isinstance(storage, Mapping) and isinstance(old, Mapping):
+        secrets = SECRET_KEYS.get(str(storage.get("type")), ())
+        if _without(storage, secrets) == _without(old, secrets):
+            kept = dict(storage)
+            for key in secrets:
+                if kept.get(key) == HIDDEN and old.get(key) is not None:
+                    kept[key] = old[key]
+            restored["checkpoint_storage"] = kept
     auth, old_auth = _registry_auth(config), _registry_auth(previous or {})
-    if auth is not None and old_auth is not None:
-        kept = dict(auth)
-        for key in REGISTRY_SECRET_KEYS:
-            if kept.get(key) == HIDDEN and old_auth.get(key) is not None:
-                kept[key] = old_auth[key]
-        restored = _with_registry_auth(restored, kept)
+    same_images = _images(config) == _images(previous or {})
+    if auth is not None and old_auth is not None and same_images:
+        if _without(auth, REGISTRY_SECRET_KEYS) == _without(old_auth, REGISTRY_SECRET_KEYS):
+            kept = dict(auth)
+            for key in REGISTRY_SECRET_KEYS:
+                if kept.get(key) == HIDDEN and old_auth.get(key) is not None:
+                    kept[key] = old_auth[key]
+            restored = _with_registry_auth(restored, kept)
     return restored
+
+
+def _images(config: Mapping[str, Any]) -> object:
+    environment = config.get("environment")
+    return environment.get("image") if isinstance(environment, Mapping) else None
 
 
 def hidden_secret_keys(config: Mapping[str, Any]) -> list[str]:

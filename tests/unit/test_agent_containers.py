@@ -4,8 +4,10 @@ before anything starts. The real runtime is driven by tests/e2e/test_containers.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import os
 import resource
 from pathlib import Path
 
@@ -63,7 +65,8 @@ def test_mounts_devices_gpus_user_and_shm_reach_the_command() -> None:
         gpus=["GPU-aaaa", "GPU-bbbb"],
         shm_size_bytes=96 << 20,
         user=(1879048200, 1879048200),
-        pidfile="/run/x/0.pid",
+        groups=[44, 1000],
+        id_file="/run/x/0.id",
     )
     podman = containers.run_argv(PODMAN, spec)
     assert _option_values(podman, "--volume") == [
@@ -78,9 +81,12 @@ def test_mounts_devices_gpus_user_and_shm_reach_the_command() -> None:
     ]
     assert _option_values(podman, "--user") == ["1879048200:1879048200"]
     assert _option_values(podman, "--shm-size") == [str(96 << 20)]
-    assert _option_values(podman, "--pidfile") == ["/run/x/0.pid"]
+    assert _option_values(podman, "--group-add") == ["44", "1000"]
+    assert _option_values(podman, "--pidfile") == ["/run/x/0.id"]
     docker = containers.run_argv(DOCKER, spec)
     assert _option_values(docker, "--gpus") == ["device=GPU-aaaa", "device=GPU-bbbb"]
+    # Docker's run has no --pidfile: the container's id, then `docker inspect`.
+    assert "--pidfile" not in docker and _option_values(docker, "--cidfile") == ["/run/x/0.id"]
 
 
 def test_podman_gets_limits_the_host_allows_and_docker_its_daemons() -> None:
@@ -122,6 +128,15 @@ def test_credentials_go_to_the_images_registry_as_docker_writes_them() -> None:
     token = containers.auth_file({"identitytoken": "tok"}, "ghcr.io/x/y")
     assert token == {"auths": {"ghcr.io": {"identitytoken": "tok"}}}
     json.dumps(token)
+    # Docker Hub under the key each runtime looks it up by, however the config names it.
+    for server in ("https://index.docker.io/v1/", "docker.io", "registry-1.docker.io"):
+        hub = {"username": "a", "password": "b", "serveraddress": server}
+        assert list(containers.auth_file(hub, "team/img")["auths"]) == ["docker.io"]  # type: ignore[call-overload]
+        docker = containers.auth_file(hub, "team/img", "docker")
+        assert list(docker["auths"]) == ["https://index.docker.io/v1/"]  # type: ignore[call-overload]
+    assert list(containers.auth_file({"username": "a", "password": "b"}, "team/img")["auths"]) == [  # type: ignore[call-overload]
+        "docker.io"
+    ]
 
 
 def test_an_env_file_carries_each_variable_and_refuses_a_line_break() -> None:
@@ -180,3 +195,43 @@ def test_only_the_launchers_own_line_says_a_rank_ended() -> None:
     assert containers.parse_rank_exit(b"[rank=3] " + marker + b" 3 0") is None
     assert containers.parse_rank_exit(marker + b" 3") is None
     assert containers.parse_rank_exit(marker + b" x 1") is None
+
+
+def _fake_runtime(tmp_path: Path) -> containers.Runtime:
+    """A stand-in for podman's client that logs each call: `image exists` says no, `pull`
+    takes 0.3 s and fails for the password "wrong" (read from the --authfile it gets).
+    The concurrency of pulls is what is tested; real pulls are in tests/e2e."""
+    script = tmp_path / "podman"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {tmp_path}/calls\n'
+        'if [ "$1" = image ]; then exit 1; fi\n'
+        "sleep 0.3\n"
+        'auth=""\n'
+        'while [ $# -gt 0 ]; do [ "$1" = --authfile ] && auth=$2; shift; done\n'
+        # base64 of "team:wrong"
+        'if [ -n "$auth" ] && grep -q dGVhbTp3cm9uZw== "$auth"; then\n'
+        '  echo "Error: unauthorized: authentication required" >&2; exit 125; fi\n'
+        "echo done\n"
+    )
+    script.chmod(0o755)
+    return containers.Runtime("podman", str(script))
+
+
+async def test_launches_share_a_pull_only_with_the_same_credentials(tmp_path: Path) -> None:
+    puller = containers.ImagePuller(_fake_runtime(tmp_path), tmp_path / "pulls")
+    right = {"username": "team", "password": "right"}
+    wrong = {"username": "team", "password": "wrong"}
+    image = "127.0.0.1:5000/team/img:1"
+    results = await asyncio.gather(
+        puller.ensure(image, right, False, lambda _: None),
+        puller.ensure(image, right, False, lambda _: None),
+        puller.ensure(image, wrong, False, lambda _: None),
+        return_exceptions=True,
+    )
+    assert results[0] is None and results[1] is None, results  # the wrong one failed alone
+    assert isinstance(results[2], containers.ImageProblem)
+    assert "unauthorized: authentication required" in str(results[2])
+    pulls = [c for c in (tmp_path / "calls").read_text().splitlines() if c.startswith("pull")]
+    assert len(pulls) == 2, pulls  # one for the two launches with the right password
+    assert not os.listdir(tmp_path / "pulls"), "a pull's credentials outlived it"

@@ -72,6 +72,26 @@ def test_a_shown_config_sent_back_takes_the_stored_credentials_again() -> None:
     assert "environment.registry_auth.password" in hidden_secret_keys(orphan)
 
 
+def test_a_hidden_credential_is_never_restored_for_another_destination() -> None:
+    """Whoever reads a config (and may fork it) must not send its owner's credentials to
+    a server of their choosing: a ******** is restored only for the same registry and
+    images, or the same store."""
+    shown = mask_config(STORED)
+    environment = shown["environment"]
+    for changed in (
+        {**environment, "image": "evil.example/x:1"},
+        {**environment, "registry_auth": {**environment["registry_auth"], "serveraddress": "evil.example"}},
+        {**environment, "registry_auth": {**environment["registry_auth"], "username": "other"}},
+    ):
+        restored = keep_hidden_secrets({**shown, "environment": changed}, STORED)
+        assert "environment.registry_auth.password" in hidden_secret_keys(restored), changed
+        assert STORED["environment"]["registry_auth"]["password"] not in str(restored)
+    storage = {**shown["checkpoint_storage"], "endpoint_url": "https://evil.example"}
+    restored = keep_hidden_secrets({**shown, "checkpoint_storage": storage}, STORED)
+    assert "checkpoint_storage.secret_key" in hidden_secret_keys(restored)
+    assert STORED["checkpoint_storage"]["secret_key"] not in str(restored)
+
+
 def test_a_checkpoints_config_has_no_registry_credentials() -> None:
     auth = without_secrets(STORED)["environment"]["registry_auth"]
     assert auth == {"username": "robot", "serveraddress": "registry.example.com", "email": None}
