@@ -616,6 +616,13 @@ class Runner:
             groups=groups,
             id_file=str(id_file),
         )
+        log.info(
+            "allocation %s: rank(s) %s in container %s of %s",
+            run.allocation_id,
+            ",".join(str(one.rank) for one in specs),
+            rank_container.name,
+            rank_container.image,
+        )
         process = await asyncio.create_subprocess_exec(
             *_die_with_agent(containers.run_argv(self.runtime, rank_container, self.limits)),
             cwd=run.work_dir,
