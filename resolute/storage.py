@@ -140,14 +140,17 @@ def keep_hidden_secrets(
                     kept[key] = old[key]
             restored["checkpoint_storage"] = kept
     auth, old_auth = _registry_auth(config), _registry_auth(previous or {})
-    same_images = _images(config) == _images(previous or {})
-    if auth is not None and old_auth is not None and same_images:
-        if _without(auth, REGISTRY_SECRET_KEYS) == _without(old_auth, REGISTRY_SECRET_KEYS):
-            kept = dict(auth)
-            for key in REGISTRY_SECRET_KEYS:
-                if kept.get(key) == HIDDEN and old_auth.get(key) is not None:
-                    kept[key] = old_auth[key]
-            restored = _with_registry_auth(restored, kept)
+    if (
+        auth is not None
+        and old_auth is not None
+        and _images(config) == _images(previous or {})
+        and _without(auth, REGISTRY_SECRET_KEYS) == _without(old_auth, REGISTRY_SECRET_KEYS)
+    ):
+        kept = dict(auth)
+        for key in REGISTRY_SECRET_KEYS:
+            if kept.get(key) == HIDDEN and old_auth.get(key) is not None:
+                kept[key] = old_auth[key]
+        restored = _with_registry_auth(restored, kept)
     return restored
 
 

@@ -78,10 +78,11 @@ def test_a_hidden_credential_is_never_restored_for_another_destination() -> None
     images, or the same store."""
     shown = mask_config(STORED)
     environment = shown["environment"]
+    auth = environment["registry_auth"]
     for changed in (
         {**environment, "image": "evil.example/x:1"},
-        {**environment, "registry_auth": {**environment["registry_auth"], "serveraddress": "evil.example"}},
-        {**environment, "registry_auth": {**environment["registry_auth"], "username": "other"}},
+        {**environment, "registry_auth": {**auth, "serveraddress": "evil.example"}},
+        {**environment, "registry_auth": {**auth, "username": "other"}},
     ):
         restored = keep_hidden_secrets({**shown, "environment": changed}, STORED)
         assert "environment.registry_auth.password" in hidden_secret_keys(restored), changed
