@@ -38,6 +38,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# Docker's rule for an image's registry, shared with the masking of configs.
+from resolute.storage import registry_of as registry_of
+
 log = logging.getLogger(__name__)
 
 RUNTIMES = ("podman", "docker")
@@ -117,15 +120,6 @@ def remove_leftovers(runtime: Runtime, agent_id: str) -> list[str]:
             runtime.command("rm", "-f", *names), capture_output=True, text=True, timeout=300
         )
     return names
-
-
-def registry_of(image: str) -> str:
-    """The registry host an image reference names (Docker's rule: a first component with
-    '.' or ':', or `localhost`); docker.io otherwise."""
-    first, slash, _ = image.partition("/")
-    if slash and ("." in first or ":" in first or first == "localhost"):
-        return first
-    return "docker.io"
 
 
 DOCKER_HUB_HOSTS = ("docker.io", "index.docker.io", "registry-1.docker.io")

@@ -123,27 +123,30 @@ def keep_hidden_secrets(
 ) -> dict[str, Any]:
     """A config sent back as it was shown: each ******** takes the previous config's
     secret again, so editing a shown template or forking a shown experiment loses no
-    credential. Only when the secret would go where it went before: the same store
-    (every other storage key unchanged), the same registry and images (every other
-    registry_auth key and environment.image unchanged). Otherwise the ******** stays, and
-    is refused (hidden_secret_keys): a reader of a config must not be able to send its
-    owner's credential to a server of their choosing."""
+    credential. Only when the secret goes to the server it went to before: the same store
+    type and endpoint; the same registry user, serveraddress and images' registries.
+    Otherwise the ******** stays, and is refused (hidden_secret_keys): a reader of a config
+    must not send its owner's credential to a server of their choosing (a registry gets
+    the password itself, in basic auth)."""
     restored = dict(config)
     storage = config.get("checkpoint_storage")
     old = (previous or {}).get("checkpoint_storage")
-    if isinstance(storage, Mapping) and isinstance(old, Mapping):
-        secrets = SECRET_KEYS.get(str(storage.get("type")), ())
-        if _without(storage, secrets) == _without(old, secrets):
-            kept = dict(storage)
-            for key in secrets:
-                if kept.get(key) == HIDDEN and old.get(key) is not None:
-                    kept[key] = old[key]
-            restored["checkpoint_storage"] = kept
+    if (
+        isinstance(storage, Mapping)
+        and isinstance(old, Mapping)
+        and storage.get("type") == old.get("type")
+        and storage.get("endpoint_url") == old.get("endpoint_url")
+    ):
+        kept = dict(storage)
+        for key in SECRET_KEYS.get(str(storage.get("type")), ()):
+            if kept.get(key) == HIDDEN and old.get(key) is not None:
+                kept[key] = old[key]
+        restored["checkpoint_storage"] = kept
     auth, old_auth = _registry_auth(config), _registry_auth(previous or {})
     if (
         auth is not None
         and old_auth is not None
-        and _images(config) == _images(previous or {})
+        and _registries(config) == _registries(previous or {})
         and _without(auth, REGISTRY_SECRET_KEYS) == _without(old_auth, REGISTRY_SECRET_KEYS)
     ):
         kept = dict(auth)
@@ -154,9 +157,21 @@ def keep_hidden_secrets(
     return restored
 
 
-def _images(config: Mapping[str, Any]) -> object:
+def registry_of(image: str) -> str:
+    """The registry host an image reference names (Docker's rule: a first component with
+    '.' or ':', or `localhost`); docker.io otherwise."""
+    first, slash, _ = image.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return "docker.io"
+
+
+def _registries(config: Mapping[str, Any]) -> set[str]:
+    """The registries environment.image pulls from (one image, or one per slot type)."""
     environment = config.get("environment")
-    return environment.get("image") if isinstance(environment, Mapping) else None
+    image = environment.get("image") if isinstance(environment, Mapping) else None
+    names = image.values() if isinstance(image, Mapping) else [image]
+    return {registry_of(name) for name in names if isinstance(name, str) and name}
 
 
 def hidden_secret_keys(config: Mapping[str, Any]) -> list[str]:
