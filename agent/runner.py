@@ -861,9 +861,7 @@ class Runner:
                 if written is not None:
                     written = containers.signal_exit(written)
                 exit_status.set_result(written if written is not None else code or -9)
-        for fifo in ranks_dir.glob("*.out"):
-            _release_reader(fifo)
-            _release_reader(fifo.with_suffix(".err"))
+        _release_readers(ranks_dir)
         if self.fence is not None:
             self.fence.release(client.pid)
             for pid in set(run.container_pids.values()):
@@ -916,6 +914,8 @@ class Runner:
         if run.allocation_id not in self.runs or run.finishing:
             return
         run.finishing = True
+        if run.grouped:  # a launcher that never ran leaves the FIFOs' readers waiting
+            _release_readers(run.work_dir / ".ranks")
         # Let the log pumps drain what the ranks wrote last.
         pumps = [t for t in run.tasks if t is not asyncio.current_task()]
         with contextlib.suppress(TimeoutError):
@@ -1027,11 +1027,13 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
-def _release_reader(fifo: Path) -> None:
-    """Open and close a FIFO's writing end, so a reader still waiting in open() (the
-    container ended before its launcher opened it) reads an end instead of waiting on."""
-    with contextlib.suppress(OSError):  # no reader waits (ENXIO), or the FIFO is gone
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+def _release_readers(ranks_dir: Path) -> None:
+    """Open and close each FIFO's writing end, so a reader still waiting in open() (the
+    container ended before its launcher opened it) reads an end instead of waiting on; a
+    reader that has its writer loses nothing."""
+    for fifo in [*ranks_dir.glob("*.out"), *ranks_dir.glob("*.err")]:
+        with contextlib.suppress(OSError):  # no reader waits (ENXIO), or the FIFO is gone
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
 
 
 def _signal_group(process: asyncio.subprocess.Process, sig: signal.Signals) -> None:
