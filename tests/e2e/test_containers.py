@@ -129,6 +129,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 names = _containers(f"ai.resolute.agent={agent_id}")
                 if names:
                     subprocess.run(["podman", "rm", "-f", *names], capture_output=True)
+            # The pulled copies' names: the registry's port is new each run (the layers
+            # are the local images' own, so only the names would pile up).
+            listed = _podman("images", "--format", "{{.Repository}}:{{.Tag}}").split()
+            pulled = [name for name in listed if name.startswith(f"{registry.address}/")]
+            if pulled:
+                subprocess.run(["podman", "rmi", "--force", *pulled], capture_output=True)
             shutil.rmtree(master.scratch, ignore_errors=True)
 
 
