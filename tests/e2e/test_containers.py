@@ -196,18 +196,33 @@ def test_a_trial_runs_in_an_image_pulled_with_credentials(cluster: Cluster, tmp_
     assert _containers("ai.resolute.agent") == []
 
 
+MEET = """
+import os, time
+# Meet the other trial: each says it runs, then waits (under a deadline) until both do.
+meet = "/meet"
+open(os.path.join(meet, os.environ["DET_TRIAL_ID"]), "w").write(os.environ["DET_AGENT_ID"])
+deadline = time.monotonic() + 120
+while len(os.listdir(meet)) < 2 and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("MET", len(os.listdir(meet)), flush=True)
+"""
+
+
 def test_two_images_with_two_versions_of_a_package_on_one_agent(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    script = PROBE + "\nimport time; time.sleep(2)\n"  # both run at once on one agent
+    """Both trials run at the same time (each waits for the other), on one agent: the
+    cluster is idle and the pool's best fit puts the second beside the first."""
+    meet = tmp_path / "meet"
+    meet.mkdir()
     ids = []
     for version in ("1", "2"):
         config, model = write_experiment(
             tmp_path / version,
-            script,
+            PROBE + MEET,
             extra={
                 "environment": _environment(cluster, version),
-                "resources": {"resource_pool": "default"},
+                "bind_mounts": [{"host_path": str(meet), "container_path": "/meet"}],
             },
         )
         ids.append((version, create_experiment(cluster.master, config, model)))
@@ -216,6 +231,9 @@ def test_two_images_with_two_versions_of_a_package_on_one_agent(
         logs = trial_logs(cluster.master, trial["id"])
         assert trial["state"] == "COMPLETED", f"{logs[-4000:]}\n{cluster.diagnostics()}"
         assert _report(logs)["greeting"] == version
+        assert "MET 2" in logs, logs[-2000:]  # the other trial ran meanwhile
+    agents = {path.read_text() for path in meet.iterdir()}
+    assert len(agents) == 1, f"the two trials ran on {agents}"
 
 
 @pytest.mark.parametrize(
@@ -376,8 +394,12 @@ rank = int(os.environ["RANK"])
 print(f"hello from rank {rank}", flush=True)
 print(f"rank {rank} on stderr", file=sys.stderr, flush=True)
 if rank == 1:
-    time.sleep(1)
+    # Rank 0 has printed before rank 1 fails (the working directory is theirs to share).
+    deadline = time.monotonic() + 120
+    while not os.path.exists("rank0-printed") and time.monotonic() < deadline:
+        time.sleep(0.05)
     sys.exit(3)
+open("rank0-printed", "w").close()
 time.sleep(300)  # until the gang rule stops it
 """
 

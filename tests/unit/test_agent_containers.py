@@ -199,14 +199,13 @@ def test_only_the_launchers_own_line_says_a_rank_ended() -> None:
 
 def _fake_runtime(tmp_path: Path) -> containers.Runtime:
     """A stand-in for podman's client that logs each call: `image exists` says no, `pull`
-    takes 0.3 s and fails for the password "wrong" (read from the --authfile it gets).
+    fails for the password "wrong" (read from the --authfile it gets).
     The concurrency of pulls is what is tested; real pulls are in tests/e2e."""
     script = tmp_path / "podman"
     script.write_text(
         "#!/bin/sh\n"
         f'echo "$*" >> {tmp_path}/calls\n'
         'if [ "$1" = image ]; then exit 1; fi\n'
-        "sleep 0.3\n"
         'auth=""\n'
         'while [ $# -gt 0 ]; do [ "$1" = --authfile ] && auth=$2; shift; done\n'
         # base64 of "team:wrong"
