@@ -133,7 +133,6 @@ def auth_file(auth: Mapping[str, str], image: str, kind: str = "podman") -> dict
     host = urllib.parse.urlsplit(server if "://" in server else f"//{server}").netloc or server
     if host in DOCKER_HUB_HOSTS:
         host = "https://index.docker.io/v1/" if kind == "docker" else "docker.io"
-    server = host
     entry: dict[str, str] = {}
     if auth.get("auth"):
         entry["auth"] = auth["auth"]
@@ -144,7 +143,7 @@ def auth_file(auth: Mapping[str, str], image: str, kind: str = "podman") -> dict
         entry["identitytoken"] = auth["identitytoken"]
     if auth.get("registrytoken"):
         entry["registrytoken"] = auth["registrytoken"]
-    return {"auths": {server: entry}}
+    return {"auths": {host: entry}}
 
 
 Note = Callable[[str], None]
@@ -209,7 +208,7 @@ class ImagePuller:
         config_dir: Path | None = None
         if auth:
             # A file only root reads, removed after the pull: never argv, never the ranks'.
-            config_dir = Path(_private_dir(self.secrets_dir))
+            config_dir = Path(tempfile.mkdtemp(prefix="pull-", dir=self.secrets_dir))  # 0700
             written = auth_file(auth, image, self.runtime.kind)
             (config_dir / "config.json").write_text(json.dumps(written))
         if self.runtime.kind == "podman":
@@ -253,10 +252,6 @@ class ImagePuller:
             if config_dir is not None:
                 shutil.rmtree(config_dir, ignore_errors=True)
         note(f"pulled image {image}")
-
-
-def _private_dir(parent: Path) -> str:
-    return tempfile.mkdtemp(prefix="pull-", dir=parent)  # 0700
 
 
 def _one_line(text: str) -> str:
@@ -391,12 +386,7 @@ def mounts_problem(
     container_path) cannot be given to a container on this agent, else None."""
     for host_path, target in mounts:
         clean = os.path.normpath(target)
-        owned = [
-            p
-            for p in RUNTIME_PATHS
-            if clean == p or (p in ("/proc", "/sys") and clean.startswith(p + "/"))
-        ]
-        if owned:
+        if clean in RUNTIME_PATHS or clean.startswith(("/proc/", "/sys/")):
             instead = (
                 "resources.shm_size sizes a container's own /dev/shm"
                 if clean == "/dev/shm"

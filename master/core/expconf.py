@@ -446,26 +446,14 @@ class EnvironmentVariablesMap(_Strict):
     gpu: list[EnvVar] = Field(default_factory=list)
 
 
-_REGISTRY_HOST = re.compile(
-    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
-    r"|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?"
-)
-
-
 def _server_address(value: str) -> str:
     """A registry host[:port], or an https:// URL of one (Docker Hub's is
     https://index.docker.io/v1/)."""
-    text = value
-    if "://" in value:
-        scheme, _, text = value.partition("://")
-        if scheme != "https":
-            raise ValueError(
-                f"{value!r} is not a registry address: give the host (registry.example.com:5000) "
-                "or an https:// URL"
-            )
-        text = text.split("/", 1)[0]
-    port = text.rpartition(":")[2] if not text.endswith("]") and ":" in text else ""
-    if not _REGISTRY_HOST.fullmatch(text) or (port and not 0 < int(port) <= 65535):
+    host = value
+    scheme, sep, rest = value.partition("://")
+    if sep:
+        host = rest.split("/", 1)[0] if scheme == "https" else ""
+    if not host or images.registry_problem(host):
         raise ValueError(
             f"{value!r} is not a registry address: give the host (registry.example.com:5000) "
             "or an https:// URL"

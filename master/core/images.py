@@ -20,6 +20,7 @@ __all__ = [
     "container_spec",
     "image_for",
     "parse_image",
+    "registry_problem",
     "without_registry_auth",
 ]
 
@@ -123,7 +124,14 @@ def _check_digest(text: str, digest: str) -> None:
 
 
 def _check_registry(text: str, registry: str) -> None:
-    """host[:port], with the host a DNS name, an IPv4 address or a bracketed IPv6 one."""
+    problem = registry_problem(registry)
+    if problem:
+        raise ValueError(f"{text!r}: registry {registry!r} {problem}")
+
+
+def registry_problem(registry: str) -> str | None:
+    """What is wrong with a registry's host[:port] (a DNS name, an IPv4 address or a
+    bracketed IPv6 one), or None."""
     port: str | None
     if registry.startswith("["):
         host, bracket, after = registry.partition("]")
@@ -135,9 +143,10 @@ def _check_registry(text: str, registry: str) -> None:
         host_ok = all(_HOST_LABEL.fullmatch(label) for label in host.split("."))
         port = after if colon else None
     if not host_ok:
-        raise ValueError(f"{text!r}: registry {registry!r} is not a host name or address")
+        return "is not a host name or address"
     if port is not None and not (re.fullmatch(r"[0-9]{1,5}", port) and 0 < int(port) <= 65535):
-        raise ValueError(f"{text!r}: registry {registry!r} has no valid port (1-65535)")
+        return "has no valid port (1-65535)"
+    return None
 
 
 def image_for(config: Mapping[str, Any], device_type: str) -> str | None:
