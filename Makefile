@@ -52,14 +52,16 @@ official-client: $(DET_VENV)/bin/det
 
 # The interpreter that trials of Determined workloads (determined.core, its launchers, the
 # PyTorch Trainer) run with on this machine. determined 0.38.1's core.init() imports torch
-# plus tensorboard (or TensorFlow) even for scripts that never touch them.
+# plus tensorboard (or TensorFlow) even for scripts that never touch them. JupyterLab too,
+# as Determined's images carry it: the container tests' trial image is made of this venv,
+# and a notebook runs in it.
 TRIAL_VENV ?= .venv-trial
 .PHONY: trial-venv
 $(TRIAL_VENV)/.installed: | $(BIN)/.installed-run
 	$(PYTHON) -m venv $(TRIAL_VENV)
 	$(TRIAL_VENV)/bin/pip install -q torch==2.13.0
 	$(BIN)/uv pip install -q --compile-bytecode --python $(TRIAL_VENV)/bin/python \
-		determined==0.38.1 tensorboard==2.21.0
+		determined==0.38.1 tensorboard==2.21.0 'jupyterlab>=4.2,<5' 'ipykernel>=6.29'
 	touch $@
 
 trial-venv: $(TRIAL_VENV)/.installed

@@ -358,20 +358,26 @@ def run_argv(runtime: Runtime, spec: RankContainer, limits: Sequence[str] = ()) 
     return [*argv, spec.image, *spec.argv]
 
 
+def env_problem(env: Mapping[str, str]) -> str | None:
+    """The variable an env file cannot carry (a line break, an '=' in its name), named."""
+    for key, value in env.items():
+        if "\n" in key or "\n" in value or "=" in key or not key:
+            return (
+                f"environment variable {key.splitlines()[0] if key else '(empty)'!r} cannot be "
+                "given to a container: its name or value holds a line break or its name an '='"
+            )
+    return None
+
+
 def env_file_text(env: Mapping[str, str]) -> str:
     """The rank's variables as an env file (KEY=VALUE lines): a file only root reads, so
     no value shows on a command line, and the runtime's client keeps the agent's own
     environment (a config's PATH or CONTAINERS_CONF must not steer the runtime). Raises
     ValueError naming a variable an env file cannot carry."""
-    lines = []
-    for key, value in env.items():
-        if "\n" in key or "\n" in value or "=" in key or not key:
-            raise ValueError(
-                f"environment variable {key.splitlines()[0] if key else '(empty)'!r} cannot be "
-                "given to a container: its name or value holds a line break or its name an '='"
-            )
-        lines.append(f"{key}={value}\n")
-    return "".join(lines)
+    problem = env_problem(env)
+    if problem:
+        raise ValueError(problem)
+    return "".join(f"{key}={value}\n" for key, value in env.items())
 
 
 # Paths the runtime makes itself, or the agent binds for Determined's harness: a bind

@@ -251,7 +251,9 @@ class Runner:
                     self._note(run, -1, problem)
                     run.stopping = True
             if not run.stopping and run.container is not None:
-                problem = await self._pull(run)
+                # A variable no env file can carry is known before anything is pulled; as a
+                # failed pull, it would fail every try alike: no restart.
+                problem = containers.env_problem(start.env) or await self._pull(run)
                 if problem:
                     run.kind, run.message = pb.EXIT_KIND_UNRUNNABLE, problem
                     self._note(run, -1, f"cannot start: {problem}")

@@ -115,12 +115,14 @@ def package_image(version: str) -> str:
     return image
 
 
-TRIAL_IMAGE = "localhost/resolute-test/trial:determined-0.38.1"
+# The tag names what it holds: a store with an older build (no Jupyter) builds this one.
+TRIAL_IMAGE = "localhost/resolute-test/trial:determined-0.38.1-jupyterlab"
 
 
 def trial_image(site_packages: Path) -> str:
-    """The base image with the trial venv's packages (`determined` 0.38.1, torch and
-    tensorboard) in Debian's python3 path, as Determined's own images hold them. About
+    """The base image with the trial venv's packages (`determined` 0.38.1, torch,
+    tensorboard and JupyterLab) in Debian's python3 path, as Determined's own images hold
+    them. About
     100 s on this machine kind (the commit of 1.4 GB), so `make test` starts it in the
     background and it stays in podman's store for later runs."""
     base = base_image()

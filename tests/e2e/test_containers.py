@@ -11,8 +11,10 @@ podman`.
   words on one line, no restart counted.
 - Bind mounts (a read-only one refuses a write, EROFS from the kernel), shm_size as the
   size of /dev/shm, a device passed through.
-- Determined's Core API script runs unchanged in an image that holds `determined` (the
-  per_agent layout: /run/determined is bound in).
+- Determined's Core API script and the DDP example run unchanged in the team's image
+  (determined, torch, JupyterLab) pulled from the registry with credentials; the pull's
+  progress is in the dashboard's log view of the trial.
+- A notebook in that image answers through the master's proxy, its kernel in the container.
 - The agent frozen (SIGSTOP): its fence kills the container before the master places the
   trial on the other agent (the ticks of the two runs do not overlap); the agent killed
   (SIGKILL): no container of its runs on, and the restarted agent removes what it left.
@@ -155,14 +157,26 @@ def _report(logs: str) -> dict[str, Any]:
 
 
 def _environment(cluster: Cluster, tag: str, password: str | None = None) -> dict[str, Any]:
+    return _pulled(cluster, f"{cluster.registry.address}/team/greeting:{tag}", password)
+
+
+def _pulled(cluster: Cluster, image: str, password: str | None = None) -> dict[str, Any]:
+    """An environment that names an image of the private registry, with its credentials."""
     return {
-        "image": f"{cluster.registry.address}/team/greeting:{tag}",
+        "image": image,
         "registry_auth": {
             "username": cluster.registry.username,
             "password": password or cluster.registry.password,
             "serveraddress": cluster.registry.address,
         },
     }
+
+
+@pytest.fixture(scope="module")
+def team_trial_image(cluster: Cluster) -> str:
+    """The trial image (determined, torch, JupyterLab) in the private registry, as a team
+    keeps its own image: trials and notebooks pull it with credentials."""
+    return cluster.registry.push(_trial_image(), "team/trial:determined-0.38.1")
 
 
 def _run(
@@ -261,6 +275,23 @@ def test_a_failed_pull_ends_the_trial_at_start_without_a_restart(
     assert "not-the-password" not in logs
 
 
+def test_a_variable_no_container_can_be_given_ends_the_trial_at_start(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A value with a line break (a PEM key, say) cannot go in the runtime's env file: the
+    trial ends at start naming the variable, before any pull, with no restart."""
+    environment = {
+        **_environment(cluster, "2"),
+        "environment_variables": ["TEAM_KEY=-----BEGIN KEY-----\nabc"],
+    }
+    trial, logs = _run(
+        cluster, tmp_path, "print('RAN', flush=True)\n", environment=environment, max_restarts=3
+    )
+    assert trial["state"] == "ERROR" and trial["restarts"] == 0, f"{trial}\n{logs[-3000:]}"
+    assert "environment variable 'TEAM_KEY' cannot be given to a container" in trial["endReason"]
+    assert "RAN" not in logs and "pulling image" not in logs, logs[-3000:]
+
+
 def test_mounts_shm_and_a_device_in_a_container(cluster: Cluster, tmp_path: Path) -> None:
     dataset = tmp_path / "dataset"
     dataset.mkdir()
@@ -333,16 +364,15 @@ def test_a_host_path_gone_before_the_start_fails_the_trial_naming_it(
     assert _containers(f"ai.resolute.allocation={trial['id']}.1") == []
 
 
-def test_determined_core_api_runs_unchanged_in_an_image_with_determined(
-    cluster: Cluster, tmp_path: Path
+def test_determined_core_api_runs_unchanged_in_an_image_pulled_with_credentials(
+    cluster: Cluster, team_trial_image: str, tmp_path: Path
 ) -> None:
-    image = _trial_image()
     config, model = write_experiment(
         tmp_path,
         (WORKLOADS / "metrics.py").read_text(),
         extra={
             "entrypoint": "python3 train.py --steps 20 --sleep 0.01",
-            "environment": {"image": image},
+            "environment": _pulled(cluster, team_trial_image),
             "searcher": {"name": "single", "metric": "x", "max_length": 20},
         },
     )
@@ -354,13 +384,28 @@ def test_determined_core_api_runs_unchanged_in_an_image_with_determined(
     rows = cluster.master.api("GET", f"/api/v1/trials/{trial['id']}/metrics")["metrics"]
     validations = [r["stepsCompleted"] for r in rows if r["group"] == "validation"]
     assert validations == [10, 20], rows  # reported through the master from the container
+    # The pull's progress, as the dashboard's log view of the trial shows it.
+    token = cluster.master.login()
+    feed = cluster.master.http(
+        "GET",
+        f"/ui/trials/{trial['id']}/logs.json",
+        headers={"Cookie": f"resolute_session={token}"},
+    )
+    assert feed.status_code == 200, feed.text
+    shown = [re.sub(r"^\[agent [^]]+\] ", "", line["message"]) for line in feed.json()["lines"]]
+    assert f"pulling image {team_trial_image}" in shown, shown[:20]
+    assert any(m.startswith(f"pull {team_trial_image}: ") for m in shown), shown[:20]
+    assert f"pulled image {team_trial_image}" in shown, shown[:20]
+    assert cluster.registry.password not in json.dumps(shown)
 
 
-def test_the_ddp_example_runs_in_an_image(cluster: Cluster, tmp_path: Path) -> None:
-    """examples/ddp_synthetic as the walkthrough submits it, two ranks in two containers
-    on one agent (Gloo over the host's network), in an image that holds torch."""
+def test_the_ddp_example_runs_in_an_image(
+    cluster: Cluster, team_trial_image: str, tmp_path: Path
+) -> None:
+    """examples/ddp_synthetic as the walkthrough submits it, two ranks in one container on
+    one agent (Gloo over the host's network), in the team's image that holds torch."""
     config = yaml.safe_load((EXAMPLES / "config.yaml").read_text())
-    config["environment"] = {"image": _trial_image()}
+    config["environment"] = _pulled(cluster, team_trial_image)
     config["max_restarts"] = 0
     config["checkpoint_storage"] = {"type": "shared_fs", "host_path": str(tmp_path / "ckpt")}
     path = tmp_path / "config.yaml"
@@ -386,6 +431,48 @@ def test_a_command_runs_in_an_image(cluster: Cluster, tmp_path: Path) -> None:
     )
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{cluster.diagnostics()}"
     assert "GREETING 2" in result.stdout, result.stdout
+
+
+def test_a_notebook_runs_in_the_teams_image_and_answers_through_the_proxy(
+    cluster: Cluster, team_trial_image: str, tmp_path: Path
+) -> None:
+    """`det notebook start` with the team's image from the registry: JupyterLab and its
+    kernels run in the container (the kernel's interpreter is the image's python3, not the
+    agent's), reached through the master's proxy over the host's network."""
+    config = tmp_path / "notebook.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {"environment": _pulled(cluster, team_trial_image), "resources": {"slots": 1}}
+        )
+    )
+    master = cluster.master
+    result = master.det(
+        "notebook", "start", "--no-browser", "--config-file", str(config), timeout=240
+    )
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{cluster.diagnostics()}"
+    url = result.stdout.strip().rsplit(" ", 1)[-1]
+    notebook_id = url.rstrip("/").rsplit("/", 1)[-1]
+    assert url == f"{master.url}/proxy/{notebook_id}/", result.stdout
+    try:
+        status = master.http("GET", f"/proxy/{notebook_id}/api/status")
+        assert status.status_code == 200, status.text
+        specs = master.http("GET", f"/proxy/{notebook_id}/api/kernelspecs").json()
+        kernel_argv = specs["kernelspecs"][specs["default"]]["spec"]["argv"]
+        assert kernel_argv[0] == "/usr/bin/python3", specs  # Debian's, in the image
+        kernel = master.http("POST", f"/proxy/{notebook_id}/api/kernels", json={})
+        assert kernel.status_code == 201, kernel.text
+        running = _containers("ai.resolute.agent", running_only=True)
+        assert len(running) == 1, running  # the notebook's, and its kernel inside it
+    finally:
+        killed = master.det("notebook", "kill", notebook_id)
+    assert killed.returncode == 0, f"{killed.stdout}\n{killed.stderr}"
+
+    def ended() -> dict[str, Any] | None:
+        found: dict[str, Any] = master.api("GET", f"/api/v1/notebooks/{notebook_id}")["notebook"]
+        return found if found["state"] == "STATE_TERMINATED" else None
+
+    master.wait_for(f"notebook {notebook_id} terminated", ended, 120)
+    assert _containers("ai.resolute.agent") == []
 
 
 GANG_SCRIPT = """

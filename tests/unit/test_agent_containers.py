@@ -144,6 +144,8 @@ def test_an_env_file_carries_each_variable_and_refuses_a_line_break() -> None:
     assert text == 'A=1\nDET_EXPERIMENT_CONFIG={"x": "a=b"}\nE=\n'
     with pytest.raises(ValueError, match=r"'MULTI'.*line break"):
         containers.env_file_text({"MULTI": "one\ntwo"})
+    assert containers.env_problem({"A": "1", "E": ""}) is None
+    assert "'K=V'" in (containers.env_problem({"K=V": "1"}) or "")
 
 
 def test_mounts_onto_runtime_paths_and_missing_sources_are_named(tmp_path: Path) -> None:
