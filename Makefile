@@ -52,16 +52,18 @@ official-client: $(DET_VENV)/bin/det
 
 # The interpreter that trials of Determined workloads (determined.core, its launchers, the
 # PyTorch Trainer) run with on this machine. determined 0.38.1's core.init() imports torch
-# plus tensorboard (or TensorFlow) even for scripts that never touch them. JupyterLab too,
-# as Determined's images carry it: the container tests' trial image is made of this venv,
-# and a notebook runs in it.
+# plus tensorboard (or TensorFlow) even for scripts that never touch them. The container
+# tests' trial image is made of this venv, so it also holds what our notebook and shell
+# tasks run in an image: JupyterLab (Determined's images carry it too) and the shell
+# server's asyncssh and websockets (where Determined's need sshd).
 TRIAL_VENV ?= .venv-trial
 .PHONY: trial-venv
 $(TRIAL_VENV)/.installed: | $(BIN)/.installed-run
 	$(PYTHON) -m venv $(TRIAL_VENV)
 	$(TRIAL_VENV)/bin/pip install -q torch==2.13.0
 	$(BIN)/uv pip install -q --compile-bytecode --python $(TRIAL_VENV)/bin/python \
-		determined==0.38.1 tensorboard==2.21.0 'jupyterlab>=4.2,<5' 'ipykernel>=6.29'
+		determined==0.38.1 tensorboard==2.21.0 'jupyterlab>=4.2,<5' 'ipykernel>=6.29' \
+		'asyncssh>=2.14,<3' 'websockets>=13,<17'
 	touch $@
 
 trial-venv: $(TRIAL_VENV)/.installed

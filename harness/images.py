@@ -115,16 +115,16 @@ def package_image(version: str) -> str:
     return image
 
 
-# The tag names what it holds: a store with an older build (no Jupyter) builds this one.
-TRIAL_IMAGE = "localhost/resolute-test/trial:determined-0.38.1-jupyterlab"
+# The tag names what it holds: a store with an older build (no task servers) builds this.
+TRIAL_IMAGE = "localhost/resolute-test/trial:determined-0.38.1-tasks"
 
 
 def trial_image(site_packages: Path) -> str:
     """The base image with the trial venv's packages (`determined` 0.38.1, torch,
-    tensorboard and JupyterLab) in Debian's python3 path, as Determined's own images hold
-    them. About
-    100 s on this machine kind (the commit of 1.4 GB), so `make test` starts it in the
-    background and it stays in podman's store for later runs."""
+    tensorboard, JupyterLab and the shell server's packages) in Debian's python3 path, as
+    Determined's own images hold them. About 50-150 s on this machine kind (the commit of
+    1.7 GB), so `make test` starts it in the background and it stays in podman's store for
+    later runs."""
     base = base_image()
     with _locked("trial"):
         if image_exists(TRIAL_IMAGE):

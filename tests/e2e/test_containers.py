@@ -14,7 +14,7 @@ podman`.
 - Determined's Core API script and the DDP example run unchanged in the team's image
   (determined, torch, JupyterLab) pulled from the registry with credentials; the pull's
   progress is in the dashboard's log view of the trial.
-- A notebook in that image answers through the master's proxy, its kernel in the container.
+- A notebook, a shell and a TensorBoard in that image answer through the master's proxy.
 - The agent frozen (SIGSTOP): its fence kills the container before the master places the
   trial on the other agent (the ticks of the two runs do not overlap); the agent killed
   (SIGKILL): no container of its runs on, and the restarted agent removes what it left.
@@ -170,6 +170,15 @@ def _pulled(cluster: Cluster, image: str, password: str | None = None) -> dict[s
             "serveraddress": cluster.registry.address,
         },
     }
+
+
+def _wait_terminated(master: MasterProcess, kind: str, task_id: str) -> None:
+    def ended() -> bool:
+        return bool(
+            master.api("GET", f"/api/v1/{kind}s/{task_id}")[kind]["state"] == "STATE_TERMINATED"
+        )
+
+    master.wait_for(f"{kind} {task_id} terminated", ended, 120)
 
 
 @pytest.fixture(scope="module")
@@ -466,12 +475,84 @@ def test_a_notebook_runs_in_the_teams_image_and_answers_through_the_proxy(
     finally:
         killed = master.det("notebook", "kill", notebook_id)
     assert killed.returncode == 0, f"{killed.stdout}\n{killed.stderr}"
+    _wait_terminated(master, "notebook", notebook_id)
+    assert _containers("ai.resolute.agent") == []
 
-    def ended() -> dict[str, Any] | None:
-        found: dict[str, Any] = master.api("GET", f"/api/v1/notebooks/{notebook_id}")["notebook"]
-        return found if found["state"] == "STATE_TERMINATED" else None
 
-    master.wait_for(f"notebook {notebook_id} terminated", ended, 120)
+def test_a_shell_runs_in_the_teams_image(
+    cluster: Cluster, team_trial_image: str, tmp_path: Path
+) -> None:
+    """`det shell start -- CMD` with the team's image: the command runs in the container
+    (podman's /run/.containerenv is there, python3 is the image's), through the proxy."""
+    config = tmp_path / "shell.yaml"
+    config.write_text(yaml.safe_dump({"environment": _pulled(cluster, team_trial_image)}))
+    probe = [
+        "test",
+        "-f",
+        "/run/.containerenv",
+        "&&",
+        "python3",
+        "-c",
+        "'import sys; print(sys.version)'",
+    ]
+    result = cluster.master.det(
+        "shell", "start", "--config-file", str(config), "--", *probe, timeout=240
+    )
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{cluster.diagnostics()}"
+    assert result.stdout.split()[0] != ".".join(map(str, sys.version_info[:3])), result.stdout
+    assert _containers("ai.resolute.agent") == []  # the shell ended with its command
+
+
+BOARD_SCRIPT = """
+import resolute
+with resolute.init() as ctx:
+    for step in (1, 2, 3):
+        ctx.train.report_training_metrics(steps_completed=step, metrics={"loss": 1.0 / step})
+"""
+
+
+def test_a_tensorboard_runs_in_the_teams_image(
+    cluster: Cluster, team_trial_image: str, tmp_path: Path
+) -> None:
+    """`det tensorboard start EXP` with the team's image: TensorBoard (the image's) serves
+    the metrics the master stored for a trial that ran on the host."""
+    config, model = write_experiment(tmp_path, BOARD_SCRIPT)
+    experiment_id = create_experiment(cluster.master, config, model)
+    trial = wait_trial_state(cluster.master, experiment_id, TERMINAL)
+    assert trial["state"] == "COMPLETED", trial_logs(cluster.master, trial["id"])[-3000:]
+    board_config = tmp_path / "board.yaml"
+    board_config.write_text(yaml.safe_dump({"environment": _pulled(cluster, team_trial_image)}))
+    master = cluster.master
+    started = master.det(
+        "tensorboard",
+        "start",
+        str(experiment_id),
+        "--no-browser",
+        "--config-file",
+        str(board_config),
+        timeout=240,
+    )
+    assert started.returncode == 0, f"{started.stdout}\n{started.stderr}\n{cluster.diagnostics()}"
+    board_id = started.stdout.strip().rstrip("/").rsplit("/", 1)[-1]
+    try:
+        assert len(_containers("ai.resolute.agent", running_only=True)) == 1
+
+        def scalars() -> list[Any] | None:
+            reply = master.http(
+                "GET",
+                f"/proxy/{board_id}/data/plugin/scalars/scalars",
+                params={
+                    "run": f"experiment_{experiment_id}/trial_{trial['id']}",
+                    "tag": "training/loss",
+                },
+            )
+            return reply.json() if reply.status_code == 200 else None
+
+        points = master.wait_for("TensorBoard to load the trial's scalars", scalars, 120)
+        assert [step for _, step, _ in points] == [1, 2, 3]
+    finally:
+        master.det("tensorboard", "kill", board_id)
+    _wait_terminated(master, "tensorboard", board_id)
     assert _containers("ai.resolute.agent") == []
 
 
