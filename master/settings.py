@@ -198,6 +198,25 @@ def _key_values(items: list[str]) -> list[str]:
 
 
 class TaskContainerDefaults(BaseModel):
+    image: str | dict[str, str] | None = Field(
+        default=None,
+        description=(
+            "The image of work whose config names none (Determined's key): one name, or one "
+            "per slot type ({cpu: ..., cuda: ...}). Written into the config at submit, so "
+            "the experiment keeps saying where it ran if the default changes."
+        ),
+    )
+    registry_auth: dict[str, str] | None = Field(
+        default=None,
+        description=(
+            "Credentials for pulls whose config gives none (Docker's AuthConfig keys: "
+            "username, password, serveraddress, ...). Applied at launch, never stored in "
+            "an experiment's config."
+        ),
+    )
+    force_pull_image: bool = Field(
+        default=False, description="Pull the default image at every start, as the config's key."
+    )
     dtrain_network_interface: str | None = Field(
         default=None,
         description=(
@@ -221,6 +240,17 @@ class TaskContainerDefaults(BaseModel):
             "entrypoints run, as a custom image would."
         ),
     )
+
+    @model_validator(mode="after")
+    def _valid_image(self) -> TaskContainerDefaults:
+        # The checks an experiment's own environment.image and registry_auth pass at submit.
+        from master.core import expconf
+
+        given = {"image": self.image, "registry_auth": self.registry_auth}
+        problems = expconf.environment_problems({k: v for k, v in given.items() if v})
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 class WorkspaceQuotaSettings(BaseModel):
@@ -613,6 +643,12 @@ class MasterSettings(BaseSettings):
 
     def pool(self, name: str) -> ResourcePoolSettings | None:
         return next((p for p in self.resource_pools if p.pool_name == name), None)
+
+    def container_defaults(self, pool_name: str) -> TaskContainerDefaults:
+        """task_container_defaults: the pool's own, else the master's."""
+        pool = self.pool(pool_name)
+        own = pool.task_container_defaults if pool else None
+        return own or self.task_container_defaults
 
     @property
     def database_url(self) -> str:

@@ -1527,6 +1527,19 @@ def registry_auth_problems(env: Environment) -> list[ConfigProblem]:
     return []
 
 
+def environment_problems(environment: Mapping[str, Any]) -> list[str]:
+    """What is wrong with an environment section on its own (image names, registry_auth),
+    as `key: problem` lines: the master's task_container_defaults pass these checks."""
+    try:
+        env = Environment.model_validate(environment)
+    except ValidationError as exc:
+        return [str(problem) for problem in _problems_from(exc, Environment)]
+    return [
+        str(ConfigProblem(p.path.removeprefix("environment."), p.message))
+        for p in registry_auth_problems(env)
+    ]
+
+
 def _check_registry_auth(cfg: ExperimentConfig, complete: bool) -> list[ConfigProblem]:
     return registry_auth_problems(cfg.environment) if complete else []
 

@@ -180,6 +180,42 @@ def required_image_problem(config: Mapping[str, Any], pool_name: str) -> str | N
     )
 
 
+SLOT_TYPES = ("cpu", "cuda", "rocm")
+
+
+def with_default_image(
+    config: Mapping[str, Any], default: str | Mapping[str, str] | None, force_pull: bool
+) -> dict[str, Any]:
+    """`config` with task_container_defaults.image for each slot type it names no image
+    for, as Determined merges the master's defaults into a config at submit (so the stored
+    config says where it ran). The defaults' force_pull_image goes with a default image."""
+    out = dict(config)
+    if not default:
+        return out
+    missing = [kind for kind in SLOT_TYPES if image_for(config, kind) is None]
+    filled = {
+        kind: image
+        for kind in missing
+        if (image := image_for({"environment": {"image": default}}, kind))
+    }
+    if not filled:
+        return out
+    environment = dict(config.get("environment") or {})
+    own = environment.get("image")
+    if not own and isinstance(default, str):
+        environment["image"] = default
+    else:
+        environment["image"] = {
+            **{k: v for k, v in (own or {}).items() if v and k != "gpu"},
+            **({"cuda": own["gpu"]} if isinstance(own, Mapping) and own.get("gpu") else {}),
+            **filled,
+        }
+    if force_pull:
+        environment["force_pull_image"] = True
+    out["environment"] = environment
+    return out
+
+
 def without_registry_auth(config: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of the config without environment.registry_auth: what a trial's or task's
     processes may read (the agent's runtime alone gets the credentials)."""
@@ -208,15 +244,20 @@ class ContainerSpec:
     devices: tuple[DeviceSpec, ...] = ()
 
 
-def container_spec(config: Mapping[str, Any], device_type: str) -> ContainerSpec | None:
+def container_spec(
+    config: Mapping[str, Any],
+    device_type: str,
+    default_auth: Mapping[str, str] | None = None,
+) -> ContainerSpec | None:
     """The container of a launch on slots of `device_type`, from a validated experiment
-    or task config; None when no image applies to that type."""
+    or task config; None when no image applies to that type. `default_auth`: the
+    task_container_defaults' credentials, for a config that gives none."""
     image = image_for(config, device_type)
     if image is None:
         return None
     environment = config.get("environment")
     environment = environment if isinstance(environment, Mapping) else {}
-    auth = environment.get("registry_auth")
+    auth = environment.get("registry_auth") or default_auth
     registry_auth = (
         {key: str(auth[key]) for key in _AUTH_KEYS if auth.get(key)}
         if isinstance(auth, Mapping)

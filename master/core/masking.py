@@ -10,7 +10,8 @@ from urllib.parse import urlsplit, urlunsplit
 HIDDEN = "********"
 # Key names that hold a credential, whatever section they are in.
 _SECRET_KEY = re.compile(
-    r"password|secret|token|access_key|api_key|credential|connection_string|signing_key"
+    # ^auth$: Docker's AuthConfig `auth`, base64 of username:password (registry_auth).
+    r"password|secret|token|access_key|api_key|credential|connection_string|signing_key|^auth$"
 )
 
 

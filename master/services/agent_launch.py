@@ -49,10 +49,7 @@ class LaunchAssembler:
         self.master_id = master_id
 
     def container_defaults(self, pool_name: str) -> TaskContainerDefaults:
-        """task_container_defaults: the pool's own, else the master's."""
-        pool = self.settings.pool(pool_name)
-        own = pool.task_container_defaults if pool else None
-        return own or self.settings.task_container_defaults
+        return self.settings.container_defaults(pool_name)
 
     def default_variables(self, pool_name: str, device_type: str) -> dict[str, str]:
         defaults = self.container_defaults(pool_name).environment_variables
@@ -170,7 +167,13 @@ class LaunchAssembler:
             default_variables=self.default_variables(allocation.resource_pool, device_type),
         )
         archive = model_definition.archive if model_definition else b""
-        container = container_message(images.container_spec(experiment.config, device_type))
+        container = container_message(
+            images.container_spec(
+                experiment.config,
+                device_type,
+                self.container_defaults(allocation.resource_pool).registry_auth,
+            )
+        )
         bind_mounts = _bind_mounts(experiment.config)
         shm_size_bytes = mounts.shm_bytes(
             (experiment.config.get("resources") or {}).get("shm_size")
@@ -294,7 +297,13 @@ class LaunchAssembler:
                 bind_mounts=_bind_mounts(task.config),
                 shm_size_bytes=shm_size_bytes,
                 owner_id=owner.id,
-                container=container_message(images.container_spec(task.config, device_type)),
+                container=container_message(
+                    images.container_spec(
+                        task.config,
+                        device_type,
+                        self.container_defaults(allocation.resource_pool).registry_auth,
+                    )
+                ),
             )
         )
         return agent_launch.agent_id, message

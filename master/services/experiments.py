@@ -201,6 +201,8 @@ async def prepare_experiment(
         resources.get("resource_pool"),
         int(resources.get("slots_per_trial", 1)),
     )
+    defaults = settings.container_defaults(pool.pool_name)
+    effective = images.with_default_image(effective, defaults.image, defaults.force_pull_image)
     if pool.require_image:
         problem = images.required_image_problem(effective, pool.pool_name)
         if problem:

@@ -144,7 +144,12 @@ async def create_task(
         session, settings, workspace, config.resources.resource_pool, config.resources.slots
     )
     priority = config.resources.priority or pool.scheduler.default_priority
-    stored = config.model_dump(mode="json", exclude_none=True)
+    defaults = settings.container_defaults(pool.pool_name)
+    stored = images.with_default_image(
+        config.model_dump(mode="json", exclude_none=True),
+        defaults.image,
+        defaults.force_pull_image,
+    )
     if pool.require_image:
         problem = images.required_image_problem(stored, pool.pool_name)
         if problem:

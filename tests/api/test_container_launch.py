@@ -8,16 +8,19 @@ Agents are the hub's own connections (as in test_agent_link); the runtime is the
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 from fastapi import FastAPI
+from pydantic import ValidationError
 from sqlalchemy import select
 
 from master.db.models import ExperimentModel, TemplateModel
 from master.db.session import session_scope
-from master.settings import ResourcePoolSettings
+from master.settings import ResourcePoolSettings, TaskContainerDefaults
 from resolute_proto.agent.v1 import agent_pb2 as pb
 from tests.api.test_access import refusal
 from tests.api.test_agent_link import connect, hub_of, of_kind, sent
@@ -327,3 +330,61 @@ async def test_a_pool_that_requires_images_refuses_work_without_one(
         assert plain.status_code == 200, plain.text
     finally:
         app.state.settings = settings
+
+
+async def test_the_masters_default_image_and_credentials_apply_to_work_that_names_none(
+    app: FastAPI, api: httpx.AsyncClient, admin: httpx.AsyncClient
+) -> None:
+    """task_container_defaults.image (Determined's master key): written into the stored
+    config of an experiment or task that names no image (so a pool that requires images
+    takes it), and its registry_auth used for the pull but never stored or shown."""
+    default_image = f"{REGISTRY}/team/base:1"
+    defaults = TaskContainerDefaults(
+        image={"cpu": default_image},
+        registry_auth={"username": "robot", "password": PASSWORD, "serveraddress": REGISTRY},
+    )
+    settings = app.state.settings
+    changed = settings.model_copy(
+        update={
+            "resource_pools": [
+                ResourcePoolSettings(pool_name="default", require_image=True),
+            ],
+            "task_container_defaults": defaults,
+        }
+    )
+    hub = hub_of(app)
+    app.state.settings = hub.launches.settings = changed
+    try:
+        bare = (
+            CONFIG.split("environment:")[0]
+            + "searcher: {name: single, metric: loss, max_length: 1}\n"
+        )
+        body = await submit(api, bare)
+        environment = body["config"]["environment"]
+        assert environment["image"] == {"cpu": default_image}, environment
+        assert "registry_auth" not in environment or not environment["registry_auth"]
+        start = await launched(app)
+        assert start.container.image == default_image
+        assert start.container.registry_auth == pb.RegistryAuth(
+            username="robot", password=PASSWORD, serveraddress=REGISTRY
+        )
+        assert_ranks_never_see_the_password(start)
+        command = await api.post("/api/v1/commands", json={"config": {"entrypoint": "true"}})
+        assert command.status_code == 200, command.text
+        reply = await api.get(f"/api/v1/commands/{command.json()['command']['id']}")
+        assert reply.json()["config"]["environment"]["image"] == {"cpu": default_image}
+        assert PASSWORD not in reply.text
+        master_config = (await admin.get("/api/v1/master/config")).json()["config"]
+        assert master_config["task_container_defaults"]["registry_auth"]["password"] == "********"
+    finally:
+        app.state.settings = hub.launches.settings = settings
+
+
+def test_bad_master_defaults_are_refused_naming_the_key() -> None:
+    for defaults, words in [
+        ({"image": "Team/UPPER"}, "image: 'Team/UPPER': repository name component 'Team' must be"),
+        ({"image": {"tpu": "x"}}, "image.tpu: unknown key"),
+        ({"registry_auth": {"username": "robot"}}, "registry_auth.password: required"),
+    ]:
+        with pytest.raises(ValidationError, match=re.escape(words)):
+            TaskContainerDefaults.model_validate(defaults)

@@ -14,6 +14,7 @@ from master.core.images import (
     container_spec,
     image_for,
     parse_image,
+    with_default_image,
     without_registry_auth,
 )
 
@@ -155,3 +156,23 @@ def test_a_container_without_credentials_or_devices_pulls_anonymously() -> None:
     spec = container_spec({"environment": {"image": "ubuntu:22.04"}}, "cpu")
     assert spec == ContainerSpec(image="ubuntu:22.04")
     assert container_spec({"resources": {"devices": [{"host_path": "/dev/fuse"}]}}, "cpu") is None
+
+
+def test_the_masters_default_image_fills_only_the_slot_types_a_config_names_none_for() -> None:
+    fill = with_default_image
+    assert fill({"name": "x"}, "team/base:1", False) == {
+        "name": "x",
+        "environment": {"image": "team/base:1"},
+    }
+    assert fill({}, {"cpu": "c:1"}, True) == {
+        "environment": {"image": {"cpu": "c:1"}, "force_pull_image": True}
+    }
+    own = {"environment": {"image": "team/own:2", "force_pull_image": False}}
+    assert fill(own, "team/base:1", True) == own  # names an image for every type
+    assert fill({"environment": {"image": {"gpu": "g:1"}}}, "d:1", False) == {
+        "environment": {"image": {"cuda": "g:1", "cpu": "d:1", "rocm": "d:1"}}
+    }
+    assert fill({"environment": {"image": {"cuda": "g:1"}}}, {"cuda": "d:1"}, True) == {
+        "environment": {"image": {"cuda": "g:1"}}
+    }
+    assert fill({"environment": {"image": None}}, None, True) == {"environment": {"image": None}}
