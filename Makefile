@@ -102,19 +102,21 @@ debian-packages: postgres
 		fi; \
 	fi
 
-# Podman (with runc: crun fails on this machine kind's cgroups), catatonit (--init), and
-# Debian's docker-registry and htpasswd for the container tests (tests/e2e/test_containers.py).
+# Podman (with runc: crun fails on this machine kind's cgroups), catatonit (--init),
+# Debian's docker-registry and htpasswd for the container tests (tests/e2e/test_containers.py),
+# and Debian's docker.io, whose dockerd the Docker runtime's tests start privately
+# (tests/e2e/test_containers_docker.py; the package starts no daemon without systemd).
 # Their images are built in the background (debootstrap from Debian's registry, then the
 # trial venv's packages: about 3 minutes on a fresh machine) and kept in podman's store; a
 # test that needs one waits for its build (a lock in harness/images.py), not make.
-CONTAINER_TOOLS := podman runc catatonit debootstrap docker-registry htpasswd
+CONTAINER_TOOLS := podman runc catatonit debootstrap docker-registry htpasswd dockerd
 container-images: debian-packages trial-venv $(BIN)/.installed-run
 	@missing=""; \
 	for tool in $(CONTAINER_TOOLS); do which $$tool >/dev/null 2>&1 || missing=1; done; \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ]; then \
 			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
-				podman runc catatonit debootstrap docker-registry apache2-utils; \
+				podman runc catatonit debootstrap docker-registry apache2-utils docker.io; \
 		else \
 			echo "container tools missing and not root; their tests skip (and fail under CI=true)"; \
 		fi; \

@@ -217,6 +217,69 @@ def registry(
             process.wait()
 
 
+DOCKERD_BIN = "/usr/sbin/dockerd"  # Debian's docker.io
+
+
+def docker_missing() -> list[str]:
+    """What the Docker tests need beyond missing_tools()'s: a daemon and a client."""
+    have = os.access(DOCKERD_BIN, os.X_OK) and shutil.which("docker") is not None
+    return [] if have else ["docker.io"]
+
+
+@contextlib.contextmanager
+def docker_daemon(directory: Path) -> Iterator[str]:
+    """A private dockerd with a data root of its own, no bridge and no iptables rules (its
+    containers use the host's network, as the agent runs them): yields its DOCKER_HOST.
+    The machine's own Docker, if any, is never touched."""
+    directory.mkdir(parents=True, exist_ok=True)
+    # Short: containerd's sockets live under the exec root (a socket path has 108 bytes).
+    exec_root = Path(tempfile.mkdtemp(prefix="dkr-", dir="/tmp"))
+    host = f"unix://{exec_root}/docker.sock"
+    log = directory / "dockerd.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [
+                DOCKERD_BIN,
+                "--iptables=false",
+                "--ip-masq=false",
+                "--bridge=none",
+                "--data-root",
+                str(directory / "root"),
+                "--exec-root",
+                str(exec_root),
+                "--pidfile",
+                str(exec_root / "dockerd.pid"),
+                "--host",
+                host,
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    docker = ["docker", "--host", host]
+    try:
+
+        def answering() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"dockerd exited: {log.read_text()[-2000:]}")
+            return subprocess.run([*docker, "version"], capture_output=True).returncode == 0
+
+        wait_until("dockerd to answer", answering, 60)
+        yield host
+    finally:
+        left = subprocess.run([*docker, "ps", "-aq"], capture_output=True, text=True).stdout
+        if left.split():
+            subprocess.run([*docker, "rm", "-f", *left.split()], capture_output=True)
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        shutil.rmtree(exec_root, ignore_errors=True)
+        shutil.rmtree(directory / "root", ignore_errors=True)
+
+
 def main() -> None:
     """Build the base image, and the trial image from `--trial-venv VENV` if given."""
     missing = missing_tools()

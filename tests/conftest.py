@@ -55,6 +55,7 @@ _LONGEST_FIRST = (
     "tests/e2e/test_bind_mounts.py",
     # About 90 s; not first: on a fresh machine it waits for make test's image build.
     "tests/e2e/test_containers.py",
+    "tests/e2e/test_containers_docker.py",
     "tests/e2e/test_webhooks.py",
     "tests/e2e/test_master_kills.py",
     "tests/e2e/test_cli_workspaces.py",
