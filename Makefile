@@ -105,7 +105,8 @@ debian-packages: postgres
 # Podman (with runc: crun fails on this machine kind's cgroups), catatonit (--init),
 # Debian's docker-registry and htpasswd for the container tests (tests/e2e/test_containers.py),
 # and Debian's docker.io, whose dockerd the Docker runtime's tests start privately
-# (tests/e2e/test_containers_docker.py; the package starts no daemon without systemd).
+# (tests/e2e/test_containers_docker.py; on a machine without an init system, as this kind
+# is, the package starts no daemon of its own).
 # Their images are built in the background (debootstrap from Debian's registry, then the
 # trial venv's packages: about 3 minutes on a fresh machine) and kept in podman's store; a
 # test that needs one waits for its build (a lock in harness/images.py), not make.

@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -262,19 +263,26 @@ def docker_daemon(directory: Path) -> Iterator[str]:
         def answering() -> bool:
             if process.poll() is not None:
                 raise RuntimeError(f"dockerd exited: {log.read_text()[-2000:]}")
-            return subprocess.run([*docker, "version"], capture_output=True).returncode == 0
+            probe = subprocess.run([*docker, "version"], capture_output=True, timeout=30)
+            return probe.returncode == 0
 
         wait_until("dockerd to answer", answering, 60)
         yield host
     finally:
-        left = subprocess.run([*docker, "ps", "-aq"], capture_output=True, text=True).stdout
-        if left.split():
-            subprocess.run([*docker, "rm", "-f", *left.split()], capture_output=True)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            listed = subprocess.run(
+                [*docker, "ps", "-aq"], capture_output=True, text=True, timeout=60
+            )
+            if listed.stdout.split():
+                subprocess.run(
+                    [*docker, "rm", "-f", *listed.stdout.split()], capture_output=True, timeout=120
+                )
         process.terminate()
         try:
             process.wait(30)
         except subprocess.TimeoutExpired:
-            process.kill()
+            # Its session: containerd and the shims it started go with it.
+            os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         shutil.rmtree(exec_root, ignore_errors=True)
         shutil.rmtree(directory / "root", ignore_errors=True)

@@ -210,8 +210,9 @@ class TaskContainerDefaults(BaseModel):
         default=None,
         description=(
             "Credentials for pulls whose config gives none (Docker's AuthConfig keys: "
-            "username, password, serveraddress, ...). Applied at launch, never stored in "
-            "an experiment's config."
+            "username, password, serveraddress, ...), offered only to the registry "
+            "serveraddress names (required). Applied at launch, never stored in an "
+            "experiment's config."
         ),
     )
     force_pull_image: bool = Field(
@@ -248,6 +249,13 @@ class TaskContainerDefaults(BaseModel):
 
         given = {"image": self.image, "registry_auth": self.registry_auth}
         problems = expconf.environment_problems({k: v for k, v in given.items() if v})
+        if self.registry_auth and not self.registry_auth.get("serveraddress"):
+            # Without it the pull would offer the credentials to whatever registry a
+            # user's image names.
+            problems.append(
+                "registry_auth.serveraddress: required here: the master's credentials go "
+                "only to the registry it names"
+            )
         if problems:
             raise ValueError("; ".join(problems))
         return self

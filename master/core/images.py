@@ -188,29 +188,27 @@ def with_default_image(
 ) -> dict[str, Any]:
     """`config` with task_container_defaults.image for each slot type it names no image
     for, as Determined merges the master's defaults into a config at submit (so the stored
-    config says where it ran). The defaults' force_pull_image goes with a default image."""
+    config says where it ran). The defaults' force_pull_image goes with the default image
+    when the config names none of its own (its own images keep its own setting)."""
     out = dict(config)
     if not default:
         return out
     missing = [kind for kind in SLOT_TYPES if image_for(config, kind) is None]
-    filled = {
-        kind: image
-        for kind in missing
-        if (image := image_for({"environment": {"image": default}}, kind))
-    }
+    defaults = {"environment": {"image": default}}
+    filled = {kind: image for kind in missing if (image := image_for(defaults, kind))}
     if not filled:
         return out
     environment = dict(config.get("environment") or {})
     own = environment.get("image")
-    if not own and isinstance(default, str):
+    if len(missing) == len(SLOT_TYPES) and isinstance(default, str):
         environment["image"] = default
     else:
-        environment["image"] = {
-            **{k: v for k, v in (own or {}).items() if v and k != "gpu"},
-            **({"cuda": own["gpu"]} if isinstance(own, Mapping) and own.get("gpu") else {}),
-            **filled,
-        }
-    if force_pull:
+        mine = {k: v for k, v in own.items() if v} if isinstance(own, Mapping) else {}
+        if "gpu" in mine:  # Determined's legacy name, where `cuda` wins (image_for)
+            mine.setdefault("cuda", mine["gpu"])
+            del mine["gpu"]
+        environment["image"] = {**mine, **filled}
+    if force_pull and len(missing) == len(SLOT_TYPES):
         environment["force_pull_image"] = True
     out["environment"] = environment
     return out

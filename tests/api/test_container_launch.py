@@ -385,6 +385,10 @@ def test_bad_master_defaults_are_refused_naming_the_key() -> None:
         ({"image": "Team/UPPER"}, "image: 'Team/UPPER': repository name component 'Team' must be"),
         ({"image": {"tpu": "x"}}, "image.tpu: unknown key"),
         ({"registry_auth": {"username": "robot"}}, "registry_auth.password: required"),
+        (
+            {"registry_auth": {"username": "robot", "password": "pw"}},
+            "registry_auth.serveraddress: required here",
+        ),
     ]:
         with pytest.raises(ValidationError, match=re.escape(words)):
             TaskContainerDefaults.model_validate(defaults)

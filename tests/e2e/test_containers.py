@@ -499,8 +499,13 @@ def test_a_shell_runs_in_the_teams_image(
         "shell", "start", "--config-file", str(config), "--", *probe, timeout=240
     )
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}\n{cluster.diagnostics()}"
+    # The marker file says it ran in a container; the image's python3 (Debian's 3.11.2)
+    # is not the one the agent runs on.
     assert result.stdout.split()[0] != ".".join(map(str, sys.version_info[:3])), result.stdout
-    assert _containers("ai.resolute.agent") == []  # the shell ended with its command
+    launched = re.search(r"Launched shell \(id: ([0-9a-f-]+)\)", result.stderr)
+    assert launched, result.stderr
+    _wait_terminated(cluster.master, "shell", launched[1])  # it ends with its command
+    assert _containers("ai.resolute.agent") == []
 
 
 BOARD_SCRIPT = """

@@ -3,7 +3,8 @@ docker.io, a private one with a data root of its own) and the private registry o
 tests/e2e/test_containers.py, where podman's runs the wider matrix. What differs from
 podman is what these check: the pull through `docker --config` with credentials, the
 container's first process read from `--cidfile` and `docker inspect` (what the fence
-kills), Docker's own init, and the removal of what a killed agent left.
+kills), the grouped ranks' launcher under Docker, and the removal of what a killed agent
+left.
 """
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ def test_a_killed_agents_docker_container_ends_and_its_restart_removes_what_it_l
     left = cluster.containers(label)
     # What a host's crash would leave (agent and fence gone at once): a running container.
     cluster.docker(
-        "run", "--detach", "--name", "resolute-stray", "--label", label,
+        "run", "--detach", "--network", "none", "--name", "resolute-stray", "--label", label,
         cluster.environment("1")["image"], "sleep", "600",
     )  # fmt: skip
     cluster.agent = _agent(cluster.master, cluster.root, cluster.docker_host).start()

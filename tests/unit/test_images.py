@@ -175,4 +175,10 @@ def test_the_masters_default_image_fills_only_the_slot_types_a_config_names_none
     assert fill({"environment": {"image": {"cuda": "g:1"}}}, {"cuda": "d:1"}, True) == {
         "environment": {"image": {"cuda": "g:1"}}
     }
+    # `cuda` wins over the legacy `gpu`, as at launch; the config's own images keep its
+    # force_pull_image (False here), the defaults' goes only with a wholly default image.
+    both = {"environment": {"image": {"cuda": "c:1", "gpu": "g:1"}, "force_pull_image": False}}
+    assert fill(both, {"rocm": "r:1"}, True) == {
+        "environment": {"image": {"cuda": "c:1", "rocm": "r:1"}, "force_pull_image": False}
+    }
     assert fill({"environment": {"image": None}}, None, True) == {"environment": {"image": None}}
