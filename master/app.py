@@ -307,6 +307,13 @@ def create_app(settings: MasterSettings) -> FastAPI:
                 "deliveries with the key in its own data dir, so after a takeover receivers "
                 "see another key; give every master the same webhooks.signing_key"
             )
+        unapplied = settings.unapplied_container_defaults()
+        if unapplied:
+            log.warning(
+                "task_container_defaults keys this master does not apply (Determined's "
+                "others, or a misspelling): %s; docs/containers.md says which apply",
+                ", ".join(unapplied),
+            )
         if settings.host in ("0.0.0.0", "::") and not settings.external_url:
             log.warning(
                 "listening on all addresses but external_url is unset: ranks are told the "

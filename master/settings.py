@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    ConfigDict,
     Field,
     StrictInt,
     ValidationInfo,
@@ -198,6 +199,11 @@ def _key_values(items: list[str]) -> list[str]:
 
 
 class TaskContainerDefaults(BaseModel):
+    # Determined's master.yaml has more keys here (shm_size_bytes, bind_mounts, devices,
+    # network_mode, the pod specs, ...): kept, so such a file starts, and named at start as
+    # not applied (MasterSettings.unapplied_container_defaults), not dropped unsaid.
+    model_config = ConfigDict(extra="allow")
+
     image: str | dict[str, str] | None = Field(
         default=None,
         description=(
@@ -651,6 +657,20 @@ class MasterSettings(BaseSettings):
 
     def pool(self, name: str) -> ResourcePoolSettings | None:
         return next((p for p in self.resource_pools if p.pool_name == name), None)
+
+    def unapplied_container_defaults(self) -> list[str]:
+        """The task_container_defaults keys, the master's and each pool's, that this master
+        reads but does not apply."""
+        found = [(self.task_container_defaults, "task_container_defaults")]
+        found += [
+            (
+                pool.task_container_defaults,
+                f"resource_pools[{pool.pool_name}].task_container_defaults",
+            )
+            for pool in self.resource_pools
+            if pool.task_container_defaults is not None
+        ]
+        return [f"{where}.{key}" for defaults, where in found for key in defaults.model_extra or {}]
 
     def container_defaults(self, pool_name: str) -> TaskContainerDefaults:
         """task_container_defaults: the pool's own, else the master's."""

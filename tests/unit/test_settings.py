@@ -201,3 +201,31 @@ def test_relative_paths_become_absolute_against_the_start_directory(
     assert master.default_checkpoint_storage()["host_path"] == str(tmp_path / "data/checkpoints")
     # Absolute ones are kept as given.
     assert AgentSettings(work_dir=tmp_path / "w", join_token="t").work_dir == tmp_path / "w"
+
+
+def test_a_determined_master_yaml_starts_and_its_unapplied_defaults_are_named(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Determined's other task_container_defaults keys (and misspellings) are kept, so its
+    master.yaml starts, and named at start as not applied, never dropped unsaid."""
+    config = tmp_path / "master.yaml"
+    config.write_text(
+        "task_container_defaults:\n"
+        "  image: {cpu: registry.example.com/team/base:1}\n"
+        "  shm_size_bytes: 4294967296\n"
+        "  network_mode: host\n"
+        "resource_pools:\n"
+        "  - pool_name: default\n"
+        "  - pool_name: gpu\n"
+        "    task_container_defaults: {bind_mounts: []}\n"
+    )
+    monkeypatch.setenv("DET_MASTER_CONFIG_FILE", str(config))
+    settings = MasterSettings()
+    assert settings.task_container_defaults.image == {"cpu": "registry.example.com/team/base:1"}
+    assert settings.unapplied_container_defaults() == [
+        "task_container_defaults.shm_size_bytes",
+        "task_container_defaults.network_mode",
+        "resource_pools[gpu].task_container_defaults.bind_mounts",
+    ]
+    monkeypatch.delenv("DET_MASTER_CONFIG_FILE")
+    assert MasterSettings().unapplied_container_defaults() == []
