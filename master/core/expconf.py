@@ -1701,6 +1701,21 @@ def _docker_only_warnings(env: Environment) -> list[str]:
             "run the trial's processes on the host, where PATH in "
             "environment.environment_variables chooses the interpreter"
         )
+        variables = env.environment_variables
+        lists = (
+            list(variables.model_dump().values())
+            if isinstance(variables, EnvironmentVariablesMap)
+            else [variables]
+        )
+        broken = sorted(
+            {item.split("=", 1)[0] for items in lists for item in items or () if "\n" in item}
+        )
+        if broken:
+            warnings.append(
+                f"environment.environment_variables {', '.join(broken)}: a value with a line "
+                f"break cannot be given to a container, so on {_RUNTIME} the trial ends at "
+                "its start; pass such a value as a file (bind_mounts)"
+            )
     for key, names in (
         ("add_capabilities", env.add_capabilities),
         ("drop_capabilities", env.drop_capabilities),

@@ -176,3 +176,17 @@ def test_devices_are_said_to_apply_only_in_containers() -> None:
         "runs on agents started with --container-runtime podman|docker; a trial run on the "
         "host sees the host's devices as the agent's user may open them"
     ]
+
+
+def test_a_value_with_a_line_break_is_said_to_end_a_containers_start() -> None:
+    """Known at submit only as a warning: whether an agent runs a runtime is not."""
+    environment = {
+        "image": {"cuda": "team/trainer:1"},
+        "environment_variables": {"cuda": ["TEAM_KEY=line one\nline two", "PLAIN=1"]},
+    }
+    warnings = config_warnings(validate_config(_with("environment", environment), complete=True))
+    (said,) = [w for w in warnings if "line break" in w]
+    assert said.startswith("environment.environment_variables TEAM_KEY: a value with a line")
+    without_image = {"environment_variables": ["TEAM_KEY=line one\nline two"]}
+    warnings = config_warnings(validate_config(_with("environment", without_image), complete=True))
+    assert not [w for w in warnings if "line break" in w]  # processes on the host take it
