@@ -229,13 +229,18 @@ def docker_missing() -> list[str]:
 
 @contextlib.contextmanager
 def docker_daemon(directory: Path) -> Iterator[str]:
-    """A private dockerd with a data root of its own, no bridge and no iptables rules (its
+    """A private dockerd with roots of its own, no bridge and no iptables rules (its
     containers use the host's network, as the agent runs them): yields its DOCKER_HOST.
-    The machine's own Docker, if any, is never touched."""
+    The machine's own Docker, if any, is never touched.
+
+    Its roots are under /var/tmp, never /tmp: dockerd mounts there (its netns file, the
+    containers' overlays; the netns one it leaves behind), and a mount under /tmp makes
+    the overlay on /tmp that per_agent launches get fail in an unprivileged user namespace
+    (seen: tests/unit/test_agent_runner_layout.py, beside this daemon). Short, too:
+    containerd's sockets live under the exec root (a socket path has 108 bytes)."""
     directory.mkdir(parents=True, exist_ok=True)
-    # Short: containerd's sockets live under the exec root (a socket path has 108 bytes).
-    exec_root = Path(tempfile.mkdtemp(prefix="dkr-", dir="/tmp"))
-    host = f"unix://{exec_root}/docker.sock"
+    roots = Path(tempfile.mkdtemp(prefix="resolute-dockerd-", dir="/var/tmp"))
+    host = f"unix://{roots}/docker.sock"
     log = directory / "dockerd.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
@@ -245,11 +250,11 @@ def docker_daemon(directory: Path) -> Iterator[str]:
                 "--ip-masq=false",
                 "--bridge=none",
                 "--data-root",
-                str(directory / "root"),
+                str(roots / "data"),
                 "--exec-root",
-                str(exec_root),
+                str(roots / "exec"),
                 "--pidfile",
-                str(exec_root / "dockerd.pid"),
+                str(roots / "dockerd.pid"),
                 "--host",
                 host,
             ],
@@ -284,8 +289,16 @@ def docker_daemon(directory: Path) -> Iterator[str]:
             # Its session: containerd and the shims it started go with it.
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-        shutil.rmtree(exec_root, ignore_errors=True)
-        shutil.rmtree(directory / "root", ignore_errors=True)
+        _unmount_under(roots)
+        shutil.rmtree(roots, ignore_errors=True)
+
+
+def _unmount_under(root: Path) -> None:
+    """Whatever is still mounted under `root`, deepest first."""
+    points = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    inside = [p for p in points if p == str(root) or p.startswith(f"{root}/")]
+    for point in sorted(inside, key=len, reverse=True):
+        subprocess.run(["umount", "--lazy", point], capture_output=True, timeout=30)
 
 
 def main() -> None:
