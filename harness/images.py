@@ -19,7 +19,6 @@ import contextlib
 import fcntl
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.cluster import free_port, wait_until
+from harness.cluster import free_port, stop_process, wait_until
 
 CACHE_DIR = Path(os.environ.get("RESOLUTE_IMAGE_CACHE", "/var/cache/resolute-test-images"))
 BASE_IMAGE = "localhost/resolute-test/base:bookworm"
@@ -282,13 +281,7 @@ def docker_daemon(directory: Path) -> Iterator[str]:
                 subprocess.run(
                     [*docker, "rm", "-f", *listed.stdout.split()], capture_output=True, timeout=120
                 )
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            # Its session: containerd and the shims it started go with it.
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_process(process, 30)  # and its session: containerd and the shims go with it
         _unmount_under(roots)
         shutil.rmtree(roots, ignore_errors=True)
 

@@ -28,7 +28,7 @@ from master.db.models import (
 )
 from master.services import allocations, trial_reports
 from master.services import auth as auth_service
-from master.settings import MasterSettings, TaskContainerDefaults
+from master.settings import MasterSettings
 from resolute_proto.agent.v1 import agent_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -48,11 +48,8 @@ class LaunchAssembler:
         self.cluster_id = cluster_id
         self.master_id = master_id
 
-    def container_defaults(self, pool_name: str) -> TaskContainerDefaults:
-        return self.settings.container_defaults(pool_name)
-
     def default_variables(self, pool_name: str, device_type: str) -> dict[str, str]:
-        defaults = self.container_defaults(pool_name).environment_variables
+        defaults = self.settings.container_defaults(pool_name).environment_variables
         return launch.runtime_variables(defaults, device_type)
 
     async def choose_interface(
@@ -67,7 +64,7 @@ class LaunchAssembler:
         environment = (experiment.config.get("environment") if experiment else None) or {}
         explicit = (
             environment.get("dtrain_network_interface")
-            or self.container_defaults(resource_pool).dtrain_network_interface
+            or self.settings.container_defaults(resource_pool).dtrain_network_interface
         )
         rows = (
             await session.execute(
@@ -171,7 +168,7 @@ class LaunchAssembler:
             images.container_spec(
                 experiment.config,
                 device_type,
-                self.container_defaults(allocation.resource_pool).registry_auth,
+                self.settings.container_defaults(allocation.resource_pool).registry_auth,
             )
         )
         bind_mounts = _bind_mounts(experiment.config)
@@ -301,7 +298,7 @@ class LaunchAssembler:
                     images.container_spec(
                         task.config,
                         device_type,
-                        self.container_defaults(allocation.resource_pool).registry_auth,
+                        self.settings.container_defaults(allocation.resource_pool).registry_auth,
                     )
                 ),
             )
